@@ -1,0 +1,213 @@
+"""A stateful FastMCP server that any replica can serve: the tools of ../CONTRACT.md.
+
+No tool keeps state in this process. Each one works through a `Session` bound
+to the caller's MCP session id, backed by the store chosen once at start-up
+(Redis when REDIS_URL is set, in-memory otherwise). Every result carries
+`instance`, so routing is visible from the client.
+
+Run one replica with `python server.py` (settings from the environment; see
+the README's table) or mount `app` in any ASGI server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from datetime import UTC, datetime
+from typing import Annotated
+
+import uvicorn
+from fastmcp import Context, FastMCP
+from fastmcp.exceptions import ResourceError, ToolError
+from fastmcp.server.middleware import Middleware, MiddlewareContext
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from session_store import DEFAULT_TTL_SECONDS, Session, SessionStore, StoreUnavailable, is_session_id
+
+INSTANCE_ID = os.environ.get("INSTANCE_ID", "mcp-server-1")
+SESSION_TTL_SECONDS = int(os.environ.get("SESSION_TTL_SECONDS", DEFAULT_TTL_SECONDS))
+REDIS_URL = os.environ.get("REDIS_URL", "")
+
+# Seconds analyze_data spends per item, so its progress stream is observable.
+ANALYZE_STEP_SECONDS = 0.05
+WATCH_POLL_SECONDS = 0.5
+WATCH_MAX_SECONDS = 30
+HEALTH_PING_SECONDS = 1.0
+
+log = logging.getLogger("mcp-ha")
+
+
+def make_store() -> SessionStore:
+    if REDIS_URL:
+        from stores.redis_store import RedisSessionStore
+
+        return RedisSessionStore(REDIS_URL, ttl_seconds=SESSION_TTL_SECONDS)
+    from stores.memory_store import InMemorySessionStore
+
+    return InMemorySessionStore(ttl_seconds=SESSION_TTL_SECONDS)
+
+
+store = make_store()
+started_at = time.monotonic()
+
+
+class StoreErrors(Middleware):
+    """A store outage is a clear tool error the client may retry, never a traceback."""
+
+    async def on_call_tool(self, context: MiddlewareContext, call_next):
+        try:
+            return await call_next(context)
+        except StoreUnavailable as exc:
+            log.warning("store unavailable during %s: %s", context.message.name, exc)
+            raise ToolError("Session store unavailable; nothing was changed that a retry would not redo.") from exc
+
+
+mcp = FastMCP("mcp-ha-kit", middleware=[StoreErrors()])
+
+
+def session_of(ctx: Context) -> Session:
+    return Session(store, ctx.session_id)
+
+
+@mcp.tool
+async def increment_counter(ctx: Context) -> dict:
+    """Add one to this session's counter, atomically; returns the new value."""
+    return {"counter": await session_of(ctx).incr("counter"), "instance": INSTANCE_ID}
+
+
+@mcp.tool
+async def get_counter(ctx: Context) -> dict:
+    """This session's counter (0 when never incremented)."""
+    return {"counter": await session_of(ctx).get("counter", 0), "instance": INSTANCE_ID}
+
+
+@mcp.tool
+async def add_note(note: str, ctx: Context) -> dict:
+    """Append a note to this session's notes, atomically."""
+    return {"notes_count": await session_of(ctx).append("notes", note), "instance": INSTANCE_ID}
+
+
+@mcp.tool
+async def list_notes(ctx: Context) -> dict:
+    """This session's notes in insertion order."""
+    return {"notes": await session_of(ctx).get("notes", []), "instance": INSTANCE_ID}
+
+
+async def live_sessions(ctx: Context) -> int:
+    await session_of(ctx).touch()
+    return await store.count_sessions()
+
+
+@mcp.tool
+async def get_server_info(ctx: Context) -> dict:
+    """Which replica answered, and how many sessions are live in the store."""
+    return {"instance": INSTANCE_ID, "sessions": await live_sessions(ctx)}
+
+
+@mcp.tool
+async def get_status(ctx: Context) -> dict:
+    """Replica uptime, live sessions and the time, for dashboards and probes."""
+    return {
+        "instance": INSTANCE_ID,
+        "uptime_seconds": max(time.monotonic() - started_at, 1e-6),
+        "active_sessions": await live_sessions(ctx),
+        "timestamp": datetime.now(UTC).isoformat(),
+    }
+
+
+@mcp.tool
+async def analyze_data(
+    num_items: Annotated[int, Field(ge=0, le=1000, description="How many items to analyse (0-1000).")],
+    ctx: Context,
+) -> dict:
+    """A multi-step job that streams log and progress notifications as it goes."""
+    await ctx.info(f"Starting analysis of {num_items} items on {INSTANCE_ID}")
+    total_score = 0.0
+    for item in range(1, num_items + 1):
+        await asyncio.sleep(ANALYZE_STEP_SECONDS)
+        total_score += 1.5 * item
+        await ctx.debug(f"Processed item {item}/{num_items}: score so far {total_score}")
+        await ctx.report_progress(item, num_items)
+    await session_of(ctx).set("analysis_result", {"total_score": total_score, "items_processed": num_items})
+    await ctx.info(f"Analysis complete: {num_items} items, total score {total_score}")
+    return {"items_processed": num_items, "total_score": total_score, "instance": INSTANCE_ID}
+
+
+@mcp.tool
+async def watch_counter(duration_seconds: int, ctx: Context) -> dict:
+    """Poll this session's counter for up to 30 s and report every change seen."""
+    duration = max(0, min(duration_seconds, WATCH_MAX_SECONDS))
+    session = session_of(ctx)
+    last = await session.get("counter", 0)
+    changes: list[dict] = []
+    deadline = time.monotonic() + duration
+    while time.monotonic() < deadline:
+        await asyncio.sleep(min(WATCH_POLL_SECONDS, max(deadline - time.monotonic(), 0)))
+        current = await session.get("counter", 0)
+        if current != last:
+            at = datetime.now(UTC).isoformat()
+            changes.append({"from": last, "to": current, "at": at})
+            await ctx.info(f"Counter changed from {last} to {current}")
+            last = current
+    return {"changes": changes, "total_changes": len(changes), "instance": INSTANCE_ID}
+
+
+@mcp.tool
+async def resume_session(old_session_id: str, ctx: Context) -> dict:
+    """Copy a previous session's state into this one (after a reconnect)."""
+    if old_session_id == ctx.session_id:
+        return {"status": "same_session", "keys_copied": 0, "instance": INSTANCE_ID}
+    # An id this kit could not have minted is answered like an unknown session,
+    # without going near the store: it is data, never a pattern.
+    copied = await session_of(ctx).copy_from(old_session_id) if is_session_id(old_session_id) else 0
+    log.info("resumed %d entries from a previous session", copied)
+    return {"status": "resumed", "keys_copied": copied, "instance": INSTANCE_ID}
+
+
+@mcp.resource("resource://session/{session_id}/summary", mime_type="application/json")
+async def session_summary(session_id: str) -> dict:
+    """A JSON snapshot of one session's state."""
+    if not is_session_id(session_id):
+        raise ResourceError("Unknown session")
+    try:
+        state = await Session(store, session_id).items()
+    except StoreUnavailable as exc:
+        raise ResourceError("Session store unavailable") from exc
+    return {
+        "session_id": session_id,
+        "counter": state.get("counter", 0),
+        "notes": state.get("notes", []),
+        "analysis_result": state.get("analysis_result"),
+        "instance": INSTANCE_ID,
+    }
+
+
+@mcp.custom_route("/health", methods=["GET"])
+async def health(request: Request) -> JSONResponse:
+    try:
+        reachable = await asyncio.wait_for(store.ping(), HEALTH_PING_SECONDS)
+    except TimeoutError:
+        reachable = False
+    if reachable:
+        return JSONResponse({"status": "ok", "instance": INSTANCE_ID})
+    return JSONResponse({"status": "degraded", "instance": INSTANCE_ID, "store": "unreachable"}, status_code=503)
+
+
+app = mcp.http_app(path="/mcp")
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"), format=f"%(asctime)s {INSTANCE_ID} %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(
+        app,
+        host=os.environ.get("HOST", "127.0.0.1"),
+        port=int(os.environ.get("PORT", "8000")),
+        loop="uvloop",
+        http="httptools",
+        log_level=os.environ.get("LOG_LEVEL", "info").lower(),
+        timeout_graceful_shutdown=10,
+    )

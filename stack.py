@@ -1,0 +1,558 @@
+"""The whole stack as plain local processes, with docker-compose-like verbs.
+
+    python stack.py up -d            redis, mcp-server-1..3, haproxy; returns when all are healthy
+    python stack.py ps [--json]      each service's pid, address and state
+    python stack.py stop|start|restart NAME...
+    python stack.py kill [-s SIGNAL] NAME...
+    python stack.py logs [-f] NAME
+    python stack.py down             stops everything it started, by pid
+
+No Docker: redis-server and haproxy come from the distribution, the replicas
+are `python server.py`. What `up` started is recorded under STACK_DIR
+(default .stack/) with each process's pid and start time, so later commands
+signal exactly the processes this tool started and nothing that merely reuses
+a pid. The tests drive the same `Stack` class on free ports.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parent
+STOP_GRACE_SECONDS = 15.0
+HEALTH_TIMEOUT_SECONDS = 30.0
+
+INSTALL_HINT = {
+    "redis-server": "apt-get install redis-server (make demo installs it)",
+    "haproxy": "apt-get install haproxy (make demo installs it)",
+}
+
+
+class StackError(Exception):
+    """Something the user has to fix; the message says what."""
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise StackError(f"{name}={raw!r} is not a whole number") from None
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    state_dir: Path = ROOT / ".stack"
+    host: str = "127.0.0.1"
+    http_port: int = 8080
+    stats_port: int = 8404
+    redis_port: int = 6379
+    replica_ports: tuple[int, ...] = (8001, 8002, 8003)
+    session_ttl_seconds: int = 1800
+    python: str = sys.executable
+
+    @classmethod
+    def from_env(cls) -> StackConfig:
+        replicas = env_int("MCP_REPLICAS", 3)
+        if not 1 <= replicas <= 9:
+            raise StackError(f"MCP_REPLICAS={replicas}: between 1 and 9 replicas are supported")
+        base = env_int("MCP_BASE_PORT", 8001)
+        return cls(
+            state_dir=Path(os.environ.get("STACK_DIR") or ROOT / ".stack").resolve(),
+            http_port=env_int("MCP_HTTP_PORT", 8080),
+            stats_port=env_int("MCP_STATS_PORT", 8404),
+            redis_port=env_int("REDIS_PORT", 6379),
+            replica_ports=tuple(base + i for i in range(replicas)),
+            session_ttl_seconds=env_int("SESSION_TTL_SECONDS", 1800),
+        )
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://{self.host}:{self.redis_port}/0"
+
+    @property
+    def mcp_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}/mcp"
+
+    @property
+    def stats_url(self) -> str:
+        return f"http://{self.host}:{self.stats_port}/stats"
+
+    def replica_names(self) -> list[str]:
+        return [f"mcp-server-{i}" for i in range(1, len(self.replica_ports) + 1)]
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["state_dir"] = str(self.state_dir)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> StackConfig:
+        return cls(**{**data, "state_dir": Path(data["state_dir"]), "replica_ports": tuple(data["replica_ports"])})
+
+
+@dataclass
+class Service:
+    name: str
+    argv: list[str]
+    port: int
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def binary(self) -> str:
+        return self.argv[0]
+
+
+@dataclass
+class ServiceState:
+    name: str
+    pid: int | None
+    address: str
+    state: str  # running, paused, exited, stopped
+
+
+def _proc_stat(pid: int) -> tuple[str, str] | None:
+    """(state letter, start time in clock ticks) of a process, or None if there is none."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name may contain spaces and parentheses; fields after it don't.
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return fields[0], fields[19]
+
+
+def _reap(pid: int) -> None:
+    """Collect an exited child of this process, so it doesn't linger as a zombie."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def http_status(url: str, timeout: float = 1.0) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, ValueError):
+        return None
+
+
+def redis_pings(host: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class Stack:
+    """Start, stop and inspect the stack's processes. Safe to use from several commands in turn."""
+
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.state_file = config.state_dir / "state.json"
+        self.log_dir = config.state_dir / "logs"
+
+    @classmethod
+    def load(cls) -> Stack:
+        """The stack recorded in STACK_DIR, or a fresh one configured from the environment."""
+        config = StackConfig.from_env()
+        state_file = config.state_dir / "state.json"
+        if state_file.exists():
+            config = StackConfig.from_json(json.loads(state_file.read_text())["config"])
+        return cls(config)
+
+    # -- what the stack is made of ------------------------------------------------
+
+    def services(self) -> list[Service]:
+        c = self.config
+        redis_dir = c.state_dir / "redis"
+        redis = Service(
+            "redis",
+            ["redis-server", "--bind", c.host, "--port", str(c.redis_port), "--dir", str(redis_dir),
+             "--appendonly", "yes", "--save", "", "--protected-mode", "yes"],
+            c.redis_port,
+        )
+        replicas = [
+            Service(
+                name,
+                [c.python, str(ROOT / "server.py")],
+                port,
+                {
+                    "INSTANCE_ID": name,
+                    "HOST": c.host,
+                    "PORT": str(port),
+                    "REDIS_URL": c.redis_url,
+                    "SESSION_TTL_SECONDS": str(c.session_ttl_seconds),
+                },
+            )
+            for name, port in zip(c.replica_names(), c.replica_ports)
+        ]
+        haproxy_env = {
+            "HAPROXY_BIND": f"{c.host}:{c.http_port}",
+            "HAPROXY_STATS_BIND": f"{c.host}:{c.stats_port}",
+            "SESSION_TTL_SECONDS": str(c.session_ttl_seconds),
+        }
+        for i, port in enumerate(c.replica_ports, start=1):
+            haproxy_env[f"MCP_SERVER_{i}"] = f"{c.host}:{port}"
+        haproxy = Service("haproxy", ["haproxy", "-db", "-f", str(ROOT / "haproxy" / "haproxy.cfg")], c.http_port, haproxy_env)
+        return [redis, *replicas, haproxy]
+
+    def service(self, name: str) -> Service:
+        for svc in self.services():
+            if svc.name == name:
+                return svc
+        known = ", ".join(s.name for s in self.services())
+        raise StackError(f"no service named {name!r}; the stack has: {known}")
+
+    # -- recorded state ------------------------------------------------------------
+
+    def _read(self) -> dict:
+        if self.state_file.exists():
+            return json.loads(self.state_file.read_text())
+        return {"config": self.config.to_json(), "processes": {}}
+
+    def _write(self, state: dict) -> None:
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.state_file)
+
+    def _recorded(self, name: str) -> dict | None:
+        return self._read()["processes"].get(name)
+
+    def pid(self, name: str) -> int | None:
+        """The pid of the process this stack started for `name`, if it is still that process."""
+        record = self._recorded(name)
+        if record is None:
+            return None
+        _reap(record["pid"])
+        stat = _proc_stat(record["pid"])
+        if stat is None or stat[1] != record["start_ticks"] or stat[0] in "ZX":
+            return None
+        return record["pid"]
+
+    def state(self, name: str) -> str:
+        pid = self.pid(name)
+        if pid is None:
+            return "exited" if self._recorded(name) else "stopped"
+        stat = _proc_stat(pid)
+        return "paused" if stat and stat[0] == "T" else "running"
+
+    def ps(self) -> list[ServiceState]:
+        c = self.config
+        return [
+            ServiceState(svc.name, self.pid(svc.name), f"{c.host}:{svc.port}", self.state(svc.name))
+            for svc in self.services()
+        ]
+
+    # -- health --------------------------------------------------------------------
+
+    def healthy(self, name: str) -> bool:
+        c = self.config
+        if name == "redis":
+            return redis_pings(c.host, c.redis_port)
+        if name == "haproxy":
+            return self.backends_up() == {n for n in c.replica_names() if self.pid(n)}
+        return http_status(f"http://{c.host}:{self.service(name).port}/health") == 200
+
+    def backend_status(self) -> dict[str, str]:
+        """Each replica's status as HAProxy sees it (UP, DOWN, ...), from the stats CSV."""
+        try:
+            with urllib.request.urlopen(f"{self.config.stats_url};csv", timeout=1.0) as response:
+                text = response.read().decode()
+        except (OSError, ValueError):
+            return {}
+        rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
+        return {row["svname"]: row["status"] for row in rows if row["pxname"] == "mcp_servers" and row["svname"].startswith("mcp-server-")}
+
+    def backends_up(self) -> set[str]:
+        return {name for name, status in self.backend_status().items() if status.startswith("UP")}
+
+    def wait_healthy(self, name: str, timeout: float = HEALTH_TIMEOUT_SECONDS) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.pid(name) is None:
+                raise StackError(f"{name} exited while starting:\n{self.tail(name)}")
+            if self.healthy(name):
+                return
+            time.sleep(0.1)
+        raise StackError(f"{name} did not become healthy within {timeout:.0f}s:\n{self.tail(name)}")
+
+    # -- verbs ---------------------------------------------------------------------
+
+    def _check_can_start(self, svc: Service) -> None:
+        if shutil.which(svc.binary) is None:
+            hint = INSTALL_HINT.get(svc.binary, "install it")
+            raise StackError(f"{svc.binary} not found on PATH, needed for {svc.name}: {hint}")
+        ports = [svc.port] + ([self.config.stats_port] if svc.name == "haproxy" else [])
+        for port in ports:
+            if not port_is_free(self.config.host, port):
+                raise StackError(
+                    f"port {port} on {self.config.host} is already in use, so {svc.name} cannot start; "
+                    "stop what uses it or choose other ports (see the README's settings table)"
+                )
+
+    def start(self, name: str, *, wait: bool = True) -> None:
+        if self.pid(name) is not None:
+            return
+        svc = self.service(name)
+        self._check_can_start(svc)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        (self.config.state_dir / "redis").mkdir(parents=True, exist_ok=True)
+        log = open(self.log_dir / f"{name}.log", "ab")
+        proc = subprocess.Popen(
+            svc.argv,
+            cwd=ROOT,
+            env={**os.environ, **svc.env},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            # Its own session: Ctrl-C on `up` reaches only this tool, which then
+            # stops each service in order.
+            start_new_session=True,
+        )
+        log.close()
+        stat = _proc_stat(proc.pid)
+        state = self._read()
+        state["processes"][name] = {"pid": proc.pid, "start_ticks": stat[1] if stat else "", "argv": svc.argv}
+        self._write(state)
+        if wait:
+            self.wait_healthy(name)
+
+    def signal(self, name: str, sig: signal.Signals) -> None:
+        pid = self.pid(name)
+        if pid is None:
+            raise StackError(f"{name} is not running")
+        os.kill(pid, sig)
+
+    def stop(self, name: str, *, timeout: float = STOP_GRACE_SECONDS) -> None:
+        """SIGTERM, then SIGKILL after `timeout`, like `docker compose stop`."""
+        pid = self.pid(name)
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)  # a paused process cannot act on SIGTERM
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while self.pid(name) is not None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if self.pid(name) is not None:
+                os.kill(pid, signal.SIGKILL)
+                while self.pid(name) is not None:
+                    time.sleep(0.05)
+        state = self._read()
+        state["processes"].pop(name, None)
+        self._write(state)
+
+    def up(self) -> None:
+        """Start what is not running: redis, then the replicas side by side, then haproxy."""
+        services = self.services()
+        self.start(services[0].name)
+        for svc in services[1:-1]:
+            self.start(svc.name, wait=False)
+        for svc in services[1:-1]:
+            self.wait_healthy(svc.name)
+        self.start(services[-1].name)
+
+    def down(self) -> None:
+        for svc in reversed(self.services()):
+            self.stop(svc.name)
+        self.state_file.unlink(missing_ok=True)
+
+    def restart(self, name: str) -> None:
+        self.stop(name)
+        self.start(name)
+        if name.startswith("mcp-server-") and self.pid("haproxy"):
+            self.wait_healthy("haproxy")
+
+    def tail(self, name: str, lines: int = 20) -> str:
+        path = self.log_dir / f"{name}.log"
+        if not path.exists():
+            return "(no log)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+# -- command line --------------------------------------------------------------------
+
+console = Console()
+
+
+def _run(action) -> None:
+    try:
+        action()
+    except StackError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(1)
+
+
+def _print_urls(stack: Stack) -> None:
+    c = stack.config
+    console.print(f"MCP endpoint  {c.mcp_url}")
+    console.print(f"health        http://{c.host}:{c.http_port}/health")
+    console.print(f"HAProxy stats {c.stats_url}")
+    console.print(f"Redis         {c.redis_url}")
+
+
+@click.group()
+def cli() -> None:
+    """The HA stack (redis, mcp-server-N, haproxy) as local processes."""
+
+
+@cli.command()
+@click.option("-d", "--detach", is_flag=True, help="Return once healthy and leave the stack running.")
+def up(detach: bool) -> None:
+    """Start every service not already running; returns when all are healthy."""
+    stack = Stack.load()
+
+    def action() -> None:
+        with console.status("starting redis, the replicas and haproxy"):
+            stack.up()
+        for svc in stack.services():
+            console.print(f"[green]✔[/green] {svc.name} healthy on {stack.config.host}:{svc.port}")
+        _print_urls(stack)
+
+    _run(action)
+    if not detach:
+        _follow(stack, [s.name for s in stack.services()], until_interrupted=True)
+        _run(stack.down)
+
+
+@cli.command()
+def down() -> None:
+    """Stop every service this tool started."""
+    _run(Stack.load().down)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def ps(as_json: bool) -> None:
+    """Each service's name, pid, address and state."""
+    rows = Stack.load().ps()
+    if as_json:
+        click.echo(json.dumps([asdict(r) for r in rows], indent=2))
+        return
+    table = Table("NAME", "PID", "ADDRESS", "STATE")
+    for r in rows:
+        table.add_row(r.name, str(r.pid or "-"), r.address, r.state)
+    console.print(table)
+
+
+@cli.command()
+@click.argument("names", nargs=-1, required=True)
+def stop(names: tuple[str, ...]) -> None:
+    """Stop services (SIGTERM, then SIGKILL after a grace period)."""
+    stack = Stack.load()
+    _run(lambda: [stack.stop(stack.service(n).name) for n in names])
+
+
+@cli.command()
+@click.argument("names", nargs=-1, required=True)
+def start(names: tuple[str, ...]) -> None:
+    """Start stopped services and wait until they are healthy."""
+    stack = Stack.load()
+    _run(lambda: [stack.start(n) for n in names])
+
+
+@cli.command()
+@click.argument("names", nargs=-1, required=True)
+def restart(names: tuple[str, ...]) -> None:
+    """Restart services one at a time (a rolling restart when given every replica)."""
+    stack = Stack.load()
+
+    def action() -> None:
+        for name in names:
+            with console.status(f"restarting {name}"):
+                stack.restart(name)
+            console.print(f"[green]✔[/green] {name} restarted")
+
+    _run(action)
+
+
+def parse_signal(value: str) -> signal.Signals:
+    value = value.upper()
+    try:
+        return signal.Signals(int(value)) if value.isdigit() else signal.Signals[value if value.startswith("SIG") else f"SIG{value}"]
+    except (KeyError, ValueError):
+        raise click.BadParameter(f"unknown signal {value!r}") from None
+
+
+@cli.command()
+@click.option("-s", "--signal", "sig", default="SIGKILL", show_default=True, help="Signal name or number.")
+@click.argument("names", nargs=-1, required=True)
+def kill(sig: str, names: tuple[str, ...]) -> None:
+    """Send a signal to services (SIGKILL by default, like docker compose kill)."""
+    stack = Stack.load()
+    signum = parse_signal(sig)
+    _run(lambda: [stack.signal(n, signum) for n in names])
+
+
+@cli.command()
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines.")
+@click.argument("names", nargs=-1)
+def logs(follow: bool, names: tuple[str, ...]) -> None:
+    """Print services' logs (all of them when no name is given)."""
+    stack = Stack.load()
+    selected = list(names) or [s.name for s in stack.services()]
+    _run(lambda: [stack.service(n) for n in selected])
+    _follow(stack, selected, until_interrupted=follow)
+
+
+def _follow(stack: Stack, names: list[str], *, until_interrupted: bool) -> None:
+    offsets = dict.fromkeys(names, 0)
+    try:
+        while True:
+            for name in names:
+                path = stack.log_dir / f"{name}.log"
+                if not path.exists():
+                    continue
+                with path.open("rb") as f:
+                    f.seek(offsets[name])
+                    chunk = f.read()
+                    offsets[name] = f.tell()
+                for line in chunk.decode(errors="replace").splitlines():
+                    click.echo(f"{name:<13}| {line}" if len(names) > 1 else line)
+            if not until_interrupted:
+                return
+            time.sleep(0.3)
+    except KeyboardInterrupt:
+        return
+
+
+if __name__ == "__main__":
+    try:
+        cli()
+    except StackError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(1)
