@@ -122,19 +122,25 @@ class RedisSessionStore(SessionStore):
         prefix: str = "mcp",
         timeout_seconds: float = 2.0,
         read_attempts: int = 3,
+        max_connections: int = 64,
     ) -> None:
         super().__init__(ttl_seconds=ttl_seconds)
         self._prefix = prefix
         self._index = f"{prefix}:sessions"
         self._timeout = timeout_seconds
         self._read_attempts = read_attempts
-        self._redis = redis.Redis.from_url(
+        # A bounded pool that makes a burst of calls queue for a connection
+        # (up to the timeout) instead of failing or opening one per call.
+        pool = redis.BlockingConnectionPool.from_url(
             url,
+            max_connections=max_connections,
+            timeout=timeout_seconds,
             decode_responses=True,
             socket_timeout=timeout_seconds,
             socket_connect_timeout=timeout_seconds,
             retry=Retry(NoBackoff(), 0),
         )
+        self._redis = redis.Redis.from_pool(pool)
         register = self._redis.register_script
         self._get, self._set, self._incr = register(_GET), register(_SET), register(_INCR)
         self._append, self._items, self._copy = register(_APPEND), register(_ITEMS), register(_COPY)

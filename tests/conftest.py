@@ -1,0 +1,106 @@
+"""Every fixture that starts a process lives here.
+
+The stacks are real: redis-server, haproxy and `python server.py` replicas,
+started by the same `Stack` class as `python stack.py`, on free loopback
+ports, in a temporary directory. Nothing is faked.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx2
+import pytest
+from fastmcp import Client
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mcp_http import RawSession  # noqa: E402
+from stack import Stack, StackConfig  # noqa: E402
+
+def free_ports(count: int) -> list[int]:
+    """Ports the kernel just handed out; held open together so they are distinct."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def stack_config(state_dir: Path, replicas: int = 3) -> StackConfig:
+    http, stats, redis, *replica_ports = free_ports(3 + replicas)
+    return StackConfig(
+        state_dir=state_dir,
+        http_port=http,
+        stats_port=stats,
+        redis_port=redis,
+        replica_ports=tuple(replica_ports),
+    )
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The whole stack: redis, three replicas and haproxy."""
+    s = Stack(stack_config(tmp_path_factory.mktemp("stack")))
+    try:
+        s.up()
+        yield s
+    finally:
+        s.down()
+
+
+@pytest.fixture
+def healed_stack(stack: Stack) -> Iterator[Stack]:
+    """For tests that stop or pause services: everything is running again afterwards."""
+    yield stack
+    for name in [svc.name for svc in stack.services()]:
+        if stack.state(name) == "paused":
+            stack.stop(name)
+        stack.start(name)
+    stack.wait_healthy("haproxy")
+
+
+@pytest.fixture(scope="session")
+def redis_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A lone redis-server, for the store's own tests."""
+    s = Stack(stack_config(tmp_path_factory.mktemp("redis"), replicas=1))
+    try:
+        s.start("redis")
+        yield s
+    finally:
+        s.down()
+
+
+@pytest.fixture
+def mcp_url(stack: Stack) -> str:
+    return stack.config.mcp_url
+
+
+@pytest.fixture
+async def client(mcp_url: str) -> AsyncIterator[Client]:
+    """A FastMCP client in session (2025-11-25) mode, through HAProxy."""
+    async with Client(mcp_url, mode="legacy", timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx2.AsyncClient]:
+    async with httpx2.AsyncClient(timeout=30, limits=httpx2.Limits(max_connections=300)) as c:
+        yield c
+
+
+@pytest.fixture
+async def raw(http: httpx2.AsyncClient, mcp_url: str) -> RawSession:
+    """An initialized session over plain HTTP, through HAProxy."""
+    session = RawSession(http, mcp_url)
+    await session.initialize()
+    return session

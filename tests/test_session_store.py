@@ -1,0 +1,226 @@
+"""The SessionStore contract: one suite, run against every store.
+
+A store for another backend passes this suite or it is not a SessionStore.
+The Redis store runs against a real redis-server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from conftest import free_ports
+from session_store import Session, SessionStore, StoreUnavailable, is_session_id
+from stack import Stack
+from stores.memory_store import InMemorySessionStore
+from stores.redis_store import RedisSessionStore
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
+    if request.param == "memory":
+        yield InMemorySessionStore()
+        return
+    redis_stack: Stack = request.getfixturevalue("redis_stack")
+    # A prefix of its own per test keeps the tests' sessions and counts apart.
+    s = RedisSessionStore(redis_stack.config.redis_url, prefix=f"t{new_id()[:8]}")
+    yield s
+    await s.aclose()
+
+
+async def test_get_of_unset_entry_is_none(store: SessionStore) -> None:
+    assert await store.get(new_id(), "counter") is None
+
+
+async def test_set_then_get_round_trips_json_values(store: SessionStore) -> None:
+    sid = new_id()
+    value = {"total_score": 9.0, "items": [1, "two", None, True], "text": "héllo ✓ \n \x00"}
+    await store.set(sid, "analysis", value)
+    assert await store.get(sid, "analysis") == value
+    await store.set(sid, "analysis", 3)
+    assert await store.get(sid, "analysis") == 3
+
+
+async def test_incr_starts_at_zero_and_returns_new_value(store: SessionStore) -> None:
+    sid = new_id()
+    assert await store.incr(sid, "counter") == 1
+    assert await store.incr(sid, "counter", 5) == 6
+    assert await store.get(sid, "counter") == 6
+
+
+async def test_concurrent_increments_are_never_lost(store: SessionStore) -> None:
+    sid = new_id()
+    results = await asyncio.gather(*(store.incr(sid, "counter") for _ in range(200)))
+    assert await store.get(sid, "counter") == 200
+    assert sorted(results) == list(range(1, 201))
+
+
+async def test_concurrent_appends_are_never_lost(store: SessionStore) -> None:
+    sid = new_id()
+    lengths = await asyncio.gather(*(store.append(sid, "notes", f"note {i}") for i in range(200)))
+    notes = await store.get(sid, "notes")
+    assert sorted(lengths) == list(range(1, 201))
+    assert sorted(notes) == sorted(f"note {i}" for i in range(200))
+
+
+async def test_append_keeps_insertion_order(store: SessionStore) -> None:
+    sid = new_id()
+    for i, note in enumerate(["first", "sec,ond]", 'th"ird', "[]"], start=1):
+        assert await store.append(sid, "notes", note) == i
+    assert await store.get(sid, "notes") == ["first", "sec,ond]", 'th"ird', "[]"]
+
+
+async def test_incr_on_a_non_integer_is_a_type_error(store: SessionStore) -> None:
+    sid = new_id()
+    await store.append(sid, "notes", "x")
+    with pytest.raises(TypeError):
+        await store.incr(sid, "notes")
+    assert await store.get(sid, "notes") == ["x"]
+
+
+async def test_append_to_a_non_list_is_a_type_error(store: SessionStore) -> None:
+    sid = new_id()
+    await store.incr(sid, "counter")
+    with pytest.raises(TypeError):
+        await store.append(sid, "counter", "x")
+    assert await store.get(sid, "counter") == 1
+
+
+async def test_items_returns_every_entry(store: SessionStore) -> None:
+    sid = new_id()
+    assert await store.items(sid) == {}
+    await store.incr(sid, "counter")
+    await store.append(sid, "notes", "a")
+    assert await store.items(sid) == {"counter": 1, "notes": ["a"]}
+
+
+async def test_sessions_are_isolated(store: SessionStore) -> None:
+    a, b = new_id(), new_id()
+    await store.incr(a, "counter")
+    await store.append(a, "notes", "only a")
+    assert await store.items(b) == {}
+
+
+async def test_copy_copies_every_entry_and_counts_them(store: SessionStore) -> None:
+    old, new = new_id(), new_id()
+    await store.incr(old, "counter", 4)
+    await store.append(old, "notes", "kept")
+    await store.set(new, "unrelated", "stays")
+    assert await store.copy(old, new) == 2
+    assert await store.items(new) == {"counter": 4, "notes": ["kept"], "unrelated": "stays"}
+    # The copy is independent of its source.
+    await store.incr(new, "counter")
+    assert await store.get(old, "counter") == 4
+
+
+async def test_copy_from_unknown_session_copies_nothing(store: SessionStore) -> None:
+    new = new_id()
+    assert await store.copy(new_id(), new) == 0
+    assert await store.items(new) == {}
+
+
+@pytest.mark.parametrize("pattern", ["*", "?" * 32, "[0-9a-f]*", "*:*", ""])
+async def test_ids_are_data_never_patterns(store: SessionStore, pattern: str) -> None:
+    victim, attacker = new_id(), new_id()
+    await store.incr(victim, "counter", 7)
+    await store.append(victim, "notes", "secret")
+    assert await store.copy(pattern, attacker) == 0
+    assert await store.items(attacker) == {}
+
+
+async def test_count_sessions_counts_touched_sessions(store: SessionStore) -> None:
+    before = await store.count_sessions()
+    ids = [new_id() for _ in range(5)]
+    for sid in ids:
+        await store.touch(sid)
+    await store.incr(ids[0], "counter")
+    assert await store.count_sessions() == before + 5
+
+
+async def test_session_wrapper_binds_one_session(store: SessionStore) -> None:
+    session, other = Session(store, new_id()), Session(store, new_id())
+    assert await session.get("counter", 0) == 0
+    assert await session.incr("counter") == 1
+    assert await session.append("notes", "n") == 1
+    await other.set("x", 1)
+    assert await other.copy_from(session.id) == 2
+    assert await other.items() == {"x": 1, "counter": 1, "notes": ["n"]}
+
+
+async def test_memory_store_expires_idle_sessions() -> None:
+    clock = FakeClock()
+    store = InMemorySessionStore(ttl_seconds=60, clock=clock)
+    idle, active = new_id(), new_id()
+    await store.incr(idle, "counter")
+    await store.incr(active, "counter")
+    clock.now += 45
+    await store.touch(active)  # sliding: the active session's clock restarts
+    clock.now += 30
+    assert await store.count_sessions() == 1
+    assert await store.get(idle, "counter") is None
+    assert await store.get(active, "counter") == 1
+
+
+async def test_redis_store_expires_idle_sessions(redis_stack: Stack) -> None:
+    store = RedisSessionStore(redis_stack.config.redis_url, prefix=f"t{new_id()[:8]}", ttl_seconds=1)
+    try:
+        sid = new_id()
+        await store.incr(sid, "counter")
+        assert await store.count_sessions() == 1
+        await asyncio.sleep(2.2)
+        assert await store.count_sessions() == 0
+        assert await store.get(sid, "counter") is None
+    finally:
+        await store.aclose()
+
+
+async def test_redis_store_keeps_one_key_per_session_with_the_ttl(redis_stack: Stack) -> None:
+    prefix = f"t{new_id()[:8]}"
+    store = RedisSessionStore(redis_stack.config.redis_url, prefix=prefix, ttl_seconds=600)
+    try:
+        sid = new_id()
+        await store.incr(sid, "counter")
+        await store.append(sid, "notes", "a")
+        cli = ["redis-cli", "-p", str(redis_stack.config.redis_port)]
+        keys = subprocess.run([*cli, "--scan", "--pattern", f"{prefix}:*"], capture_output=True, text=True).stdout.split()
+        assert sorted(keys) == sorted([f"{prefix}:session:{sid}", f"{prefix}:sessions"])
+        ttl = int(subprocess.run([*cli, "TTL", f"{prefix}:session:{sid}"], capture_output=True, text=True).stdout)
+        assert 590 <= ttl <= 600
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.timeout(20)  # a hang fails the test instead of stalling the suite
+async def test_redis_store_unreachable_raises_store_unavailable() -> None:
+    (closed_port,) = free_ports(1)
+    store = RedisSessionStore(f"redis://127.0.0.1:{closed_port}/0", timeout_seconds=0.5)
+    try:
+        assert await store.ping() is False
+        with pytest.raises(StoreUnavailable):
+            await store.incr(new_id(), "counter")
+        with pytest.raises(StoreUnavailable):
+            await store.get(new_id(), "counter")
+    finally:
+        await store.aclose()
+
+
+def test_session_ids_have_exactly_the_minted_form() -> None:
+    assert is_session_id(uuid.uuid4().hex)
+    for bad in ["*", "?" * 32, uuid.uuid4().hex.upper(), str(uuid.uuid4()), uuid.uuid4().hex + "0", "", None, 12]:
+        assert not is_session_id(bad)
