@@ -1,0 +1,249 @@
+"""Static checks of the container setup: docker-compose.yaml, the Dockerfile and
+haproxy.cfg as compose runs it. No Docker engine needed; the haproxy.cfg check
+needs the haproxy binary, as `python stack.py` does."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+REPLICAS = ["mcp-server-1", "mcp-server-2", "mcp-server-3"]
+HAPROXY_CFG_IN_CONTAINER = "/usr/local/etc/haproxy/haproxy.cfg"
+HAPROXY = shutil.which("haproxy")
+needs_haproxy = pytest.mark.skipif(
+    HAPROXY is None, reason="haproxy is not installed (apt-get install haproxy); needed to check haproxy.cfg"
+)
+
+# ${VAR}, ${VAR-default}, ${VAR:-default}, $VAR and $$, as compose reads them.
+_INTERPOLATION = re.compile(r"\$(?:(\$)|\{(\w+)(?::?-([^}]*))?\}|(\w+))")
+
+
+def interpolate(value: object, env: dict[str, str]) -> str:
+    def sub(m: re.Match) -> str:
+        if m.group(1):
+            return "$"
+        name = m.group(2) or m.group(4)
+        default = m.group(3) or ""
+        return env.get(name) or default
+
+    return _INTERPOLATION.sub(sub, str(value))
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
+
+
+def service(compose: dict, name: str) -> dict:
+    assert name in compose["services"], f"docker-compose.yaml has no service {name!r}"
+    return compose["services"][name]
+
+
+def environment(svc: dict) -> dict[str, str]:
+    """A service's environment as compose would pass it with no variables set on the host."""
+    raw = svc.get("environment") or {}
+    if isinstance(raw, list):
+        raw = dict(item.split("=", 1) for item in raw)
+    return {key: interpolate(value, {}) for key, value in raw.items()}
+
+
+def depends_on_healthy(svc: dict, other: str) -> bool:
+    deps = svc.get("depends_on") or {}
+    return isinstance(deps, dict) and (deps.get(other) or {}).get("condition") == "service_healthy"
+
+
+def bind_mounts(svc: dict) -> dict[str, tuple[str, bool]]:
+    """target -> (source, read_only) for a service's volumes, short or long syntax."""
+    mounts = {}
+    for vol in svc.get("volumes") or []:
+        if isinstance(vol, str):
+            source, target, *mode = vol.split(":")
+            mounts[target] = (source, "ro" in (mode[0].split(",") if mode else []))
+        else:
+            mounts[vol["target"]] = (vol.get("source", ""), bool(vol.get("read_only")))
+    return mounts
+
+
+def haproxy_env_for_local_check(compose: dict) -> dict[str, str]:
+    """HAProxy's compose environment, with replica hostnames swapped for 127.0.0.1:
+    `haproxy -c` resolves server names, and compose's service names only resolve
+    inside the compose network."""
+    env = environment(service(compose, "haproxy"))
+    for key, value in env.items():
+        if re.fullmatch(r"MCP_SERVER_\d+", key):
+            _, port = value.rsplit(":", 1)
+            env[key] = f"127.0.0.1:{port}"
+    return env
+
+
+def haproxy_check(compose: dict, env: dict[str, str]) -> subprocess.CompletedProcess:
+    source, _ = bind_mounts(service(compose, "haproxy"))[HAPROXY_CFG_IN_CONTAINER]
+    # Only compose's variables: a stray MCP_SERVER_4 in the caller's shell would
+    # add a server line compose never does.
+    return subprocess.run(
+        [HAPROXY, "-c", "-f", source],
+        cwd=ROOT,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+# -- docker-compose.yaml -------------------------------------------------------------
+
+
+def test_compose_defines_the_stack(compose):
+    assert set(compose["services"]) >= {"redis", *REPLICAS, "haproxy"}
+
+
+def test_redis_persists_with_aof_and_has_a_healthcheck(compose):
+    redis = service(compose, "redis")
+    command = redis["command"]
+    argv = shlex.split(command) if isinstance(command, str) else [str(arg) for arg in command]
+    assert argv[0] == "redis-server"
+    assert "--appendonly" in argv and argv[argv.index("--appendonly") + 1] == "yes"
+    check = redis.get("healthcheck") or {}
+    assert check.get("test") and not check.get("disable"), "compose can only wait for a redis with a healthcheck"
+    assert "ping" in " ".join(check["test"] if isinstance(check["test"], list) else [check["test"]])
+    assert "/data" in bind_mounts(redis), "AOF on the container's writable layer is lost with the container"
+
+
+@pytest.mark.parametrize("name", REPLICAS)
+def test_replica_identity_and_store(compose, name):
+    svc = service(compose, name)
+    env = environment(svc)
+    assert env["INSTANCE_ID"] == name
+    redis_url = urlsplit(env["REDIS_URL"])
+    assert redis_url.scheme == "redis"
+    assert redis_url.hostname == "redis" and "redis" in compose["services"]
+    assert (redis_url.port or 6379) == 6379
+    assert env["HOST"] == "0.0.0.0", "a replica bound to loopback is unreachable from haproxy's container"
+
+
+@pytest.mark.parametrize("name", REPLICAS)
+def test_replica_waits_for_healthy_redis(compose, name):
+    assert depends_on_healthy(service(compose, name), "redis")
+
+
+def test_replicas_share_one_image_built_from_the_dockerfile(compose):
+    replicas = [service(compose, name) for name in REPLICAS]
+    assert len({svc["image"] for svc in replicas}) == 1
+    for svc in replicas:
+        build = svc["build"] if isinstance(svc["build"], dict) else {"context": svc["build"]}
+        dockerfile = ROOT / build.get("context", ".") / build.get("dockerfile", "Dockerfile")
+        assert dockerfile.resolve() == ROOT / "Dockerfile"
+
+
+def test_haproxy_mounts_the_shared_config_read_only(compose):
+    mounts = bind_mounts(service(compose, "haproxy"))
+    assert HAPROXY_CFG_IN_CONTAINER in mounts
+    source, read_only = mounts[HAPROXY_CFG_IN_CONTAINER]
+    assert (ROOT / source).resolve() == ROOT / "haproxy" / "haproxy.cfg"
+    assert read_only
+
+
+def test_haproxy_points_at_each_replica(compose):
+    haproxy = service(compose, "haproxy")
+    env = environment(haproxy)
+    for i, name in enumerate(REPLICAS, start=1):
+        host, port = env[f"MCP_SERVER_{i}"].rsplit(":", 1)
+        assert host == name
+        assert port == environment(service(compose, name))["PORT"]
+        assert depends_on_healthy(haproxy, name)
+    # Published ports arrive on the container's interface, not its loopback.
+    for key in ("HAPROXY_BIND", "HAPROXY_STATS_BIND"):
+        assert env[key].rsplit(":", 1)[0] in ("", "*", "0.0.0.0", "::", "[::]"), f"{key}={env[key]}"
+    # One TTL for the stick table and the session state.
+    assert {environment(service(compose, name))["SESSION_TTL_SECONDS"] for name in REPLICAS} == {env["SESSION_TTL_SECONDS"]}
+
+
+@needs_haproxy
+def test_haproxy_cfg_is_valid_with_composes_environment(compose):
+    result = haproxy_check(compose, haproxy_env_for_local_check(compose))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Configuration file is valid" in result.stdout + result.stderr
+
+
+@needs_haproxy
+def test_haproxy_cfg_reads_every_variable_compose_sets(compose):
+    """A misspelt name would be silently ignored (haproxy.cfg has defaults and
+    `.if defined`), so poison each variable in turn: the check must then fail,
+    and for MCP_SERVER_N on the server line of the same replica."""
+    env = haproxy_env_for_local_check(compose)
+    for key in env:
+        result = haproxy_check(compose, {**env, key: "127.0.0.1:notaport"})
+        output = result.stdout + result.stderr
+        assert result.returncode != 0, f"haproxy.cfg ignores {key}:\n{output}"
+        if m := re.fullmatch(r"MCP_SERVER_(\d+)", key):
+            assert f"mcp_servers/mcp-server-{m.group(1)}'" in output, output
+
+
+# -- Dockerfile ------------------------------------------------------------------------
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of every Dockerfile line, continuation lines joined."""
+    text = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
+    instructions = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        keyword, _, args = line.partition(" ")
+        instructions.append((keyword.upper(), args.strip()))
+    return instructions
+
+
+def dockerfile_final_stage() -> list[tuple[str, str]]:
+    instructions = dockerfile_instructions()
+    last_from = max(i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM")
+    return instructions[last_from:]
+
+
+def instruction(name: str) -> list[str]:
+    return [args for keyword, args in dockerfile_final_stage() if keyword == name]
+
+
+def test_dockerfile_has_a_healthcheck_on_health():
+    checks = instruction("HEALTHCHECK")
+    assert checks, "compose's service_healthy needs a HEALTHCHECK in the image"
+    assert "/health" in checks[-1] and not checks[-1].upper().startswith("NONE")
+
+
+def test_dockerfile_runs_as_non_root():
+    users = instruction("USER")
+    assert users, "no USER: the server would run as root"
+    user = users[-1].split(":")[0]
+    assert user not in ("", "root", "0")
+
+
+def test_dockerfile_cmd_is_exec_form():
+    cmds = instruction("CMD")
+    assert cmds
+    # Shell form would put /bin/sh in front as PID 1, and SIGTERM would stop there.
+    argv = json.loads(cmds[-1])
+    assert isinstance(argv, list) and argv == ["python", "server.py"]
+
+
+def test_dockerfile_copies_files_that_exist_and_are_not_ignored():
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    copied = []
+    for keyword, args in dockerfile_instructions():
+        if keyword == "COPY" and "--from=" not in args:
+            copied += args.split()[:-1]
+    assert copied
+    for source in copied:
+        assert (ROOT / source).exists(), f"Dockerfile copies {source}, which is not in the repo"
+        assert source.rstrip("/") not in ignored
+    assert {".venv", ".git", ".stack", "tests"} <= ignored
