@@ -37,6 +37,7 @@ ANALYZE_STEP_SECONDS = 0.05
 WATCH_POLL_SECONDS = 0.5
 WATCH_MAX_SECONDS = 30
 HEALTH_PING_SECONDS = 1.0
+STORE_UNAVAILABLE = "Session store unavailable; try again shortly."
 
 log = logging.getLogger("mcp-ha")
 
@@ -61,12 +62,15 @@ class StoreErrors(Middleware):
     async def on_call_tool(self, context: MiddlewareContext, call_next):
         try:
             return await call_next(context)
-        except StoreUnavailable as exc:
-            log.warning("store unavailable during %s: %s", context.message.name, exc)
-            raise ToolError("Session store unavailable; nothing was changed that a retry would not redo.") from exc
+        except ToolError as exc:
+            # FastMCP has already wrapped the tool's exception; the cause says why.
+            if isinstance(exc.__cause__, StoreUnavailable):
+                raise ToolError(STORE_UNAVAILABLE) from exc.__cause__
+            raise
 
 
-mcp = FastMCP("mcp-ha-kit", middleware=[StoreErrors()])
+# Unexpected errors reach the client as "Error calling tool", without internals.
+mcp = FastMCP("mcp-ha-kit", middleware=[StoreErrors()], mask_error_details=True)
 
 
 def session_of(ctx: Context) -> Session:
@@ -176,7 +180,7 @@ async def session_summary(session_id: str) -> dict:
     try:
         state = await Session(store, session_id).items()
     except StoreUnavailable as exc:
-        raise ResourceError("Session store unavailable") from exc
+        raise ResourceError(STORE_UNAVAILABLE) from exc
     return {
         "session_id": session_id,
         "counter": state.get("counter", 0),

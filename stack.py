@@ -409,12 +409,17 @@ class Stack:
 console = Console()
 
 
+def _fail(exc: StackError) -> None:
+    # Plain stderr, never wrapped: scripts and tests read these lines.
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(1)
+
+
 def _run(action) -> None:
     try:
         action()
     except StackError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        sys.exit(1)
+        _fail(exc)
 
 
 def _print_urls(stack: Stack) -> None:
@@ -554,5 +559,4 @@ if __name__ == "__main__":
     try:
         cli()
     except StackError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        sys.exit(1)
+        _fail(exc)

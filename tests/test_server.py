@@ -1,0 +1,174 @@
+"""The contract's tools, resource and /health, through HAProxy, with FastMCP's client in session mode."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from datetime import datetime
+
+import httpx2
+import pytest
+from fastmcp import Client
+from fastmcp.exceptions import ToolError
+
+from stack import Stack
+
+REPLICAS = {"mcp-server-1", "mcp-server-2", "mcp-server-3"}
+
+
+async def test_counter_increments_and_reads_back(client: Client) -> None:
+    first = (await client.call_tool("increment_counter", {})).data
+    second = (await client.call_tool("increment_counter", {})).data
+    assert (first["counter"], second["counter"]) == (1, 2)
+    assert first["instance"] in REPLICAS
+    assert (await client.call_tool("get_counter", {})).data == {"counter": 2, "instance": first["instance"]}
+
+
+async def test_counter_is_zero_when_never_set(client: Client) -> None:
+    assert (await client.call_tool("get_counter", {})).data["counter"] == 0
+
+
+async def test_notes_keep_insertion_order(client: Client) -> None:
+    assert (await client.call_tool("list_notes", {})).data["notes"] == []
+    for i, note in enumerate(["first", "second", "third"], start=1):
+        assert (await client.call_tool("add_note", {"note": note})).data["notes_count"] == i
+    assert (await client.call_tool("list_notes", {})).data["notes"] == ["first", "second", "third"]
+
+
+async def test_results_are_structured_and_mirrored_as_text(client: Client) -> None:
+    result = await client.call_tool("increment_counter", {})
+    assert result.structured_content == json.loads(result.content[0].text)
+
+
+async def test_server_info_and_status_count_live_sessions(client: Client, mcp_url: str) -> None:
+    info = (await client.call_tool("get_server_info", {})).data
+    assert info["instance"] in REPLICAS and info["sessions"] >= 1
+    async with Client(mcp_url, mode="legacy") as other:
+        await other.call_tool("increment_counter", {})
+        assert (await client.call_tool("get_server_info", {})).data["sessions"] >= info["sessions"] + 1
+    status = (await client.call_tool("get_status", {})).data
+    assert set(status) == {"instance", "uptime_seconds", "active_sessions", "timestamp"}
+    assert status["uptime_seconds"] > 0 and status["active_sessions"] >= 2
+    assert datetime.fromisoformat(status["timestamp"]).utcoffset().total_seconds() == 0
+
+
+async def test_analyze_data_streams_logs_and_progress_and_stores_its_result(mcp_url: str) -> None:
+    logs: list[tuple[str, str]] = []
+    progress: list[float] = []
+
+    async def on_log(message) -> None:
+        logs.append((message.level, message.data["msg"]))
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append(done)
+
+    async with Client(mcp_url, mode="legacy", log_handler=on_log) as client:
+        result = await client.call_tool("analyze_data", {"num_items": 4}, progress_handler=on_progress)
+        assert result.data["items_processed"] == 4
+        assert result.data["total_score"] == 1.5 * (1 + 2 + 3 + 4)
+        summary = await client.read_resource(f"resource://session/{client.transport.get_session_id()}/summary")
+        stored = json.loads(summary[0].text)["analysis_result"]
+    assert stored == {"total_score": 15.0, "items_processed": 4}
+    levels = {level for level, _ in logs}
+    assert {"info", "debug"} <= levels
+    assert any("Starting analysis" in msg for level, msg in logs if level == "info")
+    assert any("Analysis complete" in msg for level, msg in logs if level == "info")
+    assert progress == [1, 2, 3, 4]
+
+
+async def test_watch_counter_reports_every_change(mcp_url: str) -> None:
+    logs: list[str] = []
+
+    async def on_log(message) -> None:
+        logs.append(message.data["msg"])
+
+    async with Client(mcp_url, mode="legacy", log_handler=on_log) as client:
+        watch = asyncio.create_task(client.call_tool("watch_counter", {"duration_seconds": 3}))
+        for _ in range(3):
+            await asyncio.sleep(0.7)
+            await client.call_tool("increment_counter", {})
+        result = (await watch).data
+    assert result["total_changes"] == len(result["changes"]) == 3
+    assert [(c["from"], c["to"]) for c in result["changes"]] == [(0, 1), (1, 2), (2, 3)]
+    assert all(datetime.fromisoformat(c["at"]) for c in result["changes"])
+    assert sum("changed" in msg for msg in logs) == 3
+
+
+async def test_summary_resource_reads_a_sessions_state(client: Client) -> None:
+    await client.call_tool("increment_counter", {})
+    await client.call_tool("add_note", {"note": "hello"})
+    sid = client.transport.get_session_id()
+    contents = await client.read_resource(f"resource://session/{sid}/summary")
+    summary = json.loads(contents[0].text)
+    assert summary["session_id"] == sid
+    assert (summary["counter"], summary["notes"], summary["analysis_result"]) == (1, ["hello"], None)
+    assert summary["instance"] in REPLICAS
+
+
+async def test_summary_of_a_fresh_session_has_defaults(client: Client) -> None:
+    sid = uuid.uuid4().hex
+    summary = json.loads((await client.read_resource(f"resource://session/{sid}/summary"))[0].text)
+    assert (summary["counter"], summary["notes"], summary["analysis_result"]) == (0, [], None)
+
+
+async def test_resume_session_with_own_id_is_same_session(client: Client) -> None:
+    result = (await client.call_tool("resume_session", {"old_session_id": client.transport.get_session_id()})).data
+    assert (result["status"], result["keys_copied"]) == ("same_session", 0)
+
+
+async def test_resume_session_copies_another_sessions_state(mcp_url: str, client: Client) -> None:
+    async with Client(mcp_url, mode="legacy") as old:
+        for _ in range(3):
+            await old.call_tool("increment_counter", {})
+        await old.call_tool("add_note", {"note": "carried over"})
+        old_id = old.transport.get_session_id()
+    result = (await client.call_tool("resume_session", {"old_session_id": old_id})).data
+    assert (result["status"], result["keys_copied"]) == ("resumed", 2)
+    assert (await client.call_tool("increment_counter", {})).data["counter"] == 4
+    assert (await client.call_tool("list_notes", {})).data["notes"] == ["carried over"]
+
+
+@pytest.mark.parametrize("old_id", ["*", "?" * 32, "[0-9a-f]*", uuid.uuid4().hex, "x" * 10_000, "mcp:sessions"])
+async def test_resume_session_treats_ids_as_data(mcp_url: str, client: Client, old_id: str) -> None:
+    async with Client(mcp_url, mode="legacy") as victim:
+        await victim.call_tool("increment_counter", {})
+        await victim.call_tool("add_note", {"note": "private"})
+    result = (await client.call_tool("resume_session", {"old_session_id": old_id})).data
+    assert (result["status"], result["keys_copied"]) == ("resumed", 0)
+    assert (await client.call_tool("get_counter", {})).data["counter"] == 0
+    assert (await client.call_tool("list_notes", {})).data["notes"] == []
+
+
+async def test_sessions_are_isolated(mcp_url: str) -> None:
+    async with Client(mcp_url, mode="legacy") as a, Client(mcp_url, mode="legacy") as b:
+        await a.call_tool("increment_counter", {})
+        await a.call_tool("add_note", {"note": "a's"})
+        assert (await b.call_tool("get_counter", {})).data["counter"] == 0
+        assert (await b.call_tool("list_notes", {})).data["notes"] == []
+
+
+async def test_every_contract_tool_is_listed(client: Client) -> None:
+    names = {tool.name for tool in await client.list_tools()}
+    assert names == {
+        "increment_counter", "get_counter", "add_note", "list_notes", "get_server_info",
+        "get_status", "analyze_data", "watch_counter", "resume_session",
+    }
+
+
+async def test_wrong_argument_types_are_tool_errors(client: Client) -> None:
+    with pytest.raises(ToolError):
+        await client.call_tool("analyze_data", {"num_items": "many"})
+    with pytest.raises(ToolError):
+        await client.call_tool("add_note", {})
+    assert (await client.call_tool("get_counter", {})).data["counter"] == 0
+
+
+async def test_health_names_the_replica(stack: Stack) -> None:
+    async with httpx2.AsyncClient() as http:
+        through_proxy = await http.get(f"http://127.0.0.1:{stack.config.http_port}/health")
+        assert through_proxy.status_code == 200
+        assert through_proxy.json()["status"] == "ok" and through_proxy.json()["instance"] in REPLICAS
+        for name, port in zip(stack.config.replica_names(), stack.config.replica_ports):
+            direct = await http.get(f"http://127.0.0.1:{port}/health")
+            assert direct.json() == {"status": "ok", "instance": name}

@@ -1,0 +1,158 @@
+"""stack.py: the compose-like verbs, on a stack of its own so the other tests are not disturbed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import free_ports, stack_config
+from stack import Stack
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = Stack(stack_config(tmp_path_factory.mktemp("own-stack"), replicas=2))
+    try:
+        s.up()
+        yield s
+    finally:
+        s.down()
+
+
+def cli(stack: Stack, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`python stack.py ARGS` against the given stack's state directory."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "stack.py"), *args],
+        env={**os.environ, "STACK_DIR": str(stack.config.state_dir), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def ps_json(stack: Stack) -> dict[str, dict]:
+    result = cli(stack, "ps", "--json")
+    assert result.returncode == 0, result.stderr
+    return {row["name"]: row for row in json.loads(result.stdout)}
+
+
+def test_ps_json_lists_every_service_with_pid_address_and_state(own_stack: Stack) -> None:
+    rows = ps_json(own_stack)
+    assert list(rows) == ["redis", "mcp-server-1", "mcp-server-2", "haproxy"]
+    for row in rows.values():
+        assert row["state"] == "running"
+        assert row["pid"] == own_stack.pid(row["name"])
+        host, port = row["address"].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=2):
+            pass
+
+
+def test_stop_and_start_behave_like_compose(own_stack: Stack) -> None:
+    assert cli(own_stack, "stop", "mcp-server-2").returncode == 0
+    assert ps_json(own_stack)["mcp-server-2"]["state"] == "stopped"
+    assert ps_json(own_stack)["mcp-server-2"]["pid"] is None
+    assert cli(own_stack, "start", "mcp-server-2").returncode == 0
+    assert ps_json(own_stack)["mcp-server-2"]["state"] == "running"
+    own_stack.wait_healthy("haproxy")
+    assert own_stack.backends_up() == {"mcp-server-1", "mcp-server-2"}
+
+
+def test_kill_with_a_signal_pauses_and_kills(own_stack: Stack) -> None:
+    pid = own_stack.pid("mcp-server-1")
+    assert cli(own_stack, "kill", "-s", "SIGSTOP", "mcp-server-1").returncode == 0
+    assert ps_json(own_stack)["mcp-server-1"]["state"] == "paused"
+    assert cli(own_stack, "kill", "-s", "CONT", "mcp-server-1").returncode == 0
+    assert ps_json(own_stack)["mcp-server-1"]["state"] == "running"
+    assert cli(own_stack, "kill", "mcp-server-1").returncode == 0  # SIGKILL by default
+    assert ps_json(own_stack)["mcp-server-1"]["state"] == "exited"
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert cli(own_stack, "start", "mcp-server-1").returncode == 0
+    own_stack.wait_healthy("haproxy")
+
+
+def test_restart_gives_a_new_healthy_process(own_stack: Stack) -> None:
+    before = own_stack.pid("mcp-server-1")
+    result = cli(own_stack, "restart", "mcp-server-1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    after = own_stack.pid("mcp-server-1")
+    assert after and after != before
+    assert own_stack.healthy("mcp-server-1")
+
+
+def test_logs_prints_a_services_output(own_stack: Stack) -> None:
+    result = cli(own_stack, "logs", "mcp-server-1")
+    assert result.returncode == 0
+    assert "Uvicorn running" in result.stdout or "Application startup complete" in result.stdout
+
+
+def test_unknown_service_is_a_clear_error(own_stack: Stack) -> None:
+    result = cli(own_stack, "stop", "mcp-server-7")
+    assert result.returncode == 1
+    assert "no service named 'mcp-server-7'" in result.stderr
+
+
+def test_a_taken_port_is_reported_clearly(tmp_path: Path) -> None:
+    (port,) = free_ports(1)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        env = {"STACK_DIR": str(tmp_path), "REDIS_PORT": str(port)}
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "stack.py"), "up", "-d"],
+            env={**os.environ, **env}, capture_output=True, text=True, timeout=60,
+        )
+    assert result.returncode == 1
+    assert f"port {port} on 127.0.0.1 is already in use, so redis cannot start" in result.stderr
+
+
+def test_a_missing_binary_is_reported_clearly(tmp_path: Path) -> None:
+    http, stats, redis, replica = free_ports(4)
+    env = {
+        "STACK_DIR": str(tmp_path), "PATH": "/nonexistent", "MCP_HTTP_PORT": str(http),
+        "MCP_STATS_PORT": str(stats), "REDIS_PORT": str(redis), "MCP_BASE_PORT": str(replica), "MCP_REPLICAS": "1",
+    }
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "stack.py"), "up", "-d"],
+        env={**os.environ, **env}, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1
+    assert "redis-server not found" in result.stderr and "apt-get install redis-server" in result.stderr
+
+
+def test_down_leaves_no_process_behind(tmp_path: Path) -> None:
+    s = Stack(stack_config(tmp_path, replicas=1))
+    s.up()
+    pids = [s.pid(svc.name) for svc in s.services()]
+    assert all(pids)
+    s.down()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not s.state_file.exists()
+
+
+def test_a_recycled_pid_is_never_signalled(tmp_path: Path) -> None:
+    """A recorded pid that now belongs to another process is treated as exited."""
+    s = Stack(stack_config(tmp_path, replicas=1))
+    bystander = subprocess.Popen(["sleep", "30"])
+    try:
+        s._write({"config": s.config.to_json(),
+                  "processes": {"redis": {"pid": bystander.pid, "start_ticks": "0", "argv": ["redis-server"]}}})
+        assert s.pid("redis") is None
+        assert s.state("redis") == "exited"
+        s.stop("redis")
+        assert bystander.poll() is None  # still alive: not ours to stop
+    finally:
+        bystander.send_signal(signal.SIGKILL)
+        bystander.wait()
