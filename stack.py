@@ -65,7 +65,7 @@ class StackConfig:
     host: str = "127.0.0.1"
     http_port: int = 8080
     stats_port: int = 8404
-    redis_port: int = 6379
+    redis_port: int = 6380
     replica_ports: tuple[int, ...] = (8001, 8002, 8003)
     session_ttl_seconds: int = 1800
     python: str = sys.executable
@@ -80,7 +80,7 @@ class StackConfig:
             state_dir=Path(os.environ.get("STACK_DIR") or ROOT / ".stack").resolve(),
             http_port=env_int("MCP_HTTP_PORT", 8080),
             stats_port=env_int("MCP_STATS_PORT", 8404),
-            redis_port=env_int("REDIS_PORT", 6379),
+            redis_port=env_int("REDIS_PORT", 6380),
             replica_ports=tuple(base + i for i in range(replicas)),
             session_ttl_seconds=env_int("SESSION_TTL_SECONDS", 1800),
         )

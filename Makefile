@@ -1,0 +1,52 @@
+# Two commands on a fresh Debian/Ubuntu machine:
+#   make demo   install what is missing, start the stack, show the walkthrough, leave it up
+#   make test   install what is missing, run the whole suite
+# Python dependencies go to .venv at the repo root, pinned by uv.lock.
+
+SHELL := /bin/bash
+UV_VERSION := 0.13.9
+PY := .venv/bin/python
+# A uv already on PATH is used as is; otherwise a pinned one is put in .tools/.
+UV := $(or $(shell command -v uv 2>/dev/null),.tools/uv/bin/uv)
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+PYTEST_ARGS ?=
+
+.PHONY: demo test down up deps system-deps python-deps lock
+
+demo: deps
+	$(PY) stack.py up -d
+	$(PY) walkthrough.py
+	@echo
+	@echo "The stack is still up (python stack.py ps). Stop it with: make down"
+	@$(PY) stack.py ps
+
+up: deps
+	$(PY) stack.py up -d
+
+down:
+	@if [ -x $(PY) ]; then $(PY) stack.py down; fi
+
+test: deps
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+deps: system-deps python-deps
+
+# redis-server, haproxy (and pip, to fetch uv) from the distribution, only when missing.
+system-deps:
+	@missing=""; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	command -v haproxy >/dev/null 2>&1 || missing="$$missing haproxy"; \
+	command -v uv >/dev/null 2>&1 || python3 -m pip --version >/dev/null 2>&1 || missing="$$missing python3-pip"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing from the distribution:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+
+.tools/uv/bin/uv:
+	python3 -m pip install --quiet --disable-pip-version-check --target .tools/uv uv==$(UV_VERSION)
+
+python-deps: $(if $(shell command -v uv 2>/dev/null),,.tools/uv/bin/uv)
+	$(UV) sync --frozen --python '>=3.11'
+
+lock:
+	$(UV) lock

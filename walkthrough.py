@@ -1,0 +1,66 @@
+"""A scripted tour of a running stack (what `make demo` shows).
+
+1. a session sticks to one replica while its counter climbs;
+2. that replica is stopped;
+3. the client carries on, on another replica, with the same counter and notes;
+4. the replica is started again.
+
+Run it against the local stack after `python stack.py up -d`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import urllib.request
+
+from rich.console import Console
+
+from resilient_client import ResilientClient
+from stack import Stack
+
+console = Console()
+
+
+async def tour(stack: Stack) -> None:
+    c = stack.config
+    with urllib.request.urlopen(f"http://{c.host}:{c.http_port}/health", timeout=5) as response:
+        console.print(f"[bold]GET /health[/bold] → {response.status} {json.loads(response.read())}")
+
+    async with ResilientClient(c.mcp_url, max_retries=5, call_timeout=5) as client:
+        console.rule("1. Stickiness: every call of one session lands on the same replica")
+        console.print(f"session id {client.session_id}")
+        for _ in range(5):
+            result = (await client.call_tool("increment_counter", {})).data
+            console.print(f"  increment_counter → counter={result['counter']} on [cyan]{result['instance']}[/cyan]")
+        replica = result["instance"]
+        for note in ("first note", "second note"):
+            await client.call_tool("add_note", {"note": note})
+        console.print(f"  notes: {(await client.call_tool('list_notes', {})).data['notes']}")
+
+        console.rule(f"2. Stop the session's replica: python stack.py stop {replica}")
+        stack.stop(replica)
+        stopped = time.monotonic()
+        while replica in stack.backends_up() and time.monotonic() - stopped < 10:
+            await asyncio.sleep(0.05)
+        console.print(f"  {replica} is {stack.state(replica)}; HAProxy marked it "
+                      f"{stack.backend_status().get(replica)} after {time.monotonic() - stopped:.1f} s")
+
+        console.rule("3. The session's state comes back on another replica")
+        result = (await client.call_tool("increment_counter", {})).data
+        console.print(f"  increment_counter → counter={result['counter']} on [cyan]{result['instance']}[/cyan]")
+        notes = (await client.call_tool("list_notes", {})).data["notes"]
+        console.print(f"  notes: {notes}")
+        console.print(f"  sessions this client used: {client.sessions} (state followed via resume_session)")
+
+    console.rule(f"4. Start it again: python stack.py start {replica}")
+    stack.start(replica)
+    stack.wait_healthy("haproxy")
+    console.print(f"  HAProxy sees {stack.backend_status()}")
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.ERROR)
+    asyncio.run(tour(Stack.load()))
