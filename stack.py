@@ -141,12 +141,16 @@ def _proc_stat(pid: int) -> tuple[str, str] | None:
     return fields[0], fields[19]
 
 
-def _reap(pid: int) -> None:
-    """Collect an exited child of this process, so it doesn't linger as a zombie."""
+def _reaped(pid: int) -> bool:
+    """Collect a zombie if it is this process's child; whether it is gone for good.
+
+    A multi-threaded process (haproxy) shows as a zombie while its other
+    threads are still exiting, and cannot be collected until they have.
+    """
     try:
-        os.waitpid(pid, os.WNOHANG)
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
     except ChildProcessError:
-        pass
+        return True  # someone else's zombie: gone as far as we are concerned
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -259,9 +263,10 @@ class Stack:
         record = self._recorded(name)
         if record is None:
             return None
-        _reap(record["pid"])
         stat = _proc_stat(record["pid"])
-        if stat is None or stat[1] != record["start_ticks"] or stat[0] in "ZX":
+        if stat is None or stat[1] != record["start_ticks"]:
+            return None
+        if stat[0] in "ZX" and _reaped(record["pid"]):
             return None
         return record["pid"]
 
@@ -270,6 +275,8 @@ class Stack:
         if pid is None:
             return "exited" if self._recorded(name) else "stopped"
         stat = _proc_stat(pid)
+        if stat and stat[0] in "ZX":
+            return "exited"
         return "paused" if stat and stat[0] == "T" else "running"
 
     def ps(self) -> list[ServiceState]:
