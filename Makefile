@@ -17,8 +17,8 @@ demo: deps
 	$(PY) stack.py up -d
 	$(PY) walkthrough.py
 	@echo
-	@echo "The stack is still up (python stack.py ps). Stop it with: make down"
 	@$(PY) stack.py ps
+	@echo "The stack is still up. Stop it with: make down"
 
 up: deps
 	$(PY) stack.py up -d

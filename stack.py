@@ -471,7 +471,8 @@ def down() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def ps(as_json: bool) -> None:
     """Each service's name, pid, address and state."""
-    rows = Stack.load().ps()
+    stack = Stack.load()
+    rows = stack.ps()
     if as_json:
         click.echo(json.dumps([asdict(r) for r in rows], indent=2))
         return
@@ -479,6 +480,7 @@ def ps(as_json: bool) -> None:
     for r in rows:
         table.add_row(r.name, str(r.pid or "-"), r.address, r.state)
     console.print(table)
+    _print_urls(stack)
 
 
 @cli.command()
