@@ -1,4 +1,4 @@
-"""Pattern: a client that rides through a replica's failure.
+"""Pattern: a client that rides through a replica's failure, and never applies a call twice.
 
     async with ResilientClient("http://127.0.0.1:8080/mcp", max_retries=3) as client:
         result = await client.call_tool("increment_counter", {})
@@ -6,22 +6,29 @@
 
 It wraps FastMCP's `Client` in session (2025-11-25, "legacy") mode and adds:
 
-- a timeout on every call, so no call can hang, however the server fails;
-- retries on transport failures only: the connection broke, the call timed
+- **a timeout on every call** (`call_timeout`), so no call hangs, however the
+  server fails;
+- **an idempotency key on every `tools/call`** (in `_meta`, see
+  `idempotency.py`), the same on each retry of that call: the server applies
+  the call at most once and answers a repeat with the recorded result;
+- **retries on transport failures only**: the connection broke, the call timed
   out, the proxy answered 502/503/504, or the session is gone (404). A tool's
-  own error is the answer, never retried. Backoff is exponential with jitter,
+  own error is its answer, never retried. Backoff is exponential with jitter,
   bounded by attempts and by total time (stamina);
-- after such a failure it opens a new session and calls `resume_session` with
-  the old session id, so the state kept in the store follows it.
+- **the same session after a failure**: it reconnects with the same
+  `mcp-session-id`, and the replica that gets the next request adopts the
+  session (`session_adoption.py`). Only if the session is gone for good (404)
+  does it open a new one and copy the old state over with `resume_session`.
 
-A retried call may already have been applied once (the failure can come after
-the server acted), so retries suit reads and idempotent tools best.
+Abandoning a broken connection must not end the session, so the DELETE the
+SDK sends on close is held back; `aclose()` ends the session once, at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from typing import Any
 
 import httpx2
@@ -30,16 +37,41 @@ from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 from mcp.shared.exceptions import MCPError
 
+from idempotency import IDEMPOTENCY_KEY
+
 log = logging.getLogger(__name__)
 
-# Statuses a proxy answers while a replica is failing: worth another try.
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
 REQUEST_TIMEOUT = -32001
+CONNECTION_CLOSED = -32000
 SESSION_GONE = ("Session terminated", "Session not found")
+DEFAULT_PROTOCOL = "2025-11-25"
 
 
 class TransientFailure(Exception):
     """The call failed for a reason another attempt may not share."""
+
+
+class SessionGone(TransientFailure):
+    """The server no longer knows the session: a new one is needed."""
+
+
+class _HttpTransport(httpx2.AsyncHTTPTransport):
+    """Records each answer's status, and holds back the SDK's DELETE once the connection is abandoned."""
+
+    def __init__(self, owner: ResilientClient) -> None:
+        super().__init__()
+        self.owner = owner
+        self.abandoned = False
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if self.abandoned and request.method == "DELETE":
+            return httpx2.Response(204, request=request)
+        response = await super().handle_async_request(request)
+        # The SDK turns a non-JSON error answer into a generic error without its
+        # status; the status tells a proxy's 503 from a server's bug.
+        self.owner._last_status = response.status_code
+        return response
 
 
 class ResilientClient:
@@ -58,98 +90,119 @@ class ResilientClient:
         self.total_timeout = total_timeout
         self._client_kwargs = client_kwargs
         self._client: Client | None = None
+        self._http: _HttpTransport | None = None
         self._last_status: int | None = None
+        self._protocol = DEFAULT_PROTOCOL
         self.session_id: str | None = None
-        # Session ids this client has had, oldest first: the history of its failovers.
+        # Every session id this client has had, oldest first: a new one appears
+        # only when a session was lost for good and resumed into a new one.
         self.sessions: list[str] = []
+        self.reconnects = 0
 
     async def __aenter__(self) -> ResilientClient:
-        await self._connect()
+        await self._open(rejoin=False)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self._disconnect()
+        await self.aclose()
 
-    def _http_client(self, **kwargs: Any) -> httpx2.AsyncClient:
-        # The SDK turns a non-JSON error answer into a generic error without its
-        # HTTP status; recording the status here tells a proxy's 503 from a bug.
-        async def remember_status(response: httpx2.Response) -> None:
-            self._last_status = response.status_code
+    async def aclose(self) -> None:
+        """Close the connection and end the session on the server."""
+        await self._abandon()
+        if self.session_id:
+            headers = {"mcp-session-id": self.session_id, "mcp-protocol-version": self._protocol}
+            try:
+                async with httpx2.AsyncClient(timeout=self.call_timeout) as http:
+                    await http.delete(self.url, headers=headers)
+            except httpx2.HTTPError as exc:
+                log.debug("ending the session failed: %r", exc)
 
-        kwargs.setdefault("timeout", httpx2.Timeout(self.call_timeout))
-        return httpx2.AsyncClient(**kwargs, event_hooks={"response": [remember_status]})
+    async def _open(self, *, rejoin: bool) -> None:
+        """A new connection: to the current session (`rejoin`), or with a new session."""
+        http = _HttpTransport(self)
 
-    async def _connect(self) -> None:
-        transport = StreamableHttpTransport(self.url, httpx_client_factory=self._http_client)
-        client = Client(transport, mode="legacy", timeout=self.call_timeout, **self._client_kwargs)
+        def factory(**kwargs: Any) -> httpx2.AsyncClient:
+            kwargs["timeout"] = httpx2.Timeout(self.call_timeout)
+            return httpx2.AsyncClient(**kwargs, transport=http)
+
+        headers = {"mcp-session-id": self.session_id, "mcp-protocol-version": self._protocol} if rejoin else None
+        transport = StreamableHttpTransport(self.url, headers=headers, httpx_client_factory=factory)
+        client = Client(transport, mode="legacy", timeout=self.call_timeout, auto_initialize=not rejoin, **self._client_kwargs)
         async with asyncio.timeout(self.call_timeout):
             await client.__aenter__()
-        self._client = client
-        self.session_id = transport.get_session_id()
-        if self.session_id:
-            self.sessions.append(self.session_id)
+        self._client, self._http = client, http
+        if not rejoin:
+            self.session_id = transport.get_session_id()
+            if client.initialize_result is not None:
+                self._protocol = client.initialize_result.protocol_version
+            if self.session_id:
+                self.sessions.append(self.session_id)
 
-    async def _disconnect(self) -> None:
+    async def _abandon(self) -> None:
         client, self._client = self._client, None
         if client is None:
             return
+        if self._http is not None:
+            self._http.abandoned = True
         try:
             async with asyncio.timeout(self.call_timeout):
                 await client.__aexit__(None, None, None)
-        except Exception as exc:  # the old session is being abandoned anyway
-            log.debug("closing the old session failed: %r", exc)
+        except Exception as exc:  # a broken connection is being dropped anyway
+            log.debug("closing the old connection failed: %r", exc)
 
-    async def _reconnect(self) -> None:
+    async def _recover(self, failure: TransientFailure) -> None:
+        self.reconnects += 1
+        await self._abandon()
+        if not isinstance(failure, SessionGone) and self.session_id:
+            await self._open(rejoin=True)
+            return
         old_session = self.session_id
-        await self._disconnect()
-        await self._connect()
+        await self._open(rejoin=False)
         if old_session and self._client is not None:
-            result = await self._client.call_tool(
-                "resume_session", {"old_session_id": old_session}, timeout=self.call_timeout
-            )
-            log.info("resumed %s as %s: %s", old_session, self.session_id, result.data)
+            result = await self._client.call_tool("resume_session", {"old_session_id": old_session}, timeout=self.call_timeout)
+            log.info("session %s was gone; resumed it as %s: %s", old_session, self.session_id, result.data)
 
     def _classify(self, exc: BaseException) -> BaseException:
         """A TransientFailure for failures worth retrying; the exception itself otherwise."""
         if isinstance(exc, (httpx2.TransportError, TimeoutError)):
             return TransientFailure(repr(exc))
         if isinstance(exc, MCPError):
-            if exc.error.code == REQUEST_TIMEOUT or exc.error.message in SESSION_GONE:
+            if exc.error.message in SESSION_GONE:
+                return SessionGone(exc.error.message)
+            if exc.error.code in (REQUEST_TIMEOUT, CONNECTION_CLOSED):
                 return TransientFailure(exc.error.message)
             if self._last_status in RETRYABLE_STATUSES:
                 return TransientFailure(f"HTTP {self._last_status}")
-        if isinstance(exc, RuntimeError) and self._client is None:
-            return TransientFailure(repr(exc))  # could not connect at all
+        if isinstance(exc, RuntimeError) and ("not connected" in str(exc) or "failed to connect" in str(exc)):
+            return TransientFailure(repr(exc))
         return exc
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        needs_reconnect = self._client is None
+        failure: TransientFailure | None = None if self._client else TransientFailure("not connected")
         async for attempt in stamina.retry_context(
-            on=TransientFailure,
-            attempts=self.max_retries + 1,
-            timeout=self.total_timeout,
-            wait_initial=0.1,
-            wait_max=2.0,
+            on=TransientFailure, attempts=self.max_retries + 1, timeout=self.total_timeout, wait_initial=0.1, wait_max=1.0
         ):
             with attempt:
                 try:
                     async with asyncio.timeout(self.call_timeout * 2):
-                        if needs_reconnect:
-                            await self._reconnect()
-                            needs_reconnect = False
+                        if failure is not None:
+                            await self._recover(failure)
+                            failure = None
                         assert self._client is not None
                         return await getattr(self._client, method)(*args, **kwargs)
                 except Exception as exc:
                     classified = self._classify(exc)
                     if classified is exc:
                         raise
-                    needs_reconnect = True
+                    failure = classified
                     log.warning("%s failed (%s); attempt %d", method, classified, attempt.num)
                     raise classified from exc
         raise AssertionError("unreachable: stamina either returns or raises")
 
     async def call_tool(self, name: str, arguments: dict[str, Any] | None = None, **kwargs: Any) -> Any:
-        return await self._call("call_tool", name, arguments or {}, **kwargs)
+        """Call a tool; retried calls carry the same idempotency key, so it applies at most once."""
+        meta = {IDEMPOTENCY_KEY: uuid.uuid4().hex, **(kwargs.pop("meta", None) or {})}
+        return await self._call("call_tool", name, arguments or {}, meta=meta, **kwargs)
 
     async def read_resource(self, uri: str) -> Any:
         return await self._call("read_resource", uri)

@@ -5,6 +5,10 @@ to the caller's MCP session id, backed by the store chosen once at start-up
 (Redis when REDIS_URL is set, in-memory otherwise). Every result carries
 `instance`, so routing is visible from the client.
 
+The availability patterns are wired in here, each from its own module:
+session adoption (`session_adoption.py`), idempotency keys
+(`idempotency.py`) and graceful drain (`drain.py`).
+
 Run one replica with `python server.py` (settings from the environment; see
 the README's table) or mount `app` in any ASGI server.
 """
@@ -23,10 +27,14 @@ from fastmcp import Context, FastMCP
 from fastmcp.exceptions import ResourceError, ToolError
 from fastmcp.server.middleware import Middleware, MiddlewareContext
 from pydantic import Field
+from starlette.middleware import Middleware as StarletteMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from session_store import DEFAULT_TTL_SECONDS, Session, SessionStore, StoreUnavailable, is_session_id
+from drain import Drain, DrainingServer
+from idempotency import IdempotentCalls, current_call
+from session_adoption import AdoptSessions, Ownership, RecordSessions
+from session_store import DEFAULT_TTL_SECONDS, Fenced, Session, SessionStore, StoreUnavailable, is_session_id
 
 INSTANCE_ID = os.environ.get("INSTANCE_ID", "mcp-server-1")
 SESSION_TTL_SECONDS = int(os.environ.get("SESSION_TTL_SECONDS", DEFAULT_TTL_SECONDS))
@@ -38,6 +46,7 @@ WATCH_POLL_SECONDS = 0.5
 WATCH_MAX_SECONDS = 30
 HEALTH_PING_SECONDS = 1.0
 STORE_UNAVAILABLE = "Session store unavailable; try again shortly."
+SESSION_MOVED = "This session moved to another replica; call again."
 
 log = logging.getLogger("mcp-ha")
 
@@ -57,24 +66,38 @@ started_at = time.monotonic()
 
 
 class StoreErrors(Middleware):
-    """A store outage is a clear tool error the client may retry, never a traceback."""
+    """A store outage, or a write fenced off by adoption, is a clear tool error, never a traceback."""
 
     async def on_call_tool(self, context: MiddlewareContext, call_next):
         try:
             return await call_next(context)
-        except ToolError as exc:
-            # FastMCP has already wrapped the tool's exception; the cause says why.
-            if isinstance(exc.__cause__, StoreUnavailable):
-                raise ToolError(STORE_UNAVAILABLE) from exc.__cause__
+        except (ToolError, StoreUnavailable, Fenced) as exc:
+            # Raised in a tool, FastMCP has already wrapped it; the cause says why.
+            cause = exc.__cause__ if isinstance(exc, ToolError) else exc
+            if isinstance(cause, StoreUnavailable):
+                log.warning("store unavailable during %s: %s", context.message.name, cause)
+                raise ToolError(STORE_UNAVAILABLE) from cause
+            if isinstance(cause, Fenced):
+                # Another replica adopted the session while this call ran here: the
+                # write was not applied. The next request here adopts it afresh.
+                ownership.lost(context.fastmcp_context.session_id)
+                raise ToolError(SESSION_MOVED) from cause
             raise
 
 
+ownership = Ownership()
+drain = Drain()
 # Unexpected errors reach the client as "Error calling tool", without internals.
-mcp = FastMCP("mcp-ha-kit", middleware=[StoreErrors()], mask_error_details=True)
+mcp = FastMCP(
+    "mcp-ha-kit",
+    middleware=[StoreErrors(), IdempotentCalls(store), RecordSessions(store, ownership)],
+    mask_error_details=True,
+)
 
 
 def session_of(ctx: Context) -> Session:
-    return Session(store, ctx.session_id)
+    sid = ctx.session_id
+    return Session(store, sid, epoch=ownership.epoch(sid), op_prefix=current_call.get())
 
 
 @mcp.tool
@@ -192,6 +215,8 @@ async def session_summary(session_id: str) -> dict:
 
 @mcp.custom_route("/health", methods=["GET"])
 async def health(request: Request) -> JSONResponse:
+    if not drain.health_checked():
+        return JSONResponse({"status": "draining", "instance": INSTANCE_ID}, status_code=503)
     try:
         reachable = await asyncio.wait_for(store.ping(), HEALTH_PING_SECONDS)
     except TimeoutError:
@@ -201,17 +226,26 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": "degraded", "instance": INSTANCE_ID, "store": "unreachable"}, status_code=503)
 
 
-app = mcp.http_app(path="/mcp")
+app = mcp.http_app(
+    path="/mcp",
+    middleware=[StarletteMiddleware(AdoptSessions, store=store, ownership=ownership, path="/mcp")],
+    # A replica forgets an idle session's transport when the store forgets its
+    # state; if the session comes back sooner, adoption serves it again.
+    session_idle_timeout=SESSION_TTL_SECONDS,
+)
+app = drain.middleware(app, path="/mcp")
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"), format=f"%(asctime)s {INSTANCE_ID} %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=os.environ.get("HOST", "127.0.0.1"),
         port=int(os.environ.get("PORT", "8000")),
         loop="uvloop",
         http="httptools",
         log_level=os.environ.get("LOG_LEVEL", "info").lower(),
-        timeout_graceful_shutdown=10,
+        # After the drain, whatever is still open (GET streams) gets this long.
+        timeout_graceful_shutdown=2,
     )
+    DrainingServer(config, drain).run()

@@ -5,15 +5,23 @@ Tools never hold session state in process memory. They go through a
 lives outside the replica, so any replica can serve any session and a session
 outlives the replica that served it.
 
-The contract is deliberately small: implement these eight coroutines for
-another backend and the shared contract suite in `tests/test_session_store.py`
-tells you whether you got it right. Three rules every implementation keeps:
+The contract has three parts, each small enough to implement for another
+backend; the shared suite in `tests/test_session_store.py` tells you whether
+you got it right.
 
-- every operation on a session is atomic on its own, so concurrent callers
-  never lose an update (no read-modify-write in Python);
-- every operation slides the session's TTL and marks it live in an index, so
-  `count_sessions` never has to walk the keyspace;
-- session ids are data, never patterns.
+- **State**: `get`, `set`, `incr`, `append`, `items`, `copy`, `touch`,
+  `count_sessions`. Every operation is atomic on its own (no read-modify-write
+  in Python), slides the session's TTL and marks it live in an index, so
+  counting never walks the keyspace. Session ids are data, never patterns.
+- **Session records**, for adoption: `open_session` records what a replica
+  needs to take over a session it never saw (client info, protocol version),
+  `adopt_session` hands it to a new replica and advances its ownership epoch,
+  `end_session` removes it so nobody can adopt it again.
+- **Safe writes**: every write takes `epoch=` and `op_id=`. With `epoch`, the
+  write applies only while the session's epoch is still that one, so a replica
+  that was paused while another adopted its session cannot apply a stale write
+  (`Fenced`). With `op_id`, the write applies at most once: a repeat returns
+  the recorded result, and the record commits together with the change.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 DEFAULT_TTL_SECONDS = 30 * 60
+# How long a write's op_id is remembered: a retry later than this counts as new.
+DEFAULT_OP_TTL_SECONDS = 10 * 60
 
 # The only form of id this kit mints: 128 random bits as lowercase hex, the
 # same form as the MCP SDK's `uuid4().hex` session ids. Anything else is not a
@@ -38,28 +48,35 @@ class StoreUnavailable(Exception):
     """The store could not be reached; the operation may not have happened."""
 
 
+class Fenced(Exception):
+    """Another replica adopted the session (or it ended): this write was not applied."""
+
+
 class SessionStore(ABC):
     """Where session state lives. Values are anything JSON can hold."""
 
-    def __init__(self, *, ttl_seconds: int = DEFAULT_TTL_SECONDS) -> None:
-        if ttl_seconds <= 0:
-            raise ValueError("ttl_seconds must be positive")
+    def __init__(self, *, ttl_seconds: int = DEFAULT_TTL_SECONDS, op_ttl_seconds: int = DEFAULT_OP_TTL_SECONDS) -> None:
+        if ttl_seconds <= 0 or op_ttl_seconds <= 0:
+            raise ValueError("TTLs must be positive")
         self.ttl_seconds = ttl_seconds
+        self.op_ttl_seconds = op_ttl_seconds
+
+    # -- state ---------------------------------------------------------------------
 
     @abstractmethod
     async def get(self, session_id: str, key: str) -> Any | None:
         """The value stored under `key`, or None."""
 
     @abstractmethod
-    async def set(self, session_id: str, key: str, value: Any) -> None:
+    async def set(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op_id: str | None = None) -> None:
         """Store `value` under `key`, replacing what was there."""
 
     @abstractmethod
-    async def incr(self, session_id: str, key: str, by: int = 1) -> int:
+    async def incr(self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op_id: str | None = None) -> int:
         """Atomically add `by` to the integer under `key` (0 when unset); the new value."""
 
     @abstractmethod
-    async def append(self, session_id: str, key: str, value: Any) -> int:
+    async def append(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op_id: str | None = None) -> int:
         """Atomically append `value` to the list under `key`; the list's new length."""
 
     @abstractmethod
@@ -67,7 +84,7 @@ class SessionStore(ABC):
         """Every entry of the session, in one consistent read."""
 
     @abstractmethod
-    async def copy(self, source_id: str, target_id: str) -> int:
+    async def copy(self, source_id: str, target_id: str, *, epoch: int | None = None, op_id: str | None = None) -> int:
         """Atomically copy every entry of `source_id` over `target_id`; how many were copied.
 
         Costs time proportional to the source session's entries, never the store's.
@@ -81,6 +98,30 @@ class SessionStore(ABC):
     async def count_sessions(self) -> int:
         """Sessions touched within the TTL, from an index: never a scan."""
 
+    # -- session records -------------------------------------------------------------
+
+    @abstractmethod
+    async def open_session(self, session_id: str, record: dict[str, Any]) -> int:
+        """Record a new session (what adoption needs); its first epoch."""
+
+    @abstractmethod
+    async def adopt_session(self, session_id: str) -> tuple[dict[str, Any], int] | None:
+        """Take over a recorded session: its record and its new, higher epoch; None if unknown."""
+
+    @abstractmethod
+    async def end_session(self, session_id: str) -> bool:
+        """Forget the session's record, so nobody adopts it again; whether there was one."""
+
+    # -- results kept for at-most-once calls ----------------------------------------------
+
+    @abstractmethod
+    async def recall(self, session_id: str, op_id: str) -> Any | None:
+        """What `remember` kept for this op, or None."""
+
+    @abstractmethod
+    async def remember(self, session_id: str, op_id: str, value: Any) -> None:
+        """Keep `value` for this op for the op TTL."""
+
     async def ping(self) -> bool:
         """Whether the store answers now. Never raises."""
         return True
@@ -90,30 +131,46 @@ class SessionStore(ABC):
 
 
 class Session:
-    """One session's view of the store: what a tool author works with."""
+    """One session's view of the store: what a tool author works with.
 
-    def __init__(self, store: SessionStore, session_id: str) -> None:
+    `epoch` is this replica's ownership epoch of the session (None where there
+    is no owner to fence, as for sessionless handles); `op_prefix` names the
+    call being served, so each write of a retried call is applied only once.
+    """
+
+    def __init__(self, store: SessionStore, session_id: str, *, epoch: int | None = None, op_prefix: str | None = None) -> None:
         self.store = store
         self.id = session_id
+        self.epoch = epoch
+        self._op_prefix = op_prefix
+        self._writes = 0
+
+    def _safe(self) -> dict[str, Any]:
+        op_id = None
+        if self._op_prefix is not None:
+            # Numbered, so a tool that writes twice replays both writes in order.
+            self._writes += 1
+            op_id = f"{self._op_prefix}:{self._writes}"
+        return {"epoch": self.epoch, "op_id": op_id}
 
     async def get(self, key: str, default: Any = None) -> Any:
         value = await self.store.get(self.id, key)
         return default if value is None else value
 
     async def set(self, key: str, value: Any) -> None:
-        await self.store.set(self.id, key, value)
+        await self.store.set(self.id, key, value, **self._safe())
 
     async def incr(self, key: str, by: int = 1) -> int:
-        return await self.store.incr(self.id, key, by)
+        return await self.store.incr(self.id, key, by, **self._safe())
 
     async def append(self, key: str, value: Any) -> int:
-        return await self.store.append(self.id, key, value)
+        return await self.store.append(self.id, key, value, **self._safe())
 
     async def items(self) -> dict[str, Any]:
         return await self.store.items(self.id)
 
     async def copy_from(self, other_id: str) -> int:
-        return await self.store.copy(other_id, self.id)
+        return await self.store.copy(other_id, self.id, **self._safe())
 
     async def touch(self) -> None:
         await self.store.touch(self.id)

@@ -366,21 +366,23 @@ class Stack:
             raise StackError(f"{name} is not running")
         os.kill(pid, sig)
 
-    def stop(self, name: str, *, timeout: float = STOP_GRACE_SECONDS) -> None:
-        """SIGTERM, then SIGKILL after `timeout`, like `docker compose stop`."""
-        pid = self.pid(name)
-        if pid is not None:
+    def stop(self, *names: str, timeout: float = STOP_GRACE_SECONDS) -> None:
+        """SIGTERM, then SIGKILL after `timeout`, like `docker compose stop`; several side by side."""
+        pids = {name: self.pid(name) for name in names}
+        for pid in filter(None, pids.values()):
             os.kill(pid, signal.SIGCONT)  # a paused process cannot act on SIGTERM
             os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while self.pid(name) is not None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if self.pid(name) is not None:
+        deadline = time.monotonic() + timeout
+        while any(self.pid(n) for n in names) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for name, pid in pids.items():
+            if pid is not None and self.pid(name) is not None:
                 os.kill(pid, signal.SIGKILL)
                 while self.pid(name) is not None:
                     time.sleep(0.05)
         state = self._read()
-        state["processes"].pop(name, None)
+        for name in names:
+            state["processes"].pop(name, None)
         self._write(state)
 
     def up(self) -> None:
@@ -394,8 +396,10 @@ class Stack:
         self.start(services[-1].name)
 
     def down(self) -> None:
-        for svc in reversed(self.services()):
-            self.stop(svc.name)
+        """Stop haproxy, then every replica side by side (each drains), then redis."""
+        self.stop("haproxy")
+        self.stop(*self.config.replica_names())
+        self.stop("redis")
         self.state_file.unlink(missing_ok=True)
 
     def restart(self, name: str) -> None:
@@ -488,7 +492,7 @@ def ps(as_json: bool) -> None:
 def stop(names: tuple[str, ...]) -> None:
     """Stop services (SIGTERM, then SIGKILL after a grace period)."""
     stack = Stack.load()
-    _run(lambda: [stack.stop(stack.service(n).name) for n in names])
+    _run(lambda: stack.stop(*[stack.service(n).name for n in names]))
 
 
 @cli.command()

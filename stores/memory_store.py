@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from session_store import DEFAULT_TTL_SECONDS, SessionStore
+from session_store import DEFAULT_OP_TTL_SECONDS, DEFAULT_TTL_SECONDS, Fenced, SessionStore
 
 
 class InMemorySessionStore(SessionStore):
@@ -21,14 +21,18 @@ class InMemorySessionStore(SessionStore):
         self,
         *,
         ttl_seconds: int = DEFAULT_TTL_SECONDS,
+        op_ttl_seconds: int = DEFAULT_OP_TTL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(ttl_seconds=ttl_seconds)
+        super().__init__(ttl_seconds=ttl_seconds, op_ttl_seconds=op_ttl_seconds)
         self._clock = clock
         # Ordered by last touch, oldest first, so expiry pops from the front
         # and counting costs the number of sessions that expired, not all of them.
         self._sessions: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._seen: dict[str, float] = {}
+        self._records: dict[str, tuple[dict[str, Any], int]] = {}
+        # Kept in expiry order (one TTL for all), so expiry pops from the front too.
+        self._ops: OrderedDict[tuple[str, str], tuple[Any, float]] = OrderedDict()
 
     def _expire(self) -> None:
         horizon = self._clock() - self.ttl_seconds
@@ -38,6 +42,10 @@ class InMemorySessionStore(SessionStore):
                 break
             del self._sessions[oldest]
             del self._seen[oldest]
+            self._records.pop(oldest, None)
+        now = self._clock()
+        while self._ops and next(iter(self._ops.values()))[1] <= now:
+            self._ops.popitem(last=False)
 
     def _live(self, session_id: str) -> dict[str, Any]:
         self._expire()
@@ -46,36 +54,63 @@ class InMemorySessionStore(SessionStore):
         self._seen[session_id] = self._clock()
         return data
 
+    def _write(self, session_id: str, epoch: int | None, op_id: str | None, apply: Callable[[dict[str, Any]], Any]) -> Any:
+        """The one path every write takes: replay, fence, apply, record."""
+        self._expire()
+        if op_id is not None:
+            done = self._ops.get((session_id, op_id))
+            if done is not None and done[1] > self._clock():
+                return copy.deepcopy(done[0])
+        if epoch is not None:
+            record = self._records.get(session_id)
+            if record is None or record[1] != epoch:
+                raise Fenced(session_id)
+        result = apply(self._live(session_id))
+        if op_id is not None:
+            self._ops[(session_id, op_id)] = (copy.deepcopy(result), self._clock() + self.op_ttl_seconds)
+        return result
+
     async def get(self, session_id: str, key: str) -> Any | None:
         return copy.deepcopy(self._live(session_id).get(key))
 
-    async def set(self, session_id: str, key: str, value: Any) -> None:
-        self._live(session_id)[key] = copy.deepcopy(value)
+    async def set(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op_id: str | None = None) -> None:
+        value = copy.deepcopy(value)
+        self._write(session_id, epoch, op_id, lambda data: data.__setitem__(key, value))
 
-    async def incr(self, session_id: str, key: str, by: int = 1) -> int:
-        data = self._live(session_id)
-        current = data.get(key, 0)
-        if not isinstance(current, int):
-            raise TypeError(f"{key!r} does not hold an integer")
-        data[key] = current + by
-        return data[key]
+    async def incr(self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op_id: str | None = None) -> int:
+        def apply(data: dict[str, Any]) -> int:
+            current = data.get(key, 0)
+            if not isinstance(current, int):
+                raise TypeError(f"{key!r} does not hold an integer")
+            data[key] = current + by
+            return data[key]
 
-    async def append(self, session_id: str, key: str, value: Any) -> int:
-        data = self._live(session_id)
-        current = data.setdefault(key, [])
-        if not isinstance(current, list):
-            raise TypeError(f"{key!r} does not hold a list")
-        current.append(copy.deepcopy(value))
-        return len(current)
+        return self._write(session_id, epoch, op_id, apply)
+
+    async def append(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op_id: str | None = None) -> int:
+        value = copy.deepcopy(value)
+
+        def apply(data: dict[str, Any]) -> int:
+            current = data.setdefault(key, [])
+            if not isinstance(current, list):
+                raise TypeError(f"{key!r} does not hold a list")
+            current.append(value)
+            return len(current)
+
+        return self._write(session_id, epoch, op_id, apply)
 
     async def items(self, session_id: str) -> dict[str, Any]:
         return copy.deepcopy(self._live(session_id))
 
-    async def copy(self, source_id: str, target_id: str) -> int:
+    async def copy(self, source_id: str, target_id: str, *, epoch: int | None = None, op_id: str | None = None) -> int:
         self._expire()
         source = copy.deepcopy(self._sessions.get(source_id, {}))
-        self._live(target_id).update(source)
-        return len(source)
+
+        def apply(data: dict[str, Any]) -> int:
+            data.update(source)
+            return len(source)
+
+        return self._write(target_id, epoch, op_id, apply)
 
     async def touch(self, session_id: str) -> None:
         self._live(session_id)
@@ -83,3 +118,31 @@ class InMemorySessionStore(SessionStore):
     async def count_sessions(self) -> int:
         self._expire()
         return len(self._sessions)
+
+    async def open_session(self, session_id: str, record: dict[str, Any]) -> int:
+        self._live(session_id)
+        self._records[session_id] = (copy.deepcopy(record), 1)
+        return 1
+
+    async def adopt_session(self, session_id: str) -> tuple[dict[str, Any], int] | None:
+        self._expire()
+        if session_id not in self._records:
+            return None
+        record, epoch = self._records[session_id]
+        self._live(session_id)
+        self._records[session_id] = (record, epoch + 1)
+        return copy.deepcopy(record), epoch + 1
+
+    async def end_session(self, session_id: str) -> bool:
+        self._expire()
+        return self._records.pop(session_id, None) is not None
+
+    async def recall(self, session_id: str, op_id: str) -> Any | None:
+        done = self._ops.get((session_id, op_id))
+        if done is None or done[1] <= self._clock():
+            return None
+        return copy.deepcopy(done[0])
+
+    async def remember(self, session_id: str, op_id: str, value: Any) -> None:
+        self._ops.pop((session_id, op_id), None)
+        self._ops[(session_id, op_id)] = (copy.deepcopy(value), self._clock() + self.op_ttl_seconds)

@@ -6,8 +6,12 @@ Layout, with the default prefix `mcp`:
   value JSON text. One key per session keeps memory per session small and
   lets one command copy or read a whole session.
 - `mcp:sessions`: a sorted set of session ids scored by last-seen time (the
-  Redis server's clock, so replicas never disagree). Counting live sessions is
-  ZCOUNT over it: O(log n), never a SCAN.
+  Redis server's clock, so replicas never disagree). Counting live sessions
+  trims and counts it: O(log n), never a SCAN.
+- `mcp:record:<id>`: what adoption needs (the client's initialize params,
+  the protocol version) and the ownership epoch.
+- `mcp:op:<id>:<op id>`: the result of an applied write, kept for the op TTL
+  so a retried call is applied once.
 
 Every operation is one Lua script: the change, the sliding TTL and the index
 update happen atomically in one round trip, so 200 concurrent increments end at
@@ -33,18 +37,20 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from session_store import DEFAULT_TTL_SECONDS, SessionStore, StoreUnavailable
+from session_store import DEFAULT_OP_TTL_SECONDS, DEFAULT_TTL_SECONDS, Fenced, SessionStore, StoreUnavailable
 
 T = TypeVar("T")
 
 RETRYABLE = (RedisConnectionError, RedisTimeoutError)
 
-# Shared by every script: slide the session's TTL and index it as seen now.
-# KEYS[1] session hash, KEYS[2] index; ARGV[1] session id, ARGV[2] ttl seconds.
+# Shared by every script: slide the TTL of the session's state and record,
+# and index it as seen now (the Redis server's clock, so replicas agree).
+# KEYS[1] state hash, KEYS[2] index, KEYS[3] record; ARGV[1] id, ARGV[2] ttl.
 _TOUCH = """
 local function touch()
   local now = redis.call('TIME')[1]
   redis.call('EXPIRE', KEYS[1], ARGV[2])
+  redis.call('EXPIRE', KEYS[3], ARGV[2])
   redis.call('ZADD', KEYS[2], now, ARGV[1])
   redis.call('EXPIRE', KEYS[2], ARGV[2])
 end
@@ -53,36 +59,6 @@ end
 _GET = _TOUCH + """
 touch()
 return redis.call('HGET', KEYS[1], ARGV[3])
-"""
-
-_SET = _TOUCH + """
-redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
-touch()
-"""
-
-_INCR = _TOUCH + """
-local value = redis.call('HINCRBY', KEYS[1], ARGV[3], ARGV[4])
-touch()
-return value
-"""
-
-# The new item arrives as JSON text and is spliced into the stored JSON array,
-# so nothing is decoded and re-encoded on the way (cjson would round floats).
-_APPEND = _TOUCH + """
-local current = redis.call('HGET', KEYS[1], ARGV[3])
-local updated
-if not current then
-  updated = '[' .. ARGV[4] .. ']'
-elseif string.sub(current, 1, 1) == '[' and current ~= '[]' then
-  updated = string.sub(current, 1, -2) .. ',' .. ARGV[4] .. ']'
-elseif current == '[]' then
-  updated = '[' .. ARGV[4] .. ']'
-else
-  return redis.error_reply('WRONGTYPE entry does not hold a list')
-end
-redis.call('HSET', KEYS[1], ARGV[3], updated)
-touch()
-return #cjson.decode(updated)
 """
 
 _ITEMS = _TOUCH + """
@@ -94,15 +70,67 @@ _TOUCH_ONLY = _TOUCH + """
 touch()
 """
 
-# KEYS[3] is the source hash. HSET in chunks keeps unpack() far below Lua's
-# stack limit however many entries the source has.
-_COPY = _TOUCH + """
-local flat = redis.call('HGETALL', KEYS[3])
-for i = 1, #flat, 200 do
-  redis.call('HSET', KEYS[1], unpack(flat, i, math.min(i + 199, #flat)))
+# Every write, in one script, in this order:
+#   1. an op already applied (KEYS[4] holds its result) is not applied again;
+#   2. a writer whose epoch is no longer the session's is refused (fencing);
+#   3. the change and the op's result commit together, so a replica that dies
+#      right after cannot leave a change without its record.
+# ARGV[3] epoch or '', ARGV[4] op ttl, ARGV[5] '1' when KEYS[4] is an op key,
+# ARGV[6] the operation, ARGV[7..] its arguments; KEYS[5] a copy's source.
+# Appends splice the new item (JSON text) into the stored JSON array, so
+# nothing is decoded and re-encoded on the way (cjson would round floats).
+_WRITE = _TOUCH + """
+if ARGV[5] == '1' then
+  local done = redis.call('GET', KEYS[4])
+  if done then return done end
 end
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[3], 'epoch') ~= ARGV[3] then
+  return redis.error_reply('FENCED the session has a newer owner')
+end
+local op, result = ARGV[6], nil
+if op == 'set' then
+  redis.call('HSET', KEYS[1], ARGV[7], ARGV[8])
+  result = 'null'
+elseif op == 'incr' then
+  result = tostring(redis.call('HINCRBY', KEYS[1], ARGV[7], ARGV[8]))
+elseif op == 'append' then
+  local current = redis.call('HGET', KEYS[1], ARGV[7])
+  local updated
+  if not current or current == '[]' then
+    updated = '[' .. ARGV[8] .. ']'
+  elseif string.sub(current, 1, 1) == '[' then
+    updated = string.sub(current, 1, -2) .. ',' .. ARGV[8] .. ']'
+  else
+    return redis.error_reply('WRONGTYPE entry does not hold a list')
+  end
+  redis.call('HSET', KEYS[1], ARGV[7], updated)
+  result = tostring(#cjson.decode(updated))
+elseif op == 'copy' then
+  -- In chunks, so unpack() stays far below Lua's stack limit.
+  local flat = redis.call('HGETALL', KEYS[5])
+  for i = 1, #flat, 200 do
+    redis.call('HSET', KEYS[1], unpack(flat, i, math.min(i + 199, #flat)))
+  end
+  result = tostring(#flat / 2)
+else
+  return redis.error_reply('ERR unknown operation ' .. op)
+end
+if ARGV[5] == '1' then redis.call('SET', KEYS[4], result, 'EX', ARGV[4]) end
 touch()
-return #flat / 2
+return result
+"""
+
+_OPEN = _TOUCH + """
+redis.call('HSET', KEYS[3], 'record', ARGV[3], 'epoch', 1)
+touch()
+return 1
+"""
+
+_ADOPT = _TOUCH + """
+if redis.call('EXISTS', KEYS[3]) == 0 then return nil end
+local epoch = redis.call('HINCRBY', KEYS[3], 'epoch', 1)
+touch()
+return {redis.call('HGET', KEYS[3], 'record'), epoch}
 """
 
 # Trim what fell out of the TTL, then count what is left.
@@ -119,12 +147,13 @@ class RedisSessionStore(SessionStore):
         url: str,
         *,
         ttl_seconds: int = DEFAULT_TTL_SECONDS,
+        op_ttl_seconds: int = DEFAULT_OP_TTL_SECONDS,
         prefix: str = "mcp",
         timeout_seconds: float = 2.0,
         read_attempts: int = 3,
         max_connections: int = 64,
     ) -> None:
-        super().__init__(ttl_seconds=ttl_seconds)
+        super().__init__(ttl_seconds=ttl_seconds, op_ttl_seconds=op_ttl_seconds)
         self._prefix = prefix
         self._index = f"{prefix}:sessions"
         self._timeout = timeout_seconds
@@ -142,30 +171,32 @@ class RedisSessionStore(SessionStore):
         )
         self._redis = redis.Redis.from_pool(pool)
         register = self._redis.register_script
-        self._get, self._set, self._incr = register(_GET), register(_SET), register(_INCR)
-        self._append, self._items, self._copy = register(_APPEND), register(_ITEMS), register(_COPY)
-        self._touch, self._count = register(_TOUCH_ONLY), register(_COUNT)
+        self._get, self._items, self._touch = register(_GET), register(_ITEMS), register(_TOUCH_ONLY)
+        self._write_script, self._count = register(_WRITE), register(_COUNT)
+        self._open, self._adopt = register(_OPEN), register(_ADOPT)
 
-    def _key(self, session_id: str) -> str:
-        return f"{self._prefix}:session:{session_id}"
+    def _keys(self, session_id: str) -> list[str]:
+        return [f"{self._prefix}:session:{session_id}", self._index, f"{self._prefix}:record:{session_id}"]
 
-    def _session_args(self, session_id: str, *extra: Any) -> dict[str, list[Any]]:
-        return {
-            "keys": [self._key(session_id), self._index],
-            "args": [session_id, self.ttl_seconds, *extra],
-        }
+    def _op_key(self, session_id: str, op_id: str) -> str:
+        return f"{self._prefix}:op:{session_id}:{op_id}"
 
-    async def _write(self, call: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Once, no retry: for writes, which a retry after a timeout could apply twice."""
         try:
             return await call()
         except RETRYABLE as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
         except ResponseError as exc:
-            if "WRONGTYPE" in str(exc) or "not an integer" in str(exc):
-                raise TypeError(str(exc)) from exc
+            message = str(exc)
+            if message.startswith("FENCED"):
+                raise Fenced(message) from exc
+            if "WRONGTYPE" in message or "not an integer" in message:
+                raise TypeError(message) from exc
             raise
 
     async def _read(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Retried on connection errors: reads (and idempotent writes) are safe to repeat."""
         try:
             async for attempt in stamina.retry_context(
                 on=RETRYABLE, attempts=self._read_attempts, timeout=self._timeout * 2, wait_initial=0.05
@@ -176,33 +207,62 @@ class RedisSessionStore(SessionStore):
             raise StoreUnavailable(f"redis: {exc}") from exc
         raise AssertionError("unreachable: stamina either returns or raises")
 
+    async def _write(
+        self, session_id: str, op: str, *args: Any, epoch: int | None, op_id: str | None, source: str | None = None
+    ) -> Any:
+        keys = self._keys(session_id)
+        keys.append(self._op_key(session_id, op_id) if op_id is not None else keys[0])
+        if source is not None:
+            keys.append(f"{self._prefix}:session:{source}")
+        argv = [session_id, self.ttl_seconds, "" if epoch is None else epoch, self.op_ttl_seconds,
+                "1" if op_id is not None else "", op, *args]
+        return json.loads(await self._call(lambda: self._write_script(keys=keys, args=argv)))
+
     async def get(self, session_id: str, key: str) -> Any | None:
-        raw = await self._read(lambda: self._get(**self._session_args(session_id, key)))
+        raw = await self._read(lambda: self._get(keys=self._keys(session_id), args=[session_id, self.ttl_seconds, key]))
         return None if raw is None else json.loads(raw)
 
-    async def set(self, session_id: str, key: str, value: Any) -> None:
-        await self._write(lambda: self._set(**self._session_args(session_id, key, json.dumps(value))))
+    async def set(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op_id: str | None = None) -> None:
+        await self._write(session_id, "set", key, json.dumps(value), epoch=epoch, op_id=op_id)
 
-    async def incr(self, session_id: str, key: str, by: int = 1) -> int:
-        return int(await self._write(lambda: self._incr(**self._session_args(session_id, key, by))))
+    async def incr(self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op_id: str | None = None) -> int:
+        return await self._write(session_id, "incr", key, by, epoch=epoch, op_id=op_id)
 
-    async def append(self, session_id: str, key: str, value: Any) -> int:
-        return int(await self._write(lambda: self._append(**self._session_args(session_id, key, json.dumps(value)))))
+    async def append(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op_id: str | None = None) -> int:
+        return await self._write(session_id, "append", key, json.dumps(value), epoch=epoch, op_id=op_id)
 
     async def items(self, session_id: str) -> dict[str, Any]:
-        flat = await self._read(lambda: self._items(**self._session_args(session_id)))
+        flat = await self._read(lambda: self._items(keys=self._keys(session_id), args=[session_id, self.ttl_seconds]))
         return {flat[i]: json.loads(flat[i + 1]) for i in range(0, len(flat), 2)}
 
-    async def copy(self, source_id: str, target_id: str) -> int:
-        args = self._session_args(target_id)
-        args["keys"].append(self._key(source_id))
-        return int(await self._write(lambda: self._copy(**args)))
+    async def copy(self, source_id: str, target_id: str, *, epoch: int | None = None, op_id: str | None = None) -> int:
+        return await self._write(target_id, "copy", epoch=epoch, op_id=op_id, source=source_id)
 
     async def touch(self, session_id: str) -> None:
-        await self._read(lambda: self._touch(**self._session_args(session_id)))
+        await self._read(lambda: self._touch(keys=self._keys(session_id), args=[session_id, self.ttl_seconds]))
 
     async def count_sessions(self) -> int:
         return int(await self._read(lambda: self._count(keys=[self._index], args=[self.ttl_seconds])))
+
+    async def open_session(self, session_id: str, record: dict[str, Any]) -> int:
+        args = [session_id, self.ttl_seconds, json.dumps(record)]
+        return int(await self._read(lambda: self._open(keys=self._keys(session_id), args=args)))
+
+    async def adopt_session(self, session_id: str) -> tuple[dict[str, Any], int] | None:
+        # Not retried: each call advances the epoch.
+        found = await self._call(lambda: self._adopt(keys=self._keys(session_id), args=[session_id, self.ttl_seconds]))
+        return None if found is None else (json.loads(found[0]), int(found[1]))
+
+    async def end_session(self, session_id: str) -> bool:
+        return bool(await self._read(lambda: self._redis.delete(self._keys(session_id)[2])))
+
+    async def recall(self, session_id: str, op_id: str) -> Any | None:
+        raw = await self._read(lambda: self._redis.get(self._op_key(session_id, op_id)))
+        return None if raw is None else json.loads(raw)
+
+    async def remember(self, session_id: str, op_id: str, value: Any) -> None:
+        key, raw = self._op_key(session_id, op_id), json.dumps(value)
+        await self._read(lambda: self._redis.set(key, raw, ex=self.op_ttl_seconds))
 
     async def ping(self) -> bool:
         try:

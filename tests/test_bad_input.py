@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import httpx2
@@ -107,7 +108,7 @@ async def test_a_huge_note_is_refused_before_it_reaches_the_store(raw: RawSessio
 async def test_an_unreachable_store_gives_clear_errors_and_health_503_then_recovers(
     healed_stack: Stack, raw: RawSession, http: httpx2.AsyncClient
 ) -> None:
-    await raw.call("increment_counter")
+    replica = (await raw.call("increment_counter"))["instance"]
     healed_stack.stop("redis")
 
     for name, port in zip(healed_stack.config.replica_names(), healed_stack.config.replica_ports):
@@ -115,15 +116,21 @@ async def test_an_unreachable_store_gives_clear_errors_and_health_503_then_recov
         assert health.status_code == 503
         assert health.json() == {"status": "degraded", "instance": name, "store": "unreachable"}
 
+    # Straight to the session's replica, which HAProxy has taken out by now: a clear tool error.
+    direct = RawSession(http, f"http://127.0.0.1:{healed_stack.service(replica).port}/mcp")
+    direct.session_id = raw.session_id
+    response = await direct.post("tools/call", {"name": "increment_counter", "arguments": {}})
+    assert response.status_code == 200
+    result = last_jsonrpc_message(response)["result"]
+    assert result["isError"] is True
+    assert result["content"][0]["text"] == "Session store unavailable; try again shortly."
+    # Through HAProxy, once it has taken every replica out: its own 503, never a traceback.
+    for _ in range(100):
+        if not healed_stack.backends_up():
+            break
+        await asyncio.sleep(0.1)
     response = await raw.post("tools/call", {"name": "increment_counter", "arguments": {}})
-    # HAProxy may already have taken every replica out (503 from the proxy, which
-    # is no traceback); if the call got through, it is a clear tool error.
-    if response.status_code == 200:
-        result = last_jsonrpc_message(response)["result"]
-        assert result["isError"] is True
-        assert result["content"][0]["text"] == "Session store unavailable; try again shortly."
-    else:
-        assert response.status_code == 503 and "Traceback" not in response.text
+    assert response.status_code == 503 and "No server is available" in response.text
 
     healed_stack.start("redis")  # AOF brings the state back
     healed_stack.wait_healthy("haproxy")

@@ -35,7 +35,8 @@ async def test_a_killed_replica_is_ridden_through_with_state(healed_stack: Stack
         assert after["instance"] != replica
         assert after["counter"] == 4
         assert (await client.call_tool("list_notes", {})).data["notes"] == ["kept"]
-        assert client.sessions[0] == first_session and len(client.sessions) == 2
+        # The same session, adopted by another replica: no new session, no resume.
+        assert client.sessions == [first_session] and client.reconnects >= 1
 
 
 async def test_restarting_every_replica_at_once_is_ridden_through(healed_stack: Stack, mcp_url: str) -> None:
@@ -43,8 +44,7 @@ async def test_restarting_every_replica_at_once_is_ridden_through(healed_stack: 
     async with ResilientClient(mcp_url, max_retries=10, call_timeout=5, total_timeout=60) as client:
         await client.call_tool("increment_counter", {})
         await client.call_tool("add_note", {"note": "before"})
-        for name in replicas:
-            healed_stack.stop(name)
+        healed_stack.stop(*replicas)
 
         async def start_later() -> None:
             await asyncio.sleep(1.5)
@@ -70,7 +70,7 @@ async def test_tool_errors_are_not_retried(mcp_url: str) -> None:
     async with ResilientClient(mcp_url, max_retries=5) as client:
         with pytest.raises(ToolError):
             await client.call_tool("analyze_data", {"num_items": -1})
-        assert len(client.sessions) == 1  # no reconnect, no resume
+        assert client.reconnects == 0
 
 
 async def test_an_unreachable_endpoint_fails_clearly_within_the_bounds() -> None:

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from conftest import free_ports
-from session_store import Session, SessionStore, StoreUnavailable, is_session_id
+from session_store import Fenced, Session, SessionStore, StoreUnavailable, is_session_id
 from stack import Stack
 from stores.memory_store import InMemorySessionStore
 from stores.redis_store import RedisSessionStore
@@ -163,6 +163,103 @@ async def test_session_wrapper_binds_one_session(store: SessionStore) -> None:
     assert await other.items() == {"x": 1, "counter": 1, "notes": ["n"]}
 
 
+RECORD = {"client_params": {"clientInfo": {"name": "c", "version": "1"}}, "protocol_version": "2025-11-25"}
+
+
+async def test_a_recorded_session_can_be_adopted_with_a_higher_epoch(store: SessionStore) -> None:
+    sid = new_id()
+    assert await store.open_session(sid, RECORD) == 1
+    assert await store.adopt_session(sid) == (RECORD, 2)
+    assert await store.adopt_session(sid) == (RECORD, 3)
+
+
+async def test_an_unrecorded_or_ended_session_cannot_be_adopted(store: SessionStore) -> None:
+    sid = new_id()
+    assert await store.adopt_session(sid) is None
+    await store.open_session(sid, RECORD)
+    assert await store.end_session(sid) is True
+    assert await store.adopt_session(sid) is None
+    assert await store.end_session(sid) is False
+
+
+async def test_a_stale_owner_cannot_write(store: SessionStore) -> None:
+    sid = new_id()
+    first = await store.open_session(sid, RECORD)
+    assert await store.incr(sid, "counter", epoch=first) == 1
+    _, second = await store.adopt_session(sid)
+    for stale_write in (
+        store.incr(sid, "counter", epoch=first),
+        store.append(sid, "notes", "late", epoch=first),
+        store.set(sid, "analysis", 1, epoch=first),
+        store.copy(new_id(), sid, epoch=first),
+    ):
+        with pytest.raises(Fenced):
+            await stale_write
+    assert await store.items(sid) == {"counter": 1}
+    assert await store.incr(sid, "counter", epoch=second) == 2
+
+
+async def test_writes_to_an_ended_session_are_fenced(store: SessionStore) -> None:
+    sid = new_id()
+    epoch = await store.open_session(sid, RECORD)
+    await store.end_session(sid)
+    with pytest.raises(Fenced):
+        await store.incr(sid, "counter", epoch=epoch)
+
+
+async def test_a_repeated_op_is_applied_once_and_replays_its_result(store: SessionStore) -> None:
+    sid = new_id()
+    assert await store.incr(sid, "counter", op_id="call-1:1") == 1
+    assert await store.incr(sid, "counter", op_id="call-1:1") == 1
+    assert await store.append(sid, "notes", "a", op_id="call-2:1") == 1
+    assert await store.append(sid, "notes", "a", op_id="call-2:1") == 1
+    await store.set(sid, "x", 1, op_id="call-3:1")
+    await store.set(sid, "x", 2, op_id="call-3:1")
+    assert await store.items(sid) == {"counter": 1, "notes": ["a"], "x": 1}
+    assert await store.incr(sid, "counter", op_id="call-4:1") == 2
+
+
+async def test_concurrent_repeats_of_one_op_apply_once(store: SessionStore) -> None:
+    sid = new_id()
+    results = await asyncio.gather(*(store.incr(sid, "counter", op_id="same") for _ in range(50)))
+    assert set(results) == {1}
+    assert await store.get(sid, "counter") == 1
+
+
+async def test_op_ids_belong_to_one_session(store: SessionStore) -> None:
+    a, b = new_id(), new_id()
+    assert await store.incr(a, "counter", op_id="k") == 1
+    assert await store.incr(b, "counter", op_id="k") == 1
+    assert await store.get(b, "counter") == 1
+
+
+async def test_a_replayed_op_is_not_fenced(store: SessionStore) -> None:
+    """A retry of a write that did apply returns its result even after adoption moved on."""
+    sid = new_id()
+    first = await store.open_session(sid, RECORD)
+    assert await store.incr(sid, "counter", epoch=first, op_id="k") == 1
+    await store.adopt_session(sid)
+    assert await store.incr(sid, "counter", epoch=first, op_id="k") == 1
+
+
+async def test_remember_and_recall(store: SessionStore) -> None:
+    sid = new_id()
+    assert await store.recall(sid, "call") is None
+    await store.remember(sid, "call", {"digest": "d", "result": [1, "x"]})
+    assert await store.recall(sid, "call") == {"digest": "d", "result": [1, "x"]}
+    assert await store.recall(new_id(), "call") is None
+
+
+async def test_session_wrapper_numbers_the_writes_of_a_call(store: SessionStore) -> None:
+    sid = new_id()
+    epoch = await store.open_session(sid, RECORD)
+    for _ in range(2):  # the same call, retried: every write replays
+        session = Session(store, sid, epoch=epoch, op_prefix="call-7")
+        assert await session.incr("counter") == 1
+        assert await session.incr("counter") == 2
+    assert await store.get(sid, "counter") == 2
+
+
 async def test_memory_store_expires_idle_sessions() -> None:
     clock = FakeClock()
     store = InMemorySessionStore(ttl_seconds=60, clock=clock)
@@ -200,6 +297,11 @@ async def test_redis_store_keeps_one_key_per_session_with_the_ttl(redis_stack: S
         cli = ["redis-cli", "-p", str(redis_stack.config.redis_port)]
         keys = subprocess.run([*cli, "--scan", "--pattern", f"{prefix}:*"], capture_output=True, text=True).stdout.split()
         assert sorted(keys) == sorted([f"{prefix}:session:{sid}", f"{prefix}:sessions"])
+        await store.open_session(sid, RECORD)
+        await store.incr(sid, "counter", op_id="k")
+        record_ttl = subprocess.run([*cli, "TTL", f"{prefix}:record:{sid}"], capture_output=True, text=True).stdout
+        op_ttl = subprocess.run([*cli, "TTL", f"{prefix}:op:{sid}:k"], capture_output=True, text=True).stdout
+        assert 590 <= int(record_ttl) <= 600 and 0 < int(op_ttl) <= store.op_ttl_seconds
         ttl = int(subprocess.run([*cli, "TTL", f"{prefix}:session:{sid}"], capture_output=True, text=True).stdout)
         assert 590 <= ttl <= 600
     finally:

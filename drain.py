@@ -1,0 +1,111 @@
+"""Pattern: graceful drain, so stopping a replica costs no call.
+
+On SIGTERM a replica does not stop at once. It:
+
+1. answers `/health` with 503 ("draining"), so the load balancer takes it out;
+2. refuses new sessions (and sessionless calls) with 503 before doing any work,
+   which HAProxy may safely re-send to another replica; calls for the sessions
+   it serves go on being answered until the load balancer moves them away;
+3. waits until the load balancer has seen it fail (`notice_checks` health
+   checks, at most `notice_seconds`), then until its in-flight calls have
+   finished, at most `timeout_seconds` in all;
+4. exits. Sessions it served are adopted by the replicas that get their next
+   request; open GET streams are closed and their clients reconnect elsewhere.
+
+A second SIGTERM (or SIGINT) stops it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+log = logging.getLogger(__name__)
+
+
+class Drain:
+    def __init__(self, *, notice_checks: int = 2, notice_seconds: float = 3.0, timeout_seconds: float = 10.0) -> None:
+        self.notice_checks = notice_checks
+        self.notice_seconds = notice_seconds
+        self.timeout_seconds = timeout_seconds
+        self.draining = False
+        self.in_flight = 0
+        self.refused_checks = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def health_checked(self) -> bool:
+        """Called by /health; whether this replica is healthy as far as draining goes."""
+        if self.draining:
+            self.refused_checks += 1
+        return not self.draining
+
+    def middleware(self, app: ASGIApp, *, path: str = "/mcp") -> ASGIApp:
+        """Counts calls in flight, and refuses new work while draining."""
+
+        async def counted(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http" or scope["path"] != path or scope["method"] == "GET":
+                # Health checks, and GET streams, which may stay open for as
+                # long as the client likes: not calls to wait for.
+                return await app(scope, receive, send)
+            if self.draining and not any(name == b"mcp-session-id" for name, _ in scope["headers"]):
+                return await _refuse(send)
+            self.in_flight += 1
+            self._idle.clear()
+            try:
+                await app(scope, receive, send)
+            finally:
+                self.in_flight -= 1
+                if self.in_flight == 0:
+                    self._idle.set()
+
+        return counted
+
+    async def run(self) -> None:
+        """Drain; returns when it is time to exit."""
+        self.draining = True
+        started = time.monotonic()
+        log.info("draining: /health answers 503, new sessions are refused")
+        while self.refused_checks < self.notice_checks and time.monotonic() - started < self.notice_seconds:
+            await asyncio.sleep(0.05)
+        remaining = max(self.timeout_seconds - (time.monotonic() - started), 0)
+        try:
+            await asyncio.wait_for(self._idle.wait(), remaining)
+        except TimeoutError:
+            log.warning("drain bound reached with %d calls still in flight", self.in_flight)
+        log.info("drained in %.1f s", time.monotonic() - started)
+
+
+async def _refuse(send: Send) -> None:
+    body = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32000,"message":"Replica draining; try another"}}'
+    await send({"type": "http.response.start", "status": 503, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"retry-after", b"1"),
+    ]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with SIGTERM starting a drain instead of an immediate shutdown."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+        super().__init__(config)
+        self.drain = drain
+        self._drain_task: asyncio.Task | None = None
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if self.drain.draining:
+            return super().handle_exit(sig, frame)
+        self.drain.draining = True
+        loop = asyncio.get_event_loop()
+        loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        async def drain_then_exit() -> None:
+            await self.drain.run()
+            self.should_exit = True
+
+        self._drain_task = asyncio.ensure_future(drain_then_exit())

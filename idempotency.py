@@ -1,0 +1,97 @@
+"""Pattern: idempotency keys, so a retried tool call is applied at most once.
+
+A client that retries after a failure cannot know whether its first attempt
+was applied. So every `tools/call` may carry a key in its `_meta`
+(`IDEMPOTENCY_KEY`); where the client sent none, the `X-Request-Id` that
+HAProxy stamps on each request serves instead (it stays the same across
+HAProxy's own retries and redispatches, so those apply once too).
+
+For a call with a key, this middleware:
+
+- answers a repeat with the recorded result, without running the tool again;
+- refuses a repeat whose tool or arguments differ, with a JSON-RPC error;
+- otherwise runs the tool with `current_call` set, so every store write the
+  tool makes through a `Session` carries an op id derived from the key. The
+  store commits each write together with its op record (one Lua script), so a
+  replica killed mid-call never leaves a change without its record, and the
+  retry, wherever it lands, replays the write instead of applying it twice.
+
+Tools whose effects live outside the store get at-most-once only from the
+recorded result, which is written after they return.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from contextvars import ContextVar
+from typing import Any
+
+from fastmcp.server.dependencies import get_http_request
+from fastmcp.server.middleware import Middleware, MiddlewareContext
+from fastmcp.tools.base import ToolResult
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, ContentBlock
+from pydantic import TypeAdapter
+
+from session_store import SessionStore
+
+IDEMPOTENCY_KEY = "io.github.mcp-ha-kit/idempotency-key"
+REQUEST_ID_HEADER = "x-request-id"
+MAX_KEY_LENGTH = 200
+
+# The op-id prefix of the call being served, for `Session` writes; None without a key.
+current_call: ContextVar[str | None] = ContextVar("current_call", default=None)
+
+_content = TypeAdapter(list[ContentBlock])
+
+
+def _key_of(context: MiddlewareContext) -> str | None:
+    meta = context.message.meta or {}
+    key = meta.get(IDEMPOTENCY_KEY)
+    if key is None:
+        try:
+            key = get_http_request().headers.get(REQUEST_ID_HEADER)
+        except RuntimeError:  # not over HTTP
+            return None
+    if key is None:
+        return None
+    if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_LENGTH or not key.isprintable():
+        raise MCPError(INVALID_PARAMS, f"{IDEMPOTENCY_KEY} must be a printable string of 1 to {MAX_KEY_LENGTH} characters")
+    return key
+
+
+def _digest(name: str, arguments: dict[str, Any] | None) -> str:
+    canonical = json.dumps([name, arguments or {}], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+class IdempotentCalls(Middleware):
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+
+    async def on_call_tool(self, context: MiddlewareContext, call_next):
+        key = _key_of(context)
+        if key is None or context.fastmcp_context is None:
+            return await call_next(context)
+        session_id = context.fastmcp_context.session_id
+        digest = _digest(context.message.name, context.message.arguments)
+        record_id = f"call:{key}"
+        prior = await self.store.recall(session_id, record_id)
+        if prior is not None:
+            if prior["digest"] != digest:
+                raise MCPError(INVALID_PARAMS, "This idempotency key was already used for a different call")
+            return ToolResult(content=_content.validate_python(prior["content"]), structured_content=prior["structured"])
+        # The digest is part of the op ids, so the same key with other arguments
+        # can never replay this call's writes.
+        token = current_call.set(f"{key}:{digest[:12]}")
+        try:
+            result = await call_next(context)
+        finally:
+            current_call.reset(token)
+        await self.store.remember(session_id, record_id, {
+            "digest": digest,
+            "structured": result.structured_content,
+            "content": [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in result.content],
+        })
+        return result

@@ -1,0 +1,85 @@
+"""The only code of the kit that reaches into the MCP SDK's private session handling.
+
+The SDK (mcp 2.3.0) keeps streamable-HTTP sessions in a dict on its
+`StreamableHTTPSessionManager` and answers 404 for any id it did not create
+itself. Adoption needs three things it does not offer publicly:
+
+- to know whether this replica holds a session (`_server_instances`);
+- to create a session under an id it did not mint, already initialized with
+  the client's stored params (a transport registered under that id, and a
+  connection built like `serve_loop` builds it but marked initialized);
+- to drop a session it holds (`_discard_session`).
+
+`tests/test_sdk_sessions.py` checks each of these against the installed SDK;
+if an upgrade moves them, that test fails first and says which.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+from mcp.server.connection import Connection
+from mcp.server.runner import serve_connection
+from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+from mcp_types import InitializeRequestParams
+from starlette.applications import Starlette
+
+
+def session_manager(app: Starlette, path: str) -> StreamableHTTPSessionManager | None:
+    """The manager behind `path`; None until the app's lifespan has started it."""
+    for route in app.routes:
+        if getattr(route, "path", None) == path:
+            return getattr(route.endpoint, "session_manager", None)
+    raise LookupError(f"no MCP endpoint at {path}")
+
+
+def holds(manager: StreamableHTTPSessionManager, session_id: str) -> bool:
+    return session_id in manager._server_instances
+
+
+async def drop(manager: StreamableHTTPSessionManager, session_id: str) -> None:
+    transport = manager._server_instances.get(session_id)
+    if transport is not None:
+        await manager._discard_session(session_id, transport)
+
+
+async def adopt(
+    manager: StreamableHTTPSessionManager, session_id: str, *, client_params: dict[str, Any], protocol_version: str
+) -> None:
+    """Serve `session_id` here from now on, as if this replica had answered its `initialize`."""
+    params = InitializeRequestParams.model_validate(client_params)
+    transport = StreamableHTTPServerTransport(
+        mcp_session_id=session_id,
+        is_json_response_enabled=manager.json_response,
+        event_store=manager.event_store,
+        security_settings=manager.security_settings,
+        retry_interval=manager.retry_interval,
+        idle_timeout=manager.session_idle_timeout,
+    )
+
+    async def serve(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with transport.connect() as (read_stream, write_stream):
+            task_status.started()
+            dispatcher = JSONRPCDispatcher(read_stream, write_stream, inline_methods=frozenset({"initialize"}))
+            connection = Connection.for_loop(dispatcher, session_id=session_id, protocol_version_hint=protocol_version)
+            connection.client_params = params
+            connection.protocol_version = protocol_version
+            connection.initialized.set()
+            try:
+                with transport.idle_scope or anyio.CancelScope():
+                    await serve_connection(
+                        manager.app, dispatcher, connection=connection, lifespan_state=manager._lifespan_state
+                    )
+            finally:
+                await manager._discard_session(session_id, transport)
+
+    manager._server_instances[session_id] = transport
+    try:
+        await manager._task_group.start(serve)
+    except BaseException:
+        manager._server_instances.pop(session_id, None)
+        raise

@@ -1,0 +1,153 @@
+"""Pattern: a session outlives the replica that created it.
+
+The MCP SDK keeps a session in the memory of the replica that answered its
+`initialize`; any other replica answers 404, and the client has to start over.
+Here, instead:
+
+1. at `initialize` the replica records the session in the store: the client's
+   initialize params and the negotiated protocol version, with the sliding TTL;
+2. a replica that gets a request for a session it does not hold, but the store
+   knows, *adopts* it: same `mcp-session-id`, already initialized, same state.
+   Adoption advances the session's ownership epoch, and every write carries the
+   writer's epoch, so a replica that was paused mid-write and wakes up after
+   the adoption cannot apply it (the store refuses: `Fenced`);
+3. an id the store does not know still gets 404, and `DELETE` ends the session
+   everywhere: its record goes, and nobody adopts it afterwards.
+
+The SDK-facing half (creating a transport under a given id) is in
+`sdk_sessions.py`; this module is the policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import weakref
+from typing import Any
+
+from fastmcp.server.middleware import Middleware, MiddlewareContext
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+import sdk_sessions
+from session_store import SessionStore, StoreUnavailable, is_session_id
+
+log = logging.getLogger(__name__)
+
+
+class Ownership:
+    """The sessions this replica serves, each with the epoch it holds it at."""
+
+    def __init__(self) -> None:
+        self.epochs: dict[str, int] = {}
+        # Sessions whose writes were fenced: another replica adopted them since.
+        # The next request here adopts them afresh rather than write as a stale owner.
+        self.stale: set[str] = set()
+
+    def epoch(self, session_id: str) -> int | None:
+        return self.epochs.get(session_id)
+
+    def lost(self, session_id: str) -> None:
+        self.stale.add(session_id)
+
+
+class RecordSessions(Middleware):
+    """At `initialize`, record what another replica needs to adopt the session."""
+
+    def __init__(self, store: SessionStore, ownership: Ownership) -> None:
+        self.store = store
+        self.ownership = ownership
+
+    async def on_initialize(self, context: MiddlewareContext, call_next):
+        result = await call_next(context)
+        session_id = context.fastmcp_context.session_id if context.fastmcp_context else None
+        if result is not None and is_session_id(session_id):
+            record = {
+                "client_params": context.message.params.model_dump(mode="json", by_alias=True, exclude_none=True),
+                "protocol_version": result.protocol_version,
+            }
+            self.ownership.epochs[session_id] = await self.store.open_session(session_id, record)
+        return result
+
+
+async def _reply(send: Send, status: int, message: str | None) -> None:
+    body = b"" if message is None else json.dumps(
+        {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
+    ).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class AdoptSessions:
+    """ASGI middleware in front of the MCP endpoint: adopt, or end, sessions held elsewhere."""
+
+    def __init__(self, app: ASGIApp, *, store: SessionStore, ownership: Ownership, path: str = "/mcp") -> None:
+        self.app = app
+        self.store = store
+        self.ownership = ownership
+        self.path = path
+        # One lock per session being adopted, so concurrent first requests adopt
+        # once; an entry disappears when no request holds or awaits its lock.
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        session_id = _session_header(scope) if scope["type"] == "http" and scope["path"] == self.path else None
+        if session_id is None or not is_session_id(session_id):
+            # No session, or one this kit never mints: the SDK answers as usual (400 / 404).
+            return await self.app(scope, receive, send)
+        manager = sdk_sessions.session_manager(scope["app"], self.path)
+        try:
+            if scope["method"] == "DELETE":
+                if not await self._end(manager, session_id):
+                    return await _reply(send, 404, "Session not found")
+                if not sdk_sessions.holds(manager, session_id):
+                    return await _reply(send, 200, None)
+            elif not sdk_sessions.holds(manager, session_id) or session_id in self.ownership.stale:
+                if not await self._adopt(manager, session_id):
+                    return await _reply(send, 404, "Session not found")
+        except StoreUnavailable:
+            # Nothing was processed, so the proxy may safely try another replica.
+            return await _reply(send, 503, "Session store unavailable")
+        await self.app(scope, receive, send)
+
+    async def _adopt(self, manager: Any, session_id: str) -> bool:
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = self._locks[session_id] = asyncio.Lock()
+        async with lock:
+            if sdk_sessions.holds(manager, session_id) and session_id not in self.ownership.stale:
+                return True  # a concurrent request adopted it while we waited
+            found = await self.store.adopt_session(session_id)
+            if found is None:
+                return False
+            record, epoch = found
+            version = record.get("protocol_version")
+            if version not in HANDSHAKE_PROTOCOL_VERSIONS:
+                log.warning("not adopting %s: unsupported protocol version %r", session_id, version)
+                return False
+            await sdk_sessions.drop(manager, session_id)
+            try:
+                await sdk_sessions.adopt(manager, session_id, client_params=record["client_params"], protocol_version=version)
+            except (KeyError, TypeError, ValidationError) as exc:
+                log.warning("not adopting %s: corrupt session record (%s)", session_id, exc)
+                return False
+            self.ownership.epochs[session_id] = epoch
+            self.ownership.stale.discard(session_id)
+            log.info("adopted session %s at epoch %d", session_id, epoch)
+            return True
+
+    async def _end(self, manager: Any, session_id: str) -> bool:
+        ended = await self.store.end_session(session_id)
+        self.ownership.epochs.pop(session_id, None)
+        self.ownership.stale.discard(session_id)
+        return ended or sdk_sessions.holds(manager, session_id)
+
+
+def _session_header(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"mcp-session-id":
+            return value.decode("latin-1")
+    return None
