@@ -47,8 +47,8 @@ _content = TypeAdapter(list[ContentBlock])
 
 
 def _key_of(context: MiddlewareContext) -> str | None:
-    meta = context.message.meta or {}
-    key = meta.get(IDEMPOTENCY_KEY)
+    request = context.fastmcp_context.request_context if context.fastmcp_context else None
+    key = (getattr(request, "meta", None) or {}).get(IDEMPOTENCY_KEY)
     if key is None:
         try:
             key = get_http_request().headers.get(REQUEST_ID_HEADER)

@@ -120,13 +120,17 @@ class AdoptSessions:
         async with lock:
             if sdk_sessions.holds(manager, session_id) and session_id not in self.ownership.stale:
                 return True  # a concurrent request adopted it while we waited
-            found = await self.store.adopt_session(session_id)
+            try:
+                found = await self.store.adopt_session(session_id)
+            except ValueError as exc:
+                log.warning("not adopting %s: corrupt session record (%s)", session_id, exc)
+                return False
             if found is None:
                 return False
             record, epoch = found
-            version = record.get("protocol_version")
+            version = record.get("protocol_version") if isinstance(record, dict) else None
             if version not in HANDSHAKE_PROTOCOL_VERSIONS:
-                log.warning("not adopting %s: unsupported protocol version %r", session_id, version)
+                log.warning("not adopting %s: corrupt record or unsupported protocol version %r", session_id, version)
                 return False
             await sdk_sessions.drop(manager, session_id)
             try:

@@ -327,6 +327,10 @@ class Stack:
             raise StackError(f"{svc.binary} not found on PATH, needed for {svc.name}: {hint}")
         ports = [svc.port] + ([self.config.stats_port] if svc.name == "haproxy" else [])
         for port in ports:
+            # A process killed a moment ago may still hold its port while it exits.
+            deadline = time.monotonic() + 2
+            while not port_is_free(self.config.host, port) and time.monotonic() < deadline:
+                time.sleep(0.05)
             if not port_is_free(self.config.host, port):
                 raise StackError(
                     f"port {port} on {self.config.host} is already in use, so {svc.name} cannot start; "

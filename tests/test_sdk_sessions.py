@@ -1,0 +1,96 @@
+"""LOUD: sdk_sessions.py reaches into private parts of the MCP SDK. If this fails after an upgrade,
+adoption is broken: re-read mcp/server/streamable_http_manager.py and fix sdk_sessions.py first."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import inspect
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx2
+import pytest
+import uvicorn
+from fastmcp import Context, FastMCP
+from mcp.server.connection import Connection
+from mcp.server.runner import serve_connection
+from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+
+import sdk_sessions
+from conftest import free_ports
+from mcp_http import ACCEPT, PROTOCOL, last_jsonrpc_message
+
+WRITTEN_FOR = "2.3.0"
+
+
+def test_the_sdk_is_the_version_sdk_sessions_was_written_for() -> None:
+    installed = importlib.metadata.version("mcp")
+    assert installed == WRITTEN_FOR, (
+        f"mcp {installed} is installed; sdk_sessions.py was written against mcp {WRITTEN_FOR}. "
+        "Check the private attributes it uses (listed in its docstring), then update WRITTEN_FOR."
+    )
+
+
+def test_the_private_parts_adoption_uses_are_still_there() -> None:
+    manager = StreamableHTTPSessionManager(app=FastMCP("probe")._mcp_server)
+    for attribute in ("_server_instances", "_task_group", "_lifespan_state", "_discard_session",
+                      "json_response", "event_store", "security_settings", "retry_interval", "session_idle_timeout"):
+        assert hasattr(manager, attribute), f"StreamableHTTPSessionManager.{attribute} is gone"
+    assert isinstance(manager._server_instances, dict)
+    transport_args = inspect.signature(StreamableHTTPServerTransport).parameters
+    for name in ("mcp_session_id", "is_json_response_enabled", "event_store", "security_settings",
+                 "retry_interval", "idle_timeout"):
+        assert name in transport_args, f"StreamableHTTPServerTransport no longer takes {name}"
+    assert "protocol_version_hint" in inspect.signature(Connection.for_loop).parameters
+    assert isinstance(Connection.initialize_accepted, property)
+    assert {"connection", "lifespan_state"} <= set(inspect.signature(serve_connection).parameters)
+    assert "inline_methods" in inspect.signature(JSONRPCDispatcher).parameters
+
+
+@pytest.fixture
+async def probe_server() -> AsyncIterator[tuple[str, object]]:
+    """A minimal FastMCP app served in this process, so the test can call sdk_sessions on it."""
+    mcp = FastMCP("probe")
+
+    @mcp.tool
+    async def whoami(ctx: Context) -> dict:
+        return {"session_id": ctx.session_id}
+
+    app = mcp.http_app(path="/mcp")
+    (port,) = free_ports(1)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}/mcp", app
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def test_a_session_adopted_under_a_foreign_id_is_served_initialized(probe_server) -> None:
+    url, app = probe_server
+    manager = sdk_sessions.session_manager(app, "/mcp")
+    session_id = uuid.uuid4().hex
+    assert not sdk_sessions.holds(manager, session_id)
+
+    client_params = {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    await sdk_sessions.adopt(manager, session_id, client_params=client_params, protocol_version=PROTOCOL)
+    assert sdk_sessions.holds(manager, session_id)
+
+    headers = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": PROTOCOL,
+               "mcp-session-id": session_id}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "whoami", "arguments": {}}}
+    async with httpx2.AsyncClient(timeout=10) as http:
+        response = await http.post(url, headers=headers, json=body)
+        # No initialize was sent on this replica, yet the call is served, under the same id.
+        assert response.status_code == 200, response.text
+        assert last_jsonrpc_message(response)["result"]["structuredContent"] == {"session_id": session_id}
+
+        await sdk_sessions.drop(manager, session_id)
+        assert not sdk_sessions.holds(manager, session_id)
+        assert (await http.post(url, headers=headers, json=body)).status_code == 404

@@ -1,0 +1,95 @@
+"""Adoption: a session outlives its replica, under the same id, and only while the store knows it."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import uuid
+
+import httpx2
+import pytest
+
+from mcp_http import RawSession, last_jsonrpc_message
+from stack import Stack
+
+
+def direct(stack: Stack, http: httpx2.AsyncClient, replica: str, session_id: str) -> RawSession:
+    """The same session, spoken to one replica directly, bypassing HAProxy."""
+    session = RawSession(http, f"http://127.0.0.1:{stack.service(replica).port}/mcp")
+    session.session_id = session_id
+    return session
+
+
+def redis_cli(stack: Stack, *args: str) -> str:
+    result = subprocess.run(["redis-cli", "-p", str(stack.config.redis_port), *args], capture_output=True, text=True)
+    return result.stdout.strip()
+
+
+async def test_a_killed_replicas_session_goes_on_under_the_same_id(healed_stack: Stack, raw: RawSession) -> None:
+    for _ in range(3):
+        replica = (await raw.call("increment_counter"))["instance"]
+    await raw.call("add_note", {"note": "kept"})
+
+    healed_stack.signal(replica, signal.SIGKILL)
+
+    after = await raw.call("increment_counter")
+    assert after["instance"] != replica and after["counter"] == 4
+    assert (await raw.call("list_notes"))["notes"] == ["kept"]
+    # ctx.session_id on the adopting replica is the id the client holds.
+    assert (await raw.call("resume_session", {"old_session_id": raw.session_id}))["status"] == "same_session"
+
+
+async def test_every_replica_can_serve_a_session_and_a_stale_owner_cannot_write(
+    stack: Stack, raw: RawSession, http: httpx2.AsyncClient
+) -> None:
+    first = (await raw.call("increment_counter"))["instance"]
+    others = [name for name in stack.config.replica_names() if name != first]
+    adopter = direct(stack, http, others[0], raw.session_id)
+    assert await adopter.call("increment_counter") == {"counter": 2, "instance": others[0]}
+
+    # The first replica still holds the session in memory, at an older epoch: its write is refused.
+    stale = direct(stack, http, first, raw.session_id)
+    response = await stale.post("tools/call", {"name": "increment_counter", "arguments": {}})
+    result = last_jsonrpc_message(response)["result"]
+    assert result["isError"] and result["content"][0]["text"] == "This session moved to another replica; call again."
+    # ...and its next request adopts the session afresh.
+    assert await stale.call("increment_counter") == {"counter": 3, "instance": first}
+    assert (await raw.call("get_counter"))["counter"] == 3
+
+
+async def test_an_id_the_store_does_not_know_is_404_on_every_replica(stack: Stack, http: httpx2.AsyncClient) -> None:
+    unknown = uuid.uuid4().hex
+    for replica in stack.config.replica_names():
+        response = await direct(stack, http, replica, unknown).post("tools/call", {"name": "get_counter"})
+        assert response.status_code == 404
+    assert redis_cli(stack, "EXISTS", f"mcp:record:{unknown}") == "0"
+
+
+async def test_delete_ends_the_session_everywhere(stack: Stack, raw: RawSession, http: httpx2.AsyncClient) -> None:
+    await raw.call("increment_counter")
+    response = await http.delete(raw.url, headers=raw.headers())
+    assert response.status_code == 200
+    assert redis_cli(stack, "EXISTS", f"mcp:record:{raw.session_id}") == "0"
+    for replica in stack.config.replica_names():
+        response = await direct(stack, http, replica, raw.session_id).post("tools/call", {"name": "get_counter"})
+        assert response.status_code == 404, replica
+    assert (await http.delete(raw.url, headers=raw.headers())).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("record", "not json at all"), ("record", "[1, 2]"), ("record", '{"protocol_version": "2025-11-25"}'),
+     ("record", '{"client_params": {"x": 1}, "protocol_version": "2025-11-25"}'),
+     ("record", '{"client_params": {}, "protocol_version": "1999-01-01"}')],
+)
+async def test_a_corrupt_or_unsupported_record_is_404_not_5xx(
+    stack: Stack, raw: RawSession, http: httpx2.AsyncClient, field: str, value: str
+) -> None:
+    owner = (await raw.call("get_counter"))["instance"]
+    redis_cli(stack, "HSET", f"mcp:record:{raw.session_id}", field, value)
+    other = next(name for name in stack.config.replica_names() if name != owner)
+    response = await direct(stack, http, other, raw.session_id).post("tools/call", {"name": "get_counter"})
+    assert response.status_code == 404
+    log = (stack.log_dir / f"{other}.log").read_text()
+    assert f"not adopting {raw.session_id}" in log
+    assert all(stack.pid(name) for name in stack.config.replica_names())
