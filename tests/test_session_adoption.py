@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import signal
 import subprocess
 import uuid
@@ -93,3 +95,26 @@ async def test_a_corrupt_or_unsupported_record_is_404_not_5xx(
     log = (stack.log_dir / f"{other}.log").read_text()
     assert f"not adopting {raw.session_id}" in log
     assert all(stack.pid(name) for name in stack.config.replica_names())
+
+
+@pytest.mark.timeout(60)
+async def test_a_paused_replica_cannot_apply_its_write_after_another_adopted(
+    healed_stack: Stack, raw: RawSession
+) -> None:
+    """The zombie write: a replica paused mid-call wakes up after adoption; its write is fenced off."""
+    replica = (await raw.call("increment_counter"))["instance"]
+    slow = asyncio.create_task(raw.post("tools/call", {"name": "analyze_data", "arguments": {"num_items": 20}}))
+    await asyncio.sleep(0.3)
+    healed_stack.signal(replica, signal.SIGSTOP)
+    while replica in healed_stack.backends_up():  # bounded by the test's timeout
+        await asyncio.sleep(0.05)
+
+    moved = await raw.call("increment_counter")  # another replica adopts the session
+    assert moved["instance"] != replica and moved["counter"] == 2
+
+    healed_stack.signal(replica, signal.SIGCONT)
+    late = last_jsonrpc_message(await slow)["result"]
+    assert late["isError"] and late["content"][0]["text"] == "This session moved to another replica; call again."
+    summary = await raw.post("resources/read", {"uri": f"resource://session/{raw.session_id}/summary"})
+    assert json.loads(last_jsonrpc_message(summary)["result"]["contents"][0]["text"])["analysis_result"] is None
+    assert (await raw.call("get_counter"))["counter"] == 2

@@ -1,0 +1,70 @@
+"""Graceful drain: SIGTERM takes a replica out without failing a call."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import httpx2
+import pytest
+
+from mcp_http import PROTOCOL, RawSession, last_jsonrpc_message
+from stack import Stack
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_sigterm_drains_finishing_in_flight_calls_and_refusing_new_sessions(
+    healed_stack: Stack, raw: RawSession, http: httpx2.AsyncClient
+) -> None:
+    replica = (await raw.call("increment_counter"))["instance"]
+    port = healed_stack.service(replica).port
+    in_flight = asyncio.create_task(raw.call("analyze_data", {"num_items": 30}))  # about 1.5 s
+    await asyncio.sleep(0.3)
+    pid = healed_stack.pid(replica)
+    healed_stack.signal(replica, signal.SIGTERM)
+    await asyncio.sleep(0.1)
+
+    health = await http.get(f"http://127.0.0.1:{port}/health")
+    assert health.status_code == 503 and health.json() == {"status": "draining", "instance": replica}
+    fresh = RawSession(http, f"http://127.0.0.1:{port}/mcp")
+    refused = await fresh.post("initialize", {"protocolVersion": PROTOCOL, "capabilities": {},
+                                              "clientInfo": {"name": "t", "version": "1"}})
+    assert refused.status_code == 503
+
+    result = await in_flight
+    assert result["items_processed"] == 30 and result["instance"] == replica
+    deadline = time.monotonic() + 20
+    while healed_stack.pid(replica) == pid and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert healed_stack.pid(replica) is None
+    # The session carries on elsewhere, with everything the drained replica wrote.
+    after = await raw.call("increment_counter")
+    assert after["instance"] != replica and after["counter"] == 2
+    summary = await raw.post("resources/read", {"uri": f"resource://session/{raw.session_id}/summary"})
+    contents = last_jsonrpc_message(summary)["result"]["contents"][0]["text"]
+    assert '"items_processed": 30' in contents
+
+
+async def test_a_rolling_restart_fails_no_call_of_a_plain_client(healed_stack: Stack, raw: RawSession) -> None:
+    acknowledged, failures, stop = 0, 0, asyncio.Event()
+
+    async def keep_calling() -> None:
+        nonlocal acknowledged, failures
+        while not stop.is_set():
+            try:
+                await raw.call("increment_counter")
+                acknowledged += 1
+            except (AssertionError, httpx2.HTTPError):
+                failures += 1
+            await asyncio.sleep(0.02)
+
+    load = asyncio.create_task(keep_calling())
+    for replica in healed_stack.config.replica_names():
+        await asyncio.to_thread(healed_stack.restart, replica)
+    stop.set()
+    await load
+    assert failures == 0
+    assert acknowledged > 20
+    assert (await raw.call("get_counter"))["counter"] == acknowledged
