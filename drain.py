@@ -2,15 +2,19 @@
 
 On SIGTERM a replica does not stop at once. It:
 
-1. answers `/health` with 503 ("draining"), so the load balancer takes it out;
-2. refuses new sessions (and sessionless calls) with 503 before doing any work,
-   which HAProxy may safely re-send to another replica; calls for the sessions
-   it serves go on being answered until the load balancer moves them away;
-3. waits until the load balancer has seen it fail (`notice_checks` health
-   checks, at most `notice_seconds`), then until its in-flight calls have
-   finished, at most `timeout_seconds` in all;
-4. exits. Sessions it served are adopted by the replicas that get their next
-   request; open GET streams are closed and their clients reconnect elsewhere.
+1. refuses new work at once: every new request to the MCP endpoint gets 503
+   before anything is done with it, and HAProxy re-sends it to another
+   replica (which adopts the session). No new sessions start here;
+2. lets the calls already in flight finish (at most `timeout_seconds`);
+3. then answers `/health` with 503 ("draining"), waits until the load balancer
+   has seen that (`notice_checks` health checks, at most `notice_seconds`);
+4. exits. Open GET streams are closed, and their clients reconnect elsewhere.
+
+Why health fails only after the calls: HAProxy cuts the requests still open on
+a server when it marks it down (it must, to rescue calls stuck on a hung
+replica), so a replica that failed its health check first would have its own
+in-flight calls cut. Shedding new work with 503 moves traffic away just as
+well, without that.
 
 A second SIGTERM (or SIGINT) stops it at once.
 """
@@ -35,25 +39,27 @@ class Drain:
         self.draining = False
         self.in_flight = 0
         self.refused_checks = 0
+        self._calls_done = False
         self._idle = asyncio.Event()
         self._idle.set()
 
     def health_checked(self) -> bool:
         """Called by /health; whether this replica is healthy as far as draining goes."""
-        if self.draining:
+        if self._calls_done:
             self.refused_checks += 1
-        return not self.draining
+        return not self._calls_done
 
     def middleware(self, app: ASGIApp, *, path: str = "/mcp") -> ASGIApp:
         """Counts calls in flight, and refuses new work while draining."""
 
         async def counted(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != "http" or scope["path"] != path or scope["method"] == "GET":
-                # Health checks, and GET streams, which may stay open for as
-                # long as the client likes: not calls to wait for.
+            if scope["type"] != "http" or scope["path"] != path:
                 return await app(scope, receive, send)
-            if self.draining and not any(name == b"mcp-session-id" for name, _ in scope["headers"]):
+            if self.draining:
                 return await _refuse(send)
+            if scope["method"] == "GET":
+                # A GET stream may stay open as long as the client likes: not a call to wait for.
+                return await app(scope, receive, send)
             self.in_flight += 1
             self._idle.clear()
             try:
@@ -69,14 +75,15 @@ class Drain:
         """Drain; returns when it is time to exit."""
         self.draining = True
         started = time.monotonic()
-        log.info("draining: /health answers 503, new sessions are refused")
-        while self.refused_checks < self.notice_checks and time.monotonic() - started < self.notice_seconds:
-            await asyncio.sleep(0.05)
-        remaining = max(self.timeout_seconds - (time.monotonic() - started), 0)
+        log.info("draining: new requests are refused, %d calls in flight", self.in_flight)
         try:
-            await asyncio.wait_for(self._idle.wait(), remaining)
+            await asyncio.wait_for(self._idle.wait(), self.timeout_seconds)
         except TimeoutError:
             log.warning("drain bound reached with %d calls still in flight", self.in_flight)
+        self._calls_done = True
+        noticed = time.monotonic()
+        while self.refused_checks < self.notice_checks and time.monotonic() - noticed < self.notice_seconds:
+            await asyncio.sleep(0.05)
         log.info("drained in %.1f s", time.monotonic() - started)
 
 

@@ -12,9 +12,10 @@ It wraps FastMCP's `Client` in session (2025-11-25, "legacy") mode and adds:
   `idempotency.py`), the same on each retry of that call: the server applies
   the call at most once and answers a repeat with the recorded result;
 - **retries on transport failures only**: the connection broke, the call timed
-  out, the proxy answered 502/503/504, or the session is gone (404). A tool's
-  own error is its answer, never retried. Backoff is exponential with jitter,
-  bounded by attempts and by total time (stamina);
+  out, the proxy answered 502/503/504, the session is gone (404), or the
+  server said the session moved mid-call (nothing applied). A tool's own error
+  is its answer, never retried. Backoff is exponential with jitter, bounded by
+  attempts and by total time (stamina);
 - **the same session after a failure**: it reconnects with the same
   `mcp-session-id`, and the replica that gets the next request adopts the
   session (`session_adoption.py`). Only if the session is gone for good (404)
@@ -35,15 +36,19 @@ import httpx2
 import stamina
 from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
+from fastmcp.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 
 from idempotency import IDEMPOTENCY_KEY
+from session_adoption import SESSION_MOVED
 
 log = logging.getLogger(__name__)
 
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
 REQUEST_TIMEOUT = -32001
 CONNECTION_CLOSED = -32000
+# The server cancelled the request (after the client's own timeout asked it to).
+REQUEST_CANCELLED = -32800
 SESSION_GONE = ("Session terminated", "Session not found")
 DEFAULT_PROTOCOL = "2025-11-25"
 
@@ -169,18 +174,26 @@ class ResilientClient:
         if isinstance(exc, MCPError):
             if exc.error.message in SESSION_GONE:
                 return SessionGone(exc.error.message)
-            if exc.error.code in (REQUEST_TIMEOUT, CONNECTION_CLOSED):
+            if exc.error.code in (REQUEST_TIMEOUT, CONNECTION_CLOSED, REQUEST_CANCELLED):
                 return TransientFailure(exc.error.message)
             if self._last_status in RETRYABLE_STATUSES:
                 return TransientFailure(f"HTTP {self._last_status}")
         if isinstance(exc, RuntimeError) and ("not connected" in str(exc) or "failed to connect" in str(exc)):
             return TransientFailure(repr(exc))
+        if isinstance(exc, ToolError) and str(exc) == SESSION_MOVED:
+            return TransientFailure(SESSION_MOVED)  # nothing was applied: safe to call again
         return exc
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         failure: TransientFailure | None = None if self._client else TransientFailure("not connected")
         async for attempt in stamina.retry_context(
-            on=TransientFailure, attempts=self.max_retries + 1, timeout=self.total_timeout, wait_initial=0.1, wait_max=1.0
+            on=TransientFailure,
+            attempts=self.max_retries + 1,
+            timeout=self.total_timeout,
+            # Failover takes HAProxy about a second: retry soon, and often.
+            wait_initial=0.05,
+            wait_max=0.5,
+            wait_jitter=0.1,
         ):
             with attempt:
                 try:

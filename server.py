@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse
 
 from drain import Drain, DrainingServer
 from idempotency import IdempotentCalls, current_call
-from session_adoption import AdoptSessions, Ownership, RecordSessions
+from session_adoption import SESSION_MOVED, AdoptSessions, Ownership, RecordSessions
 from session_store import DEFAULT_TTL_SECONDS, Fenced, Session, SessionStore, StoreUnavailable, is_session_id
 
 INSTANCE_ID = os.environ.get("INSTANCE_ID", "mcp-server-1")
@@ -46,7 +46,6 @@ WATCH_POLL_SECONDS = 0.5
 WATCH_MAX_SECONDS = 30
 HEALTH_PING_SECONDS = 1.0
 STORE_UNAVAILABLE = "Session store unavailable; try again shortly."
-SESSION_MOVED = "This session moved to another replica; call again."
 
 log = logging.getLogger("mcp-ha")
 

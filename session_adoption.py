@@ -36,6 +36,10 @@ from session_store import SessionStore, StoreUnavailable, is_session_id
 
 log = logging.getLogger(__name__)
 
+# The tool error for a write fenced off because another replica adopted the
+# session meanwhile. Nothing was applied, so clients may safely call again.
+SESSION_MOVED = "This session moved to another replica; call again."
+
 
 class Ownership:
     """The sessions this replica serves, each with the epoch it holds it at."""

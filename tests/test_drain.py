@@ -26,15 +26,21 @@ async def test_sigterm_drains_finishing_in_flight_calls_and_refusing_new_session
     healed_stack.signal(replica, signal.SIGTERM)
     await asyncio.sleep(0.1)
 
-    health = await http.get(f"http://127.0.0.1:{port}/health")
-    assert health.status_code == 503 and health.json() == {"status": "draining", "instance": replica}
+    # New work is refused at once, before anything is done (HAProxy re-sends it elsewhere)...
     fresh = RawSession(http, f"http://127.0.0.1:{port}/mcp")
     refused = await fresh.post("initialize", {"protocolVersion": PROTOCOL, "capabilities": {},
                                               "clientInfo": {"name": "t", "version": "1"}})
     assert refused.status_code == 503
-
+    sticky = RawSession(http, fresh.url)
+    sticky.session_id = raw.session_id
+    assert (await sticky.post("tools/call", {"name": "get_counter"})).status_code == 503
+    # ...while the call in flight runs to its end; only then does the health check fail.
+    assert (await http.get(f"http://127.0.0.1:{port}/health")).status_code == 200
     result = await in_flight
     assert result["items_processed"] == 30 and result["instance"] == replica
+    health = await http.get(f"http://127.0.0.1:{port}/health")
+    assert health.status_code == 503 and health.json() == {"status": "draining", "instance": replica}
+
     deadline = time.monotonic() + 20
     while healed_stack.pid(replica) == pid and time.monotonic() < deadline:
         await asyncio.sleep(0.1)

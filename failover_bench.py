@@ -1,0 +1,794 @@
+"""The failover benchmark: real faults under steady load, and what two kinds of client see.
+
+    python failover_bench.py --own-stack                      every scenario, on a stack of its own
+    python failover_bench.py --scenario kill --json out.json  one scenario, on the running stack
+
+Scenarios (one replica is "the faulted one": the one serving most plain sessions):
+
+    kill         SIGKILL it, start it again ~3 s later
+    pause        SIGSTOP it (a hung replica), SIGCONT ~4 s later
+    rolling      restart every replica, one after another (SIGTERM: each drains)
+    restart-all  stop every replica at once, then start them all again
+
+Each scenario runs `--sessions` plain sessions (initialize once, keep the
+session id, never retry, 5 s per call) and as many ResilientClient sessions
+through HAProxy, each calling `increment_counter` in a loop. It prints, per
+client kind: failed calls, the longest call and stall, how long HAProxy took
+to take the faulted replica out, and each session's final counter against
+the increments it was told about. The exit status is 0 when every target of
+`check_targets` holds, 1 when one does not (each is listed), 2 when there is
+no healthy stack to run against or it broke during the run.
+
+Tests call `run_scenario(stack, scenario)` and `check_targets(report)` directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import random
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections import Counter
+from contextlib import nullcontext
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx2
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from resilient_client import ResilientClient
+from stack import Stack, StackConfig, StackError
+
+SCENARIOS = ("kill", "pause", "rolling", "restart-all")
+
+PROTOCOL = "2025-11-25"
+PLAIN_CALL_TIMEOUT = 5.0
+# The resilient sessions' settings. A call stuck on a hung replica is re-sent by
+# HAProxy itself when it takes the replica out (within about 2.6 s), so the
+# per-attempt timeout is set above that: a client retry racing HAProxy's own
+# only adds load. Retries go on for 20 s, so a restart of every replica costs
+# the calls caught in it time, not an error.
+RESILIENT_SETTINGS = {"max_retries": 20, "call_timeout": 4.0, "total_timeout": 20.0}
+THINK_SECONDS = (0.02, 0.05)
+MAX_CALLS_PER_SESSION = 5000
+# Past its own timeout a call is cut off here, so the run stays bounded even if
+# a client breaks its promise; such a call counts against the targets.
+GUARD_SLACK_SECONDS = 1.0
+
+KILL_DOWN_SECONDS = 3.0
+PAUSE_SECONDS = 4.0
+TAIL_SECONDS = 1.5
+# However a scenario goes, its load stops this long after it was due to.
+OVERRUN_CAP_SECONDS = 60.0
+STATUS_POLL_SECONDS = 0.05
+
+TARGET_LONGEST_CALL = 3.0
+TARGET_STALL = 3.0
+TARGET_MARK_DOWN = {"kill": 2.0, "pause": 3.0}
+
+log = logging.getLogger("failover_bench")
+
+
+# -- a client that never retries --------------------------------------------------------
+
+
+class PlainCallFailed(Exception):
+    pass
+
+
+class PlainSession:
+    """MCP over plain HTTP as a naive client speaks it: one session id for life, no retries."""
+
+    def __init__(self, url: str, timeout: float = PLAIN_CALL_TIMEOUT) -> None:
+        self.url = url
+        self.timeout = timeout
+        self.http = httpx2.AsyncClient(timeout=timeout)
+        self.session_id: str | None = None
+        self._next_id = 0
+
+    async def _post(self, body: dict) -> httpx2.Response:
+        headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+                   "MCP-Protocol-Version": PROTOCOL}
+        if self.session_id:
+            headers["mcp-session-id"] = self.session_id
+        # httpx's timeout bounds each read, not the whole answer: a trickling stream could outlast it.
+        async with asyncio.timeout(self.timeout):
+            return await self.http.post(self.url, headers=headers, json=body)
+
+    async def request(self, method: str, params: dict) -> tuple[httpx2.Response, dict]:
+        self._next_id += 1
+        response = await self._post({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params})
+        if response.status_code != 200:
+            raise PlainCallFailed(f"HTTP {response.status_code}: {response.text[:120]}")
+        if response.headers.get("content-type", "").startswith("application/json"):
+            message = response.json()
+        else:
+            data = [line[5:] for line in response.text.splitlines() if line.startswith("data:") and line[5:].strip()]
+            message = json.loads(data[-1]) if data else {}
+        if "result" not in message:
+            raise PlainCallFailed(f"no result: {json.dumps(message)[:160]}")
+        return response, message["result"]
+
+    async def initialize(self) -> None:
+        response, _ = await self.request("initialize", {"protocolVersion": PROTOCOL, "capabilities": {},
+                                                        "clientInfo": {"name": "failover-bench", "version": "1"}})
+        self.session_id = response.headers["mcp-session-id"]
+        await self._post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    async def call(self, tool: str, arguments: dict | None = None) -> dict:
+        _, result = await self.request("tools/call", {"name": tool, "arguments": arguments or {}})
+        if result.get("isError"):
+            raise PlainCallFailed(f"tool error: {json.dumps(result.get('content'))[:160]}")
+        return result["structuredContent"]
+
+    async def aclose(self) -> None:
+        try:
+            if self.session_id:
+                await self.http.delete(self.url, headers={"mcp-session-id": self.session_id,
+                                                          "MCP-Protocol-Version": PROTOCOL})
+        except httpx2.HTTPError:
+            pass
+        await self.http.aclose()
+
+
+# -- what one run records ---------------------------------------------------------------
+
+
+@dataclass
+class Call:
+    start: float
+    end: float
+    ok: bool
+    counter: int | None = None
+    instance: str | None = None
+    error: str | None = None
+    overran: bool = False
+
+
+@dataclass
+class SessionRun:
+    kind: str
+    calls: list[Call] = field(default_factory=list)
+    in_flight: bool = False
+    final: int | None = None
+    final_error: str | None = None
+    new_sessions: int = 0
+
+    @property
+    def acknowledged(self) -> int:
+        return sum(c.ok for c in self.calls)
+
+    @property
+    def failed(self) -> int:
+        return sum(not c.ok for c in self.calls)
+
+    def instance_at(self, t: float) -> str | None:
+        """The replica that answered this session's last successful call that ended before `t`."""
+        answered = [c for c in self.calls if c.ok and c.end <= t]
+        return answered[-1].instance if answered else None
+
+
+@dataclass
+class ClientReport:
+    kind: str
+    sessions: int
+    calls: int
+    failed: int
+    overran: int  # calls that neither returned nor raised within their own timeout
+    longest_call_s: float
+    longest_stall_s: float
+    acknowledged: int
+    final: int | None  # summed over sessions; None when a session's counter could not be read
+    lost: int
+    duplicated: int
+    unreadable: int
+    working_after: int  # sessions answered after the stack was whole again
+    exposed: int  # sessions on the faulted replica when the fault struck
+    moved: int  # ... of which another replica answered afterwards
+    new_sessions: int  # sessions a ResilientClient had to open anew (resumed state)
+    errors: list[str]
+
+
+@dataclass
+class ScenarioReport:
+    scenario: str
+    replica: str
+    sessions: int
+    load_seconds: float
+    fault_at_s: float
+    fault_seconds: float  # from the fault until the stack was whole again
+    mark_down_s: float | None  # from the fault until HAProxy no longer showed the replica UP
+    back_up_s: float | None
+    in_flight_at_fault: int  # plain calls under way at the fault moment, on any replica
+    in_flight_on_replica: int  # ... of sessions the faulted replica was serving
+    plain: ClientReport
+    resilient: ClientReport
+    healthy_after: bool
+    backends_after: dict[str, str]
+
+
+@dataclass
+class RunStatus:
+    """What the live display shows; run_scenario keeps it current."""
+
+    scenario: str = ""
+    phase: str = ""
+    started: float = 0.0
+    runs: list[SessionRun] = field(default_factory=list)
+    backends: dict[str, str] = field(default_factory=dict)
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+        log.info("%s: %s", self.scenario, phase)
+
+
+# -- driving load -----------------------------------------------------------------------
+
+
+async def _drive(run: SessionRun, call: Callable[[], Awaitable[Any]], bound: float, stop: asyncio.Event) -> None:
+    while not stop.is_set() and len(run.calls) < MAX_CALLS_PER_SESSION:
+        record = Call(start=time.monotonic(), end=0.0, ok=False)
+        run.in_flight = True
+        guard = asyncio.timeout(bound + GUARD_SLACK_SECONDS)
+        try:
+            async with guard:
+                result = await call()
+            record.ok = True
+            record.counter, record.instance = int(result["counter"]), result.get("instance")
+        except Exception as exc:
+            record.overran = guard.expired()
+            record.error = f"{type(exc).__name__}: {exc}"[:200]
+        record.end = time.monotonic()
+        run.in_flight = False
+        run.calls.append(record)
+        try:
+            await asyncio.wait_for(stop.wait(), random.uniform(*THINK_SECONDS))
+        except TimeoutError:
+            pass
+
+
+async def _plain_increment(session: PlainSession) -> dict:
+    return await session.call("increment_counter")
+
+
+async def _resilient_increment(client: ResilientClient) -> dict:
+    return (await client.call_tool("increment_counter", {})).data
+
+
+def _resilient_bound() -> float:
+    # stamina starts no attempt after total_timeout; the client caps one attempt (recovery + call) at twice call_timeout.
+    return RESILIENT_SETTINGS["total_timeout"] + 2 * RESILIENT_SETTINGS["call_timeout"]
+
+
+async def _watch_backends(stack: Stack, timeline: list[tuple[float, dict[str, str]]], status: RunStatus,
+                          stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        backends = await asyncio.to_thread(stack.backend_status)
+        now = time.monotonic()
+        status.backends = backends
+        if not timeline or timeline[-1][1] != backends:
+            timeline.append((now, backends))
+        try:
+            await asyncio.wait_for(stop.wait(), STATUS_POLL_SECONDS)
+        except TimeoutError:
+            pass
+
+
+# -- faults -----------------------------------------------------------------------------
+
+
+def _start_all(stack: Stack, names: list[str]) -> None:
+    for name in names:
+        stack.start(name, wait=False)
+    for name in names:
+        stack.wait_healthy(name)
+
+
+def heal(stack: Stack) -> None:
+    """Every replica running and UP in HAProxy again, whatever a scenario left behind."""
+    replicas = stack.config.replica_names()
+    for name in replicas:
+        if stack.state(name) == "paused":
+            stack.signal(name, signal.SIGCONT)
+    _start_all(stack, [name for name in replicas if stack.pid(name) is None])
+    stack.wait_healthy("haproxy")
+
+
+async def _inject(stack: Stack, scenario: str, replica: str, status: RunStatus) -> float:
+    """Apply the fault and undo it; the monotonic time the fault struck."""
+    replicas = stack.config.replica_names()
+    struck = time.monotonic()
+    if scenario == "kill":
+        status.set_phase(f"SIGKILL {replica}")
+        stack.signal(replica, signal.SIGKILL)
+        await asyncio.sleep(KILL_DOWN_SECONDS)
+        status.set_phase(f"starting {replica}")
+        await asyncio.to_thread(stack.start, replica)
+    elif scenario == "pause":
+        status.set_phase(f"SIGSTOP {replica}")
+        stack.signal(replica, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(PAUSE_SECONDS)
+        finally:
+            status.set_phase(f"SIGCONT {replica}")
+            stack.signal(replica, signal.SIGCONT)
+    elif scenario == "rolling":
+        for name in [replica, *(n for n in replicas if n != replica)]:
+            status.set_phase(f"rolling restart: {name}")
+            await asyncio.to_thread(stack.restart, name)
+    elif scenario == "restart-all":
+        status.set_phase("stopping every replica")
+        await asyncio.to_thread(stack.stop, *replicas)
+        status.set_phase("starting every replica")
+        await asyncio.to_thread(_start_all, stack, replicas)
+    else:
+        raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
+    status.set_phase("waiting for HAProxy to see every replica UP")
+    await asyncio.to_thread(stack.wait_healthy, "haproxy")
+    return struck
+
+
+# -- reading the results ----------------------------------------------------------------
+
+
+def _longest_stall(run: SessionRun, load_start: float, load_end: float) -> float:
+    """The longest wait between two answered calls (a session that stopped being answered stalls till the end)."""
+    ends = [load_start, *(c.end for c in run.calls if c.ok), load_end]
+    return max(b - a for a, b in zip(ends, ends[1:]))
+
+
+def _client_report(kind: str, runs: list[SessionRun], *, replica: str, struck: float, over: float,
+                   load_start: float, load_end: float) -> ClientReport:
+    calls = [c for r in runs for c in r.calls]
+    lost = duplicated = unreadable = 0
+    final = 0
+    for r in runs:
+        if r.final is None:
+            unreadable += 1
+            continue
+        final += r.final
+        lost += max(r.acknowledged - r.final, 0)
+        # A plain call that failed may still have been applied (once); a resilient one never fails.
+        allowance = r.failed if kind == "plain" else 0
+        duplicated += max(r.final - (r.acknowledged + allowance), 0)
+    exposed = [r for r in runs if r.instance_at(struck) == replica]
+    moved = [r for r in exposed if any(c.ok and c.start >= struck and c.instance != replica for c in r.calls)]
+    errors = Counter(c.error for c in calls if c.error)
+    return ClientReport(
+        kind=kind,
+        sessions=len(runs),
+        calls=len(calls),
+        failed=sum(not c.ok for c in calls),
+        overran=sum(c.overran for c in calls),
+        longest_call_s=round(max((c.end - c.start for c in calls), default=0.0), 3),
+        longest_stall_s=round(max((_longest_stall(r, load_start, load_end) for r in runs), default=0.0), 3),
+        acknowledged=sum(r.acknowledged for r in runs),
+        final=None if unreadable else final,
+        lost=lost,
+        duplicated=duplicated,
+        unreadable=unreadable,
+        working_after=sum(any(c.ok and c.end >= over for c in r.calls) for r in runs),
+        exposed=len(exposed),
+        moved=len(moved),
+        new_sessions=sum(r.new_sessions for r in runs),
+        errors=[f"{n}× {e}" for e, n in errors.most_common(5)],
+    )
+
+
+def _first(timeline: list[tuple[float, dict[str, str]]], after: float, test: Callable[[str], bool],
+           replica: str) -> float | None:
+    for t, backends in timeline:
+        if t >= after and test(backends.get(replica, "")):
+            return t
+    return None
+
+
+async def _read_plain_counter(session: PlainSession, run: SessionRun) -> None:
+    # Not a measured call: the stack is whole again, a transient error here says nothing about failover.
+    for _ in range(5):
+        try:
+            run.final = int((await session.call("get_counter"))["counter"])
+            return
+        except Exception as exc:
+            run.final_error = f"{type(exc).__name__}: {exc}"[:200]
+            await asyncio.sleep(0.3)
+
+
+async def _read_resilient_counter(client: ResilientClient, run: SessionRun) -> None:
+    try:
+        run.final = int((await client.call_tool("get_counter", {})).data["counter"])
+    except Exception as exc:
+        run.final_error = f"{type(exc).__name__}: {exc}"[:200]
+    run.new_sessions = max(len(client.sessions) - 1, 0)
+
+
+async def _close_all(closers: list[Callable[[], Awaitable[Any]]]) -> None:
+    async def close(closer: Callable[[], Awaitable[Any]]) -> None:
+        try:
+            async with asyncio.timeout(5):
+                await closer()
+        except Exception as exc:  # ending sessions is housekeeping; the run's figures are already in
+            log.debug("closing a session failed: %r", exc)
+
+    await asyncio.gather(*(close(c) for c in closers))
+
+
+async def run_scenario(stack: Stack, scenario: str, *, sessions: int = 5, duration: float = 8.0,
+                       fault_at: float = 2.0, status: RunStatus | None = None) -> ScenarioReport:
+    """Run `sessions` plain and `sessions` resilient sessions through one fault; what they saw.
+
+    The load lasts `duration` seconds, or until the stack has been whole again
+    for TAIL_SECONDS if that is later; never more than OVERRUN_CAP_SECONDS past that.
+    """
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
+    status = status or RunStatus()
+    status.scenario = scenario
+    url = stack.config.mcp_url
+    plain_runs = [SessionRun("plain") for _ in range(sessions)]
+    resilient_runs = [SessionRun("resilient") for _ in range(sessions)]
+    status.runs = plain_runs + resilient_runs
+    plain = [PlainSession(url) for _ in range(sessions)]
+    resilient = [ResilientClient(url, **RESILIENT_SETTINGS) for _ in range(sessions)]
+    closers: list[Callable[[], Awaitable[Any]]] = [p.aclose for p in plain]
+    stop = asyncio.Event()
+    watch_stop = asyncio.Event()
+    timeline: list[tuple[float, dict[str, str]]] = []
+    tasks: list[asyncio.Task] = []
+    try:
+        status.set_phase("opening sessions")
+        async with asyncio.timeout(30):
+            await asyncio.gather(*(p.initialize() for p in plain))
+            for client in resilient:
+                await client.__aenter__()
+                closers.append(client.aclose)
+            status.set_phase("warming up")
+            # A replica's first tool call pays for lazy set-up (0.4 s when idle, seconds under this load):
+            # a cost of starting, not of failing over, so it stays out of the figures.
+            await asyncio.gather(*(p.call("get_counter") for p in plain),
+                                 *(c.call_tool("get_counter", {}) for c in resilient))
+
+        load_start = status.started = time.monotonic()
+        watcher = asyncio.create_task(_watch_backends(stack, timeline, status, watch_stop))
+        tasks = [asyncio.create_task(_drive(r, lambda p=p: _plain_increment(p), PLAIN_CALL_TIMEOUT, stop))
+                 for r, p in zip(plain_runs, plain)]
+        tasks += [asyncio.create_task(_drive(r, lambda c=c: _resilient_increment(c), _resilient_bound(), stop))
+                  for r, c in zip(resilient_runs, resilient)]
+
+        status.set_phase("steady load")
+        await asyncio.sleep(fault_at)
+        struck = time.monotonic()
+        serving = Counter(r.instance_at(struck) for r in plain_runs)
+        serving.pop(None, None)
+        replicas = stack.config.replica_names()
+        replica = max(replicas, key=lambda n: (serving.get(n, 0), -replicas.index(n)))
+        in_flight = [r for r in plain_runs if r.in_flight]
+        in_flight_on_replica = sum(r.instance_at(struck) == replica for r in in_flight)
+        try:
+            async with asyncio.timeout(OVERRUN_CAP_SECONDS):
+                struck = await _inject(stack, scenario, replica, status)
+        finally:
+            over = time.monotonic()
+            status.set_phase("load after recovery")
+            remaining = max(load_start + duration - over, TAIL_SECONDS)
+            await asyncio.sleep(remaining)
+            stop.set()
+            status.set_phase("waiting for the last calls")
+            await asyncio.wait(tasks, timeout=_resilient_bound() + GUARD_SLACK_SECONDS + 1)
+        load_end = time.monotonic()
+        watch_stop.set()
+        await watcher
+
+        status.set_phase("reading final counters")
+        await asyncio.to_thread(stack.wait_healthy, "haproxy")
+        async with asyncio.timeout(60):
+            await asyncio.gather(*(_read_plain_counter(p, r) for p, r in zip(plain, plain_runs)),
+                                 *(_read_resilient_counter(c, r) for c, r in zip(resilient, resilient_runs)))
+    finally:
+        stop.set()
+        watch_stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        status.set_phase("making sure every replica is running and UP")
+        await asyncio.to_thread(heal, stack)
+        status.set_phase("closing sessions")
+        await _close_all(closers)
+
+    mark_down = _first(timeline, struck, lambda s: not s.startswith("UP"), replica)
+    back_up = _first(timeline, mark_down, lambda s: s.startswith("UP"), replica) if mark_down else None
+    backends_after = await asyncio.to_thread(stack.backend_status)
+    healthy = all(stack.state(n) == "running" for n in replicas) and backends_after == dict.fromkeys(replicas, "UP")
+    common = {"replica": replica, "struck": struck, "over": over, "load_start": load_start, "load_end": load_end}
+    status.set_phase("done")
+    return ScenarioReport(
+        scenario=scenario,
+        replica=replica,
+        sessions=sessions,
+        load_seconds=round(load_end - load_start, 2),
+        fault_at_s=round(struck - load_start, 2),
+        fault_seconds=round(over - struck, 2),
+        mark_down_s=None if mark_down is None else round(mark_down - struck, 3),
+        back_up_s=None if back_up is None else round(back_up - struck, 3),
+        in_flight_at_fault=len(in_flight),
+        in_flight_on_replica=in_flight_on_replica,
+        plain=_client_report("plain", plain_runs, **common),
+        resilient=_client_report("resilient", resilient_runs, **common),
+        healthy_after=healthy,
+        backends_after=backends_after,
+    )
+
+
+# -- targets ----------------------------------------------------------------------------
+
+
+def check_targets(report: ScenarioReport) -> list[str]:
+    """The targets `report` misses, each as a sentence; empty when all hold."""
+    s = report.scenario
+    missed: list[str] = []
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            missed.append(f"{s}: {what}")
+
+    for c in (report.plain, report.resilient):
+        k = c.kind
+        need(c.unreadable == 0, f"{k}: the final counter of {c.unreadable} session(s) could not be read")
+        need(c.lost == 0, f"{k}: {c.lost} acknowledged increment(s) lost (final {c.final}, acknowledged {c.acknowledged})")
+        need(c.duplicated == 0, f"{k}: {c.duplicated} increment(s) applied twice (final {c.final}, "
+                                f"acknowledged {c.acknowledged}, failed {c.failed})")
+        need(c.overran == 0, f"{k}: {c.overran} call(s) neither returned nor raised within their timeout")
+        need(c.working_after == c.sessions, f"{k}: only {c.working_after} of {c.sessions} sessions worked after the fault")
+        need(c.calls > 0 and c.acknowledged > 0, f"{k}: no call was answered at all")
+
+    r = report.resilient
+    need(r.failed == 0, f"resilient: {r.failed} failed call(s) (target 0): {'; '.join(r.errors)}")
+    need(r.longest_call_s <= TARGET_LONGEST_CALL, f"resilient: a call took {r.longest_call_s:.2f} s (target ≤ {TARGET_LONGEST_CALL:.0f} s)")
+
+    p = report.plain
+    need(p.longest_stall_s < TARGET_STALL, f"plain: a session stalled {p.longest_stall_s:.2f} s (target < {TARGET_STALL:.0f} s)")
+    if s in ("kill", "pause"):
+        # The calls a fault can catch in flight: one per plain session the faulted replica serves (a plain
+        # client has one call under way at a time). Counting only calls already sent at the fault instant
+        # would miss the one a session sends a few ms later, before HAProxy can know.
+        need(p.failed <= p.exposed, f"plain: {p.failed} failed call(s), more than one for each of the {p.exposed} "
+                                    f"sessions on {report.replica}: {'; '.join(p.errors)}")
+        need(p.moved == p.exposed, f"plain: {p.exposed - p.moved} of {p.exposed} sessions on {report.replica} "
+                                   "were not answered by another replica")
+        limit = TARGET_MARK_DOWN[s]
+        need(report.mark_down_s is not None and report.mark_down_s <= limit,
+             f"HAProxy took {report.mark_down_s} s to take {report.replica} out (target ≤ {limit:.0f} s)")
+    elif s == "rolling":
+        need(p.failed == 0, f"plain: {p.failed} failed call(s) in a rolling restart (target 0): {'; '.join(p.errors)}")
+    need(report.healthy_after, f"the stack was not whole afterwards: {report.backends_after}")
+    return missed
+
+
+# -- command line -----------------------------------------------------------------------
+
+
+# Piped output would otherwise wrap the results table at 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the kernel just handed out; held open together so they are distinct."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def own_stack_config(state_dir: Path, replicas: int = 3) -> StackConfig:
+    http, stats, redis, *replica_ports = free_ports(3 + replicas)
+    return StackConfig(state_dir=state_dir, http_port=http, stats_port=stats, redis_port=redis,
+                       replica_ports=tuple(replica_ports))
+
+
+def running_stack() -> Stack:
+    """The stack `python stack.py up` started; StackError, saying what is wrong, unless it is whole."""
+    stack = Stack.load()
+    if not ipaddress.ip_address(stack.config.host).is_loopback:
+        raise StackError(f"the stack listens on {stack.config.host}; this benchmark only runs against loopback")
+    problems = []
+    for svc in stack.services():
+        state = stack.state(svc.name)
+        if state != "running":
+            problems.append(f"{svc.name} is {state}")
+        elif not stack.healthy(svc.name):
+            problems.append(f"{svc.name} is not healthy")
+    if problems:
+        raise StackError(
+            f"the stack in {stack.config.state_dir} is not up and healthy ({'; '.join(problems)}). "
+            "Start it with `python stack.py up -d`, or pass --own-stack to run on a stack of the benchmark's own."
+        )
+    return stack
+
+
+class LiveView:
+    def __init__(self, status: RunStatus, index: int, total: int) -> None:
+        self.status = status
+        self.index = index
+        self.total = total
+
+    def __rich__(self) -> Table:
+        s = self.status
+        elapsed = time.monotonic() - s.started if s.started else 0.0
+        table = Table(title=f"[{self.index}/{self.total}] {s.scenario}: {s.phase}  ({elapsed:.1f} s)",
+                      title_justify="left")
+        for column in ("client", "sessions", "calls", "ok", "failed", "in flight"):
+            table.add_column(column, justify="right" if column != "client" else "left")
+        for kind in ("plain", "resilient"):
+            runs = [r for r in s.runs if r.kind == kind]
+            calls = sum(len(r.calls) for r in runs)
+            failed = sum(r.failed for r in runs)
+            table.add_row(kind, str(len(runs)), str(calls), str(calls - failed),
+                          f"[red]{failed}[/red]" if failed else "0", str(sum(r.in_flight for r in runs)))
+        backends = "  ".join(f"{n}: {'[green]' if v.startswith('UP') else '[red]'}{v}[/]" for n, v in sorted(s.backends.items()))
+        table.caption = backends or "HAProxy: (no answer)"
+        table.caption_justify = "left"
+        return table
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def results_table(reports: list[ScenarioReport]) -> Table:
+    table = Table(title="Failover benchmark", title_justify="left", show_lines=True)
+    columns = ("scenario", "faulted", "client", "calls", "failed", "in flight\nat fault", "sessions\non faulted",
+               "longest\ncall s", "longest\nstall s", "marked\ndown s", "final / acked", "lost", "dup", "targets")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("scenario", "faulted", "client", "targets") else "right")
+    for report in reports:
+        missed = check_targets(report)
+        for c in (report.plain, report.resilient):
+            mine = [m for m in missed if f": {c.kind}:" in m]
+            first = c.kind == "plain"
+            table.add_row(
+                report.scenario if first else "",
+                report.replica if first else "",
+                c.kind,
+                str(c.calls),
+                f"[red]{c.failed}[/red]" if c.failed else "0",
+                str(report.in_flight_at_fault) if first else "",
+                str(c.exposed),
+                f"{c.longest_call_s:.2f}",
+                f"{c.longest_stall_s:.2f}",
+                _seconds(report.mark_down_s) if first else "",
+                f"{'?' if c.final is None else c.final} / {c.acknowledged}",
+                str(c.lost),
+                str(c.duplicated),
+                "[green]met[/green]" if not mine else f"[red]{len(mine)} missed[/red]",
+            )
+        stack_missed = [m for m in missed if ": plain:" not in m and ": resilient:" not in m]
+        if stack_missed:
+            table.add_row("", "", "stack", *[""] * (len(columns) - 4), f"[red]{len(stack_missed)} missed[/red]")
+    table.caption = ("in flight at fault: plain calls under way at the fault instant, on any replica. "
+                     "marked down: seconds until HAProxy took the (first) faulted replica out.")
+    table.caption_justify = "left"
+    return table
+
+
+async def run_all(stack: Stack, scenarios: list[str], reports: list[ScenarioReport], *, sessions: int,
+                  duration: float, fault_at: float, live: bool = True) -> None:
+    """Run each scenario in turn, adding its report to `reports` as soon as it is in."""
+    for index, scenario in enumerate(scenarios, start=1):
+        status = RunStatus(scenario=scenario)
+        view = LiveView(status, index, len(scenarios))
+        with Live(view, console=console, refresh_per_second=4, transient=True) if live else nullcontext():
+            report = await run_scenario(stack, scenario, sessions=sessions, duration=duration, fault_at=fault_at,
+                                        status=status)
+        missed = check_targets(report)
+        mark = "[green]✔[/green]" if not missed else "[red]✘[/red]"
+        console.print(f"{mark} {scenario}: {report.replica} faulted, load {report.load_seconds:.1f} s, "
+                      f"plain {report.plain.failed}/{report.plain.calls} failed, "
+                      f"resilient {report.resilient.failed}/{report.resilient.calls} failed")
+        reports.append(report)
+
+
+def report_json(reports: list[ScenarioReport]) -> dict:
+    scenarios = [{**asdict(r), "targets_missed": check_targets(r)} for r in reports]
+    return {
+        "targets": {
+            "resilient_longest_call_s": TARGET_LONGEST_CALL,
+            "plain_longest_stall_s": TARGET_STALL,
+            "mark_down_s": TARGET_MARK_DOWN,
+            "resilient_client": RESILIENT_SETTINGS,
+            "plain_call_timeout_s": PLAIN_CALL_TIMEOUT,
+        },
+        "scenarios": scenarios,
+        "ok": all(not s["targets_missed"] for s in scenarios),
+    }
+
+
+@click.command()
+@click.option("--scenario", type=click.Choice([*SCENARIOS, "all"]), default="all", show_default=True,
+              help="Which fault to inject.")
+@click.option("--sessions", type=click.IntRange(1, 50), default=5, show_default=True,
+              help="Plain sessions, and as many ResilientClient sessions.")
+@click.option("--duration", type=click.FloatRange(3, 300), default=8.0, show_default=True,
+              help="Seconds of load per scenario, at least; it goes on until the stack is whole again, "
+                   f"plus {TAIL_SECONDS} s.")
+@click.option("--fault-at", type=click.FloatRange(0.5, 60), default=2.0, show_default=True,
+              help="Seconds into the load when the fault strikes.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the reports to this file as JSON.")
+@click.option("--own-stack", is_flag=True,
+              help="Start a stack of its own on free loopback ports, and stop it at the end.")
+@click.option("-v", "--verbose", is_flag=True, help="Log each phase and every client retry.")
+def main(scenario: str, sessions: int, duration: float, fault_at: float, json_path: Path | None,
+         own_stack: bool, verbose: bool) -> None:
+    """Inject replica faults under steady load and measure what clients see."""
+    # Retries and broken connections are the point of the run, not news: the table counts them.
+    logging.basicConfig(level=logging.INFO if verbose else logging.CRITICAL,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    scenarios = list(SCENARIOS) if scenario == "all" else [scenario]
+    state_dir: Path | None = None
+    stack: Stack | None = None
+    try:
+        if own_stack:
+            state_dir = Path(tempfile.mkdtemp(prefix="failover-bench-"))
+            stack = Stack(own_stack_config(state_dir))
+            with console.status(f"starting a stack of its own in {state_dir}"):
+                stack.up()
+        else:
+            stack = running_stack()
+    except StackError as exc:
+        click.echo(f"error: {exc}", err=True)
+        if own_stack and stack is not None:
+            stack.down()  # whatever of it did start
+        sys.exit(2)
+
+    reports: list[ScenarioReport] = []
+    broken: StackError | None = None
+    try:
+        asyncio.run(run_all(stack, scenarios, reports, sessions=sessions, duration=duration, fault_at=fault_at,
+                            live=console.is_terminal))
+    except StackError as exc:
+        broken = exc
+    finally:
+        if own_stack:
+            with console.status("stopping the benchmark's stack"):
+                stack.down()
+            if broken or len(reports) < len(scenarios) or any(check_targets(r) for r in reports):
+                console.print(f"the stack's logs are kept in {stack.log_dir}")
+            else:
+                shutil.rmtree(state_dir, ignore_errors=True)
+
+    console.print(results_table(reports))
+    if json_path is not None:
+        json_path.write_text(json.dumps(report_json(reports), indent=2))
+        console.print(f"reports written to {json_path}")
+    if broken is not None:
+        click.echo(f"error: the stack failed during the run: {broken}", err=True)
+        sys.exit(2)
+    missed = [m for r in reports for m in check_targets(r)]
+    if missed:
+        console.print("[red]targets not met:[/red]")
+        for m in missed:
+            console.print(f"  - {m}", markup=False)
+        sys.exit(1)
+    console.print("[green]every target met[/green]")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""The failover benchmark's faults, on real processes, held to the issue's targets.
+
+Each scenario runs once (5 plain and 5 ResilientClient sessions under steady
+load through HAProxy) on a stack of this module's own; the tests read its
+report. Where a target does not hold for a reason outside the benchmark, the
+main test leaves that one target out (KNOWN_GAPS); where it fails every time,
+a strict xfail test asserts it, so the suite notices the day it starts to hold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import failover_bench as bench
+from conftest import ROOT, stack_config
+from stack import Stack
+
+# The load runs until the stack is whole again (plus a tail) whatever this is;
+# a short minimum keeps the four scenarios near a minute and a half together.
+DURATION = 4.0
+SESSIONS = 5
+
+# Targets missed for reasons outside the benchmark; a strict xfail test below asserts each,
+# so the suite notices the day it starts to hold.
+KNOWN_GAPS = {
+    # Every replica down at once: nothing answers for as long as the replicas take to start.
+    "restart-all": ("restart-all: plain: a session stalled", "restart-all: resilient: a call took"),
+}
+
+_reports: dict[str, bench.ScenarioReport] = {}
+
+
+@pytest.fixture(scope="module")
+def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A stack for these tests alone: they kill, pause and restart its replicas."""
+    s = Stack(stack_config(tmp_path_factory.mktemp("failover")))
+    try:
+        s.up()
+        yield s
+    finally:
+        s.down()
+
+
+async def report_of(stack: Stack, scenario: str) -> bench.ScenarioReport:
+    # Several tests read one scenario's figures; the faults are too slow to inject twice.
+    if scenario not in _reports:
+        _reports[scenario] = await bench.run_scenario(stack, scenario, sessions=SESSIONS, duration=DURATION)
+    return _reports[scenario]
+
+
+def missed_apart_from_known_gaps(report: bench.ScenarioReport) -> list[str]:
+    known = KNOWN_GAPS.get(report.scenario, ())
+    return [m for m in bench.check_targets(report) if not m.startswith(known)]
+
+
+def assert_counts_are_exact(report: bench.ScenarioReport) -> None:
+    r, p = report.resilient, report.plain
+    assert r.failed == 0 and r.final == r.acknowledged, r
+    assert p.final is not None and p.acknowledged <= p.final <= p.acknowledged + p.failed, p
+    assert r.calls > 50 and p.calls > 50, "the load did not run"
+
+
+def assert_stack_is_whole(stack: Stack) -> None:
+    names = stack.config.replica_names()
+    assert [stack.state(n) for n in names] == ["running"] * len(names)
+    assert stack.backends_up() == set(names)
+
+
+@pytest.mark.timeout(120)
+async def test_kill_9_of_the_sessions_replica(fault_stack: Stack) -> None:
+    report = await report_of(fault_stack, "kill")
+    assert bench.check_targets(report) == []
+    assert_counts_are_exact(report)
+    assert report.mark_down_s is not None and report.mark_down_s <= 2.0
+    # The plain sessions the killed replica served carried on elsewhere, under the same id.
+    assert report.plain.exposed >= 1 and report.plain.moved == report.plain.exposed
+    assert_stack_is_whole(fault_stack)
+
+
+@pytest.mark.timeout(120)
+async def test_sigstop_of_the_sessions_replica(fault_stack: Stack) -> None:
+    report = await report_of(fault_stack, "pause")
+    # Includes: the plain sessions' stall under 3 s (HAProxy cuts the calls stuck on the hung
+    # replica when it takes it out, and re-sends them to the adopter) and no call over 3 s.
+    assert bench.check_targets(report) == []
+    assert_counts_are_exact(report)
+    assert report.mark_down_s is not None and report.mark_down_s <= 3.0
+    # The plain sessions the hung replica served were answered by another one afterwards.
+    assert report.plain.exposed >= 1 and report.plain.moved == report.plain.exposed
+    assert_stack_is_whole(fault_stack)
+
+
+@pytest.mark.timeout(150)
+async def test_rolling_restart_of_every_replica(fault_stack: Stack) -> None:
+    report = await report_of(fault_stack, "rolling")
+    assert bench.check_targets(report) == []
+    assert_counts_are_exact(report)
+    # SIGTERM drains: not one call failed, not even the plain client's.
+    assert report.plain.failed == 0 and report.resilient.failed == 0
+    assert_stack_is_whole(fault_stack)
+
+
+@pytest.mark.timeout(120)
+async def test_restart_of_every_replica_at_once(fault_stack: Stack) -> None:
+    report = await report_of(fault_stack, "restart-all")
+    assert missed_apart_from_known_gaps(report) == []
+    assert_counts_are_exact(report)
+    assert report.plain.working_after == SESSIONS and report.resilient.working_after == SESSIONS
+    assert_stack_is_whole(fault_stack)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "no replica exists between the last one exiting and the first new one passing two health checks: "
+    "importing FastMCP alone costs a replica ~2 s of start-up, so the outage is longer than 3 s"))
+@pytest.mark.timeout(120)
+async def test_restart_of_every_replica_at_once_costs_no_call_over_3_s(fault_stack: Stack) -> None:
+    report = await report_of(fault_stack, "restart-all")
+    assert report.resilient.longest_call_s <= bench.TARGET_LONGEST_CALL
+    assert report.plain.longest_stall_s < bench.TARGET_STALL
+
+
+def test_check_targets_names_what_is_missed() -> None:
+    """The checker itself can fail: a lost increment, a duplicate and a slow mark-down are all named."""
+    clean = bench.ClientReport(
+        kind="resilient", sessions=5, calls=100, failed=0, overran=0, longest_call_s=0.5, longest_stall_s=0.6,
+        acknowledged=100, final=100, lost=0, duplicated=0, unreadable=0, working_after=5, exposed=2, moved=2,
+        new_sessions=0, errors=[],
+    )
+    report = bench.ScenarioReport(
+        scenario="kill", replica="mcp-server-1", sessions=5, load_seconds=10, fault_at_s=2, fault_seconds=5,
+        mark_down_s=0.1, back_up_s=6, in_flight_at_fault=1, in_flight_on_replica=1,
+        plain=bench.ClientReport(**{**clean.__dict__, "kind": "plain"}), resilient=clean,
+        healthy_after=True, backends_after={},
+    )
+    assert bench.check_targets(report) == []
+    report.resilient.final, report.resilient.lost = 99, 1
+    report.plain.final, report.plain.duplicated = 103, 3
+    report.mark_down_s = 2.5
+    missed = bench.check_targets(report)
+    assert any("resilient: 1 acknowledged increment(s) lost" in m for m in missed), missed
+    assert any("plain: 3 increment(s) applied twice" in m for m in missed), missed
+    assert any("HAProxy took 2.5 s" in m for m in missed), missed
+
+
+def test_the_command_refuses_a_stack_that_is_not_up(tmp_path: Path) -> None:
+    env = {**os.environ, "STACK_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, str(ROOT / "failover_bench.py"), "--scenario", "kill"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "not up and healthy" in result.stderr and "--own-stack" in result.stderr
+
+
+@pytest.mark.timeout(180)
+def test_the_command_runs_a_scenario_on_a_stack_of_its_own(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "failover_bench.py"), "--scenario", "kill", "--own-stack",
+         "--duration", "6", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=170,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Failover benchmark" in result.stdout and "every target met" in result.stdout
+
+    data = json.loads(out.read_text())
+    assert data["ok"] is True
+    assert set(data["targets"]) >= {"resilient_longest_call_s", "plain_longest_stall_s", "mark_down_s"}
+    [scenario] = data["scenarios"]
+    assert scenario["scenario"] == "kill" and scenario["targets_missed"] == []
+    assert scenario["replica"].startswith("mcp-server-")
+    assert 0 <= scenario["mark_down_s"] <= 2.0
+    assert scenario["load_seconds"] >= 6
+    fields = {"calls", "failed", "longest_call_s", "longest_stall_s", "acknowledged", "final", "lost", "duplicated"}
+    for kind in ("plain", "resilient"):
+        figures = scenario[kind]
+        assert fields <= set(figures) and figures["kind"] == kind
+        assert figures["calls"] > 0 and figures["lost"] == 0 and figures["duplicated"] == 0
+    assert scenario["resilient"]["final"] == scenario["resilient"]["acknowledged"]
+    assert scenario["resilient"]["failed"] == 0
