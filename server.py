@@ -79,11 +79,21 @@ class StoreErrors(Middleware):
             if isinstance(cause, Fenced):
                 # Another replica adopted the session while this call ran here: the
                 # write was not applied. The next request here adopts it afresh.
+                log.info("write fenced off during %s: the session has a newer owner", context.message.name)
                 ownership.lost(context.fastmcp_context.session_id)
                 raise ToolError(SESSION_MOVED) from cause
             raise
 
 
+class ExpectedToolFailures(logging.Filter):
+    """FastMCP logs a full traceback for every failed tool call; a store outage or a
+    fenced write is an expected, already-logged condition, not a bug to trace."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], (StoreUnavailable, Fenced)))
+
+
+logging.getLogger("fastmcp.server.server").addFilter(ExpectedToolFailures())
 ownership = Ownership()
 drain = Drain()
 # Unexpected errors reach the client as "Error calling tool", without internals.

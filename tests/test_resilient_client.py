@@ -41,7 +41,8 @@ async def test_a_killed_replica_is_ridden_through_with_state(healed_stack: Stack
 
 async def test_restarting_every_replica_at_once_is_ridden_through(healed_stack: Stack, mcp_url: str) -> None:
     replicas = healed_stack.config.replica_names()
-    async with ResilientClient(mcp_url, max_retries=10, call_timeout=5, total_timeout=60) as client:
+    # Bounded by time rather than attempts: the outage lasts as long as the replicas take to start.
+    async with ResilientClient(mcp_url, max_retries=200, call_timeout=5, total_timeout=60) as client:
         await client.call_tool("increment_counter", {})
         await client.call_tool("add_note", {"note": "before"})
         healed_stack.stop(*replicas)
