@@ -31,7 +31,6 @@ import logging
 import random
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -583,26 +582,6 @@ def check_targets(report: ScenarioReport) -> list[str]:
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 
-def free_ports(count: int) -> list[int]:
-    """Ports the kernel just handed out; held open together so they are distinct."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def own_stack_config(state_dir: Path, replicas: int = 3) -> StackConfig:
-    http, stats, redis, *replica_ports = free_ports(3 + replicas)
-    return StackConfig(state_dir=state_dir, http_port=http, stats_port=stats, redis_port=redis,
-                       replica_ports=tuple(replica_ports))
-
-
 def running_stack() -> Stack:
     """The stack `python stack.py up` started; StackError, saying what is wrong, unless it is whole."""
     stack = Stack.load()
@@ -747,7 +726,7 @@ def main(scenario: str, sessions: int, duration: float, fault_at: float, json_pa
     try:
         if own_stack:
             state_dir = Path(tempfile.mkdtemp(prefix="failover-bench-"))
-            stack = Stack(own_stack_config(state_dir))
+            stack = Stack(StackConfig.on_free_ports(state_dir))
             with console.status(f"starting a stack of its own in {state_dir}"):
                 stack.up()
         else:

@@ -7,8 +7,8 @@ itself. Adoption needs three things it does not offer publicly:
 - to know whether this replica holds a session (`_server_instances`);
 - to create a session under an id it did not mint, already initialized with
   the client's stored params (a transport registered under that id, and a
-  connection built like `serve_loop` builds it but marked initialized);
-- to drop a session it holds (`_discard_session`).
+  connection built like `serve_loop` builds it but marked initialized), and
+  to forget it again when it ends (`_discard_session`).
 
 `tests/test_sdk_sessions.py` checks each of these against the installed SDK;
 if an upgrade moves them, that test fails first and says which.
@@ -39,12 +39,6 @@ def session_manager(app: Starlette, path: str) -> StreamableHTTPSessionManager |
 
 def holds(manager: StreamableHTTPSessionManager, session_id: str) -> bool:
     return session_id in manager._server_instances
-
-
-async def drop(manager: StreamableHTTPSessionManager, session_id: str) -> None:
-    transport = manager._server_instances.get(session_id)
-    if transport is not None:
-        await manager._discard_session(session_id, transport)
 
 
 async def adopt(

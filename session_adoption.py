@@ -136,12 +136,16 @@ class AdoptSessions:
             if version not in HANDSHAKE_PROTOCOL_VERSIONS:
                 log.warning("not adopting %s: corrupt record or unsupported protocol version %r", session_id, version)
                 return False
-            await sdk_sessions.drop(manager, session_id)
-            try:
-                await sdk_sessions.adopt(manager, session_id, client_params=record["client_params"], protocol_version=version)
-            except (KeyError, TypeError, ValidationError) as exc:
-                log.warning("not adopting %s: corrupt session record (%s)", session_id, exc)
-                return False
+            # A stale owner still holds a working transport for the session: only its
+            # epoch was out of date, and adopting has just renewed that.
+            if not sdk_sessions.holds(manager, session_id):
+                try:
+                    await sdk_sessions.adopt(
+                        manager, session_id, client_params=record["client_params"], protocol_version=version
+                    )
+                except (KeyError, TypeError, ValidationError) as exc:
+                    log.warning("not adopting %s: corrupt session record (%s)", session_id, exc)
+                    return False
             self.ownership.epochs[session_id] = epoch
             self.ownership.stale.discard(session_id)
             log.info("adopted session %s at epoch %d", session_id, epoch)

@@ -85,6 +85,13 @@ class StackConfig:
             session_ttl_seconds=env_int("SESSION_TTL_SECONDS", 1800),
         )
 
+    @classmethod
+    def on_free_ports(cls, state_dir: Path, *, replicas: int = 3) -> StackConfig:
+        """A stack beside any other: for tests and benchmarks that start their own."""
+        http, stats, redis, *replica_ports = free_ports(3 + replicas)
+        return cls(state_dir=state_dir, http_port=http, stats_port=stats, redis_port=redis,
+                   replica_ports=tuple(replica_ports))
+
     @property
     def redis_url(self) -> str:
         return f"redis://{self.host}:{self.redis_port}/0"
@@ -151,6 +158,20 @@ def _reaped(pid: int) -> bool:
         return os.waitpid(pid, os.WNOHANG)[0] == pid
     except ChildProcessError:
         return True  # someone else's zombie: gone as far as we are concerned
+
+
+def free_ports(count: int) -> list[int]:
+    """Loopback ports the kernel just handed out; held open together so they are distinct."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def port_is_free(host: str, port: int) -> bool:

@@ -7,7 +7,6 @@ ports, in a temporary directory. Nothing is faked.
 
 from __future__ import annotations
 
-import socket
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,31 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mcp_http import RawSession  # noqa: E402
-from stack import Stack, StackConfig  # noqa: E402
-
-def free_ports(count: int) -> list[int]:
-    """Ports the kernel just handed out; held open together so they are distinct."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
+from stack import Stack, StackConfig, free_ports  # noqa: E402,F401 (free_ports: for the tests)
 
 def stack_config(state_dir: Path, replicas: int = 3) -> StackConfig:
-    http, stats, redis, *replica_ports = free_ports(3 + replicas)
-    return StackConfig(
-        state_dir=state_dir,
-        http_port=http,
-        stats_port=stats,
-        redis_port=redis,
-        replica_ports=tuple(replica_ports),
-    )
+    return StackConfig.on_free_ports(state_dir, replicas=replicas)
 
 
 @pytest.fixture(scope="session")

@@ -91,6 +91,7 @@ async def test_a_session_adopted_under_a_foreign_id_is_served_initialized(probe_
         assert response.status_code == 200, response.text
         assert last_jsonrpc_message(response)["result"]["structuredContent"] == {"session_id": session_id}
 
-        await sdk_sessions.drop(manager, session_id)
+        # Ending it (DELETE) makes the SDK forget it, as for a session it created itself.
+        assert (await http.delete(url, headers=headers)).status_code == 200
         assert not sdk_sessions.holds(manager, session_id)
         assert (await http.post(url, headers=headers, json=body)).status_code == 404
