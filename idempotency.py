@@ -17,7 +17,8 @@ For a call with a key, this middleware:
   retry, wherever it lands, replays the write instead of applying it twice.
 
 Tools whose effects live outside the store get at-most-once only from the
-recorded result, which is written after they return.
+recorded result, which is written after they return. Tools annotated
+`readOnlyHint` skip all of this: running a read again is its safe replay.
 """
 
 from __future__ import annotations
@@ -70,9 +71,15 @@ class IdempotentCalls(Middleware):
     def __init__(self, store: SessionStore) -> None:
         self.store = store
 
+    @staticmethod
+    async def _read_only(context: MiddlewareContext) -> bool:
+        """A tool annotated readOnlyHint changes nothing: running it again is the safe replay."""
+        tool = await context.fastmcp_context.fastmcp.get_tool(context.message.name)
+        return bool(tool and tool.annotations and tool.annotations.readOnlyHint)
+
     async def on_call_tool(self, context: MiddlewareContext, call_next):
         key = _key_of(context)
-        if key is None or context.fastmcp_context is None:
+        if key is None or context.fastmcp_context is None or await self._read_only(context):
             return await call_next(context)
         session_id = context.fastmcp_context.session_id
         digest = _digest(context.message.name, context.message.arguments)

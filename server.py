@@ -104,6 +104,11 @@ mcp = FastMCP(
 )
 
 
+# Read-only tools may simply run again, so they skip the idempotency records
+# (two store round trips) that writes need.
+READ_ONLY = {"readOnlyHint": True}
+
+
 def session_of(ctx: Context) -> Session:
     sid = ctx.session_id
     return Session(store, sid, epoch=ownership.epoch(sid), op_prefix=current_call.get())
@@ -115,7 +120,7 @@ async def increment_counter(ctx: Context) -> dict:
     return {"counter": await session_of(ctx).incr("counter"), "instance": INSTANCE_ID}
 
 
-@mcp.tool
+@mcp.tool(annotations=READ_ONLY)
 async def get_counter(ctx: Context) -> dict:
     """This session's counter (0 when never incremented)."""
     return {"counter": await session_of(ctx).get("counter", 0), "instance": INSTANCE_ID}
@@ -127,7 +132,7 @@ async def add_note(note: str, ctx: Context) -> dict:
     return {"notes_count": await session_of(ctx).append("notes", note), "instance": INSTANCE_ID}
 
 
-@mcp.tool
+@mcp.tool(annotations=READ_ONLY)
 async def list_notes(ctx: Context) -> dict:
     """This session's notes in insertion order."""
     return {"notes": await session_of(ctx).get("notes", []), "instance": INSTANCE_ID}
@@ -138,13 +143,13 @@ async def live_sessions(ctx: Context) -> int:
     return await store.count_sessions()
 
 
-@mcp.tool
+@mcp.tool(annotations=READ_ONLY)
 async def get_server_info(ctx: Context) -> dict:
     """Which replica answered, and how many sessions are live in the store."""
     return {"instance": INSTANCE_ID, "sessions": await live_sessions(ctx)}
 
 
-@mcp.tool
+@mcp.tool(annotations=READ_ONLY)
 async def get_status(ctx: Context) -> dict:
     """Replica uptime, live sessions and the time, for dashboards and probes."""
     return {
@@ -173,7 +178,7 @@ async def analyze_data(
     return {"items_processed": num_items, "total_score": total_score, "instance": INSTANCE_ID}
 
 
-@mcp.tool
+@mcp.tool(annotations=READ_ONLY)
 async def watch_counter(duration_seconds: int, ctx: Context) -> dict:
     """Poll this session's counter for up to 30 s and report every change seen."""
     duration = max(0, min(duration_seconds, WATCH_MAX_SECONDS))

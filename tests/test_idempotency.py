@@ -85,3 +85,11 @@ async def test_clients_cannot_choose_haproxys_request_id(raw: RawSession) -> Non
     for expected in (1, 2):
         response = await raw.http.post(raw.url, headers=headers, json=body)
         assert last_jsonrpc_message(response)["result"]["structuredContent"]["counter"] == expected
+
+
+async def test_read_only_tools_just_run_again(raw: RawSession) -> None:
+    """No record is kept for a readOnlyHint tool: a repeat reads the current state."""
+    key = uuid.uuid4().hex
+    assert (await keyed(raw, "get_counter", key))["result"]["structuredContent"]["counter"] == 0
+    await raw.call("increment_counter")
+    assert (await keyed(raw, "get_counter", key))["result"]["structuredContent"]["counter"] == 1
