@@ -129,7 +129,7 @@ async def test_restart_of_every_replica_at_once_costs_no_call_over_3_s(fault_sta
 def test_check_targets_names_what_is_missed() -> None:
     """The checker itself can fail: a lost increment, a duplicate and a slow mark-down are all named."""
     clean = bench.ClientReport(
-        kind="resilient", sessions=5, calls=100, failed=0, overran=0, longest_call_s=0.5, longest_stall_s=0.6,
+        kind="resilient", sessions=5, calls=100, failed=0, failed_after_detection=0, overran=0, longest_call_s=0.5, longest_stall_s=0.6,
         acknowledged=100, final=100, lost=0, duplicated=0, unreadable=0, working_after=5, exposed=2, moved=2,
         new_sessions=0, errors=[],
     )
@@ -143,10 +143,12 @@ def test_check_targets_names_what_is_missed() -> None:
     report.resilient.final, report.resilient.lost = 99, 1
     report.plain.final, report.plain.duplicated = 103, 3
     report.mark_down_s = 2.5
+    report.plain.failed, report.plain.failed_after_detection = 2, 1
     missed = bench.check_targets(report)
     assert any("resilient: 1 acknowledged increment(s) lost" in m for m in missed), missed
     assert any("plain: 3 increment(s) applied twice" in m for m in missed), missed
     assert any("HAProxy took 2.5 s" in m for m in missed), missed
+    assert any("plain: 1 call(s) sent after HAProxy took mcp-server-1 out failed" in m for m in missed), missed
 
 
 def test_the_command_refuses_a_stack_that_is_not_up(tmp_path: Path) -> None:
