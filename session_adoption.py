@@ -24,6 +24,7 @@ import asyncio
 import json
 import logging
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from fastmcp.server.middleware import Middleware, MiddlewareContext
@@ -55,6 +56,12 @@ class Ownership:
 
     def lost(self, session_id: str) -> None:
         self.stale.add(session_id)
+
+    def prune(self, held: Callable[[str], bool]) -> None:
+        """Forget the sessions this replica no longer serves (ended, or idled out in the SDK)."""
+        for session_id in [sid for sid in self.epochs if not held(sid)]:
+            del self.epochs[session_id]
+            self.stale.discard(session_id)
 
 
 class RecordSessions(Middleware):
@@ -96,6 +103,9 @@ class AdoptSessions:
         # One lock per session being adopted, so concurrent first requests adopt
         # once; an entry disappears when no request holds or awaits its lock.
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        # The SDK forgets idle sessions without telling anyone; prune when the
+        # epochs outgrow this (doubling, so pruning costs O(1) per request).
+        self._prune_at = 1000
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         session_id = _session_header(scope) if scope["type"] == "http" and scope["path"] == self.path else None
@@ -103,6 +113,9 @@ class AdoptSessions:
             # No session, or one this kit never mints: the SDK answers as usual (400 / 404).
             return await self.app(scope, receive, send)
         manager = sdk_sessions.session_manager(scope["app"], self.path)
+        if len(self.ownership.epochs) > self._prune_at:
+            self.ownership.prune(lambda sid: sdk_sessions.holds(manager, sid))
+            self._prune_at = 2 * len(self.ownership.epochs) + 1000
         try:
             if scope["method"] == "DELETE":
                 if not await self._end(manager, session_id):

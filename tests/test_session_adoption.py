@@ -13,6 +13,7 @@ import httpx2
 import pytest
 
 from mcp_http import RawSession, last_jsonrpc_message
+from session_adoption import Ownership
 from stack import Stack
 
 
@@ -126,3 +127,11 @@ async def test_a_paused_replica_cannot_apply_its_write_after_another_adopted(
     summary = await raw.post("resources/read", {"uri": f"resource://session/{raw.session_id}/summary"})
     assert json.loads(last_jsonrpc_message(summary)["result"]["contents"][0]["text"])["analysis_result"] is None
     assert (await raw.call("get_counter"))["counter"] == 2
+
+
+def test_ownership_forgets_sessions_no_longer_served() -> None:
+    ownership = Ownership()
+    ownership.epochs.update({"a" * 32: 1, "b" * 32: 3})
+    ownership.lost("b" * 32)
+    ownership.prune(lambda sid: sid == "a" * 32)
+    assert ownership.epochs == {"a" * 32: 1} and ownership.stale == set()
