@@ -38,7 +38,12 @@ async def test_sigterm_drains_finishing_in_flight_calls_and_refusing_new_session
     assert (await http.get(f"http://127.0.0.1:{port}/health")).status_code == 200
     result = await in_flight
     assert result["items_processed"] == 30 and result["instance"] == replica
-    health = await http.get(f"http://127.0.0.1:{port}/health")
+    # (The replica notices the call has ended a moment after the client has its answer.)
+    for _ in range(50):
+        health = await http.get(f"http://127.0.0.1:{port}/health")
+        if health.status_code == 503:
+            break
+        await asyncio.sleep(0.05)
     assert health.status_code == 503 and health.json() == {"status": "draining", "instance": replica}
 
     deadline = time.monotonic() + 20
