@@ -10,6 +10,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -247,3 +248,24 @@ def test_dockerfile_copies_files_that_exist_and_are_not_ignored():
         assert (ROOT / source).exists(), f"Dockerfile copies {source}, which is not in the repo"
         assert source.rstrip("/") not in ignored
     assert {".venv", ".git", ".stack", "tests"} <= ignored
+
+
+def test_the_image_holds_every_module_the_server_imports():
+    """A module server.py imports but the Dockerfile leaves out would only fail when a container starts."""
+    copied = set()
+    for keyword, args in dockerfile_final_stage():
+        if keyword == "COPY" and "--from=" not in args:
+            copied |= {source.rstrip("/") for source in args.split()[:-1]}
+    probe = (
+        "import sys, pathlib; sys.path.insert(0, '.'); import server; root = pathlib.Path('.').resolve(); "
+        "print('\\n'.join(sorted({pathlib.Path(m.__file__).resolve().relative_to(root).parts[0] "
+        "for m in list(sys.modules.values()) if getattr(m, '__file__', None) "
+        "and pathlib.Path(m.__file__).resolve().is_relative_to(root) "
+        "and '.venv' not in pathlib.Path(m.__file__).parts})))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0"}, timeout=60)
+    assert result.returncode == 0, result.stderr
+    imported = set(result.stdout.split())
+    assert "server.py" in imported and "drain.py" in imported
+    assert imported <= copied, f"imported by server.py but not copied into the image: {imported - copied}"
