@@ -7,6 +7,7 @@ ports, in a temporary directory. Nothing is faked.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,19 +22,27 @@ sys.path.insert(0, str(ROOT))
 from mcp_http import RawSession  # noqa: E402
 from stack import Stack, StackConfig, free_ports  # noqa: E402,F401 (free_ports: for the tests)
 
+
 def stack_config(state_dir: Path, replicas: int = 3) -> StackConfig:
     return StackConfig.on_free_ports(state_dir, replicas=replicas)
 
 
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The whole stack: redis, three replicas and haproxy."""
-    s = Stack(stack_config(tmp_path_factory.mktemp("stack")))
+@contextlib.contextmanager
+def running_stack(state_dir: Path, replicas: int = 3) -> Iterator[Stack]:
+    """A whole stack of its own on free ports, taken down afterwards however the tests went."""
+    s = Stack(stack_config(state_dir, replicas))
     try:
         s.up()
         yield s
     finally:
         s.down()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The whole stack: redis, three replicas and haproxy."""
+    with running_stack(tmp_path_factory.mktemp("stack")) as s:
+        yield s
 
 
 @pytest.fixture

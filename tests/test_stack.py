@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_ports, stack_config
+from conftest import free_ports, running_stack, stack_config
 from stack import Stack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,12 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(stack_config(tmp_path_factory.mktemp("own-stack"), replicas=2))
-    try:
-        s.up()
+    with running_stack(tmp_path_factory.mktemp("own-stack"), replicas=2) as s:
         yield s
-    finally:
-        s.down()
 
 
 def cli(stack: Stack, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
