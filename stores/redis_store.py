@@ -196,7 +196,7 @@ class RedisSessionStore(SessionStore):
             raise
 
     async def _read(self, call: Callable[[], Awaitable[T]]) -> T:
-        """Retried on connection errors: reads (and idempotent writes) are safe to repeat."""
+        """Retried on connection errors: reads, and writes that are idempotent, are safe to repeat."""
         try:
             async for attempt in stamina.retry_context(
                 on=RETRYABLE, attempts=self._read_attempts, timeout=self._timeout * 2, wait_initial=0.05
@@ -216,7 +216,12 @@ class RedisSessionStore(SessionStore):
             keys.append(f"{self._prefix}:session:{source}")
         argv = [session_id, self.ttl_seconds, "" if epoch is None else epoch, self.op_ttl_seconds,
                 "1" if op_id is not None else "", op, *args]
-        return json.loads(await self._call(lambda: self._write_script(keys=keys, args=argv)))
+        # With an op id the script replays instead of applying twice, so even a
+        # write whose reply was lost to a timeout is safe to send again.
+        def once() -> Awaitable[Any]:
+            return self._write_script(keys=keys, args=argv)
+
+        return json.loads(await self._call(lambda: self._read(once)) if op_id is not None else await self._call(once))
 
     async def get(self, session_id: str, key: str) -> Any | None:
         raw = await self._read(lambda: self._get(keys=self._keys(session_id), args=[session_id, self.ttl_seconds, key]))

@@ -7,9 +7,10 @@ The Redis store runs against a real redis-server.
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import pytest
 
@@ -318,6 +319,35 @@ async def test_redis_store_unreachable_raises_store_unavailable() -> None:
             await store.incr(new_id(), "counter")
         with pytest.raises(StoreUnavailable):
             await store.get(new_id(), "counter")
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.timeout(20)
+async def test_redis_store_retries_a_write_with_an_op_id_whose_reply_was_lost(redis_stack: Stack) -> None:
+    """Redis paused past the socket timeout: the write did reach it, its reply did not.
+
+    With an op id the retry replays the recorded result (applied once); without
+    one the write is not sent again, and the caller hears the store is unavailable.
+    """
+    store = RedisSessionStore(redis_stack.config.redis_url, prefix=f"t{new_id()[:8]}", timeout_seconds=0.5)
+    sid = new_id()
+    try:
+        await store.incr(sid, "counter")
+
+        async def paused_for(seconds: float, write: Awaitable[int]) -> int:
+            redis_stack.signal("redis", signal.SIGSTOP)
+            try:
+                task = asyncio.ensure_future(write)
+                await asyncio.sleep(seconds)
+            finally:
+                redis_stack.signal("redis", signal.SIGCONT)
+            return await task
+
+        assert await paused_for(0.7, store.incr(sid, "counter", op_id="k")) == 2
+        assert await store.get(sid, "counter") == 2
+        with pytest.raises(StoreUnavailable):
+            await paused_for(0.7, store.incr(sid, "counter"))
     finally:
         await store.aclose()
 
