@@ -6,6 +6,9 @@ was applied. So every `tools/call` may carry a key in its `_meta`
 HAProxy stamps on each request serves instead (it stays the same across
 HAProxy's own retries and redispatches, so those apply once too).
 
+Records are kept per session (the handle a sessionless call passes, else the
+MCP session), so a key only ever matches calls of the same session.
+
 For a call with a key, this middleware:
 
 - answers a repeat with the recorded result, without running the tool again;
@@ -35,7 +38,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, ContentBlock
 from pydantic import TypeAdapter
 
-from session_store import SessionStore
+from session_handles import session_era_id
+from session_store import SessionStore, is_session_id
 
 IDEMPOTENCY_KEY = "io.github.mcp-ha-kit/idempotency-key"
 REQUEST_ID_HEADER = "x-request-id"
@@ -62,6 +66,15 @@ def _key_of(context: MiddlewareContext) -> str | None:
     return key
 
 
+def _scope_of(context: MiddlewareContext) -> str | None:
+    """The session whose state the call works on: its handle, else its MCP session."""
+    handle = (context.message.arguments or {}).get("session_id")
+    if handle is not None:
+        # A handle that is not one is refused by the tool; no record is kept for it.
+        return handle if is_session_id(handle) else None
+    return session_era_id(context.fastmcp_context)
+
+
 def _digest(name: str, arguments: dict[str, Any] | None) -> str:
     canonical = json.dumps([name, arguments or {}], sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
@@ -81,7 +94,10 @@ class IdempotentCalls(Middleware):
         key = _key_of(context)
         if key is None or context.fastmcp_context is None or await self._read_only(context):
             return await call_next(context)
-        session_id = context.fastmcp_context.session_id
+        session_id = _scope_of(context)
+        if session_id is None:
+            # A sessionless call without a handle has no session to keep a record in.
+            return await call_next(context)
         digest = _digest(context.message.name, context.message.arguments)
         record_id = f"call:{key}"
         prior = await self.store.recall(session_id, record_id)

@@ -1,13 +1,15 @@
 """A stateful FastMCP server that any replica can serve: the tools of ../CONTRACT.md.
 
 No tool keeps state in this process. Each one works through a `Session` bound
-to the caller's MCP session id, backed by the store chosen once at start-up
+to the caller's MCP session id (or, for sessionless clients, the handle
+`create_session` gave them), backed by the store chosen once at start-up
 (Redis when REDIS_URL is set, in-memory otherwise). Every result carries
 `instance`, so routing is visible from the client.
 
 The availability patterns are wired in here, each from its own module:
-session adoption (`session_adoption.py`), idempotency keys
-(`idempotency.py`) and graceful drain (`drain.py`).
+session handles for sessionless clients (`session_handles.py`), session
+adoption (`session_adoption.py`), idempotency keys (`idempotency.py`) and
+graceful drain (`drain.py`).
 
 Run one replica with `python server.py` (settings from the environment; see
 the README's table) or mount `app` in any ASGI server.
@@ -34,7 +36,15 @@ from starlette.responses import JSONResponse
 from drain import Drain, DrainingServer
 from idempotency import IdempotentCalls, current_call
 from session_adoption import SESSION_MOVED, AdoptSessions, Ownership, RecordSessions
-from session_store import DEFAULT_TTL_SECONDS, Fenced, Session, SessionStore, StoreUnavailable, is_session_id
+from session_handles import SessionHandle, create_handle, session_era_id, session_id_for
+from session_store import (
+    DEFAULT_TTL_SECONDS,
+    Fenced,
+    Session,
+    SessionStore,
+    StoreUnavailable,
+    is_session_id,
+)
 
 INSTANCE_ID = os.environ.get("INSTANCE_ID", "mcp-server-1")
 SESSION_TTL_SECONDS = int(os.environ.get("SESSION_TTL_SECONDS", DEFAULT_TTL_SECONDS))
@@ -109,37 +119,47 @@ mcp = FastMCP(
 READ_ONLY = {"readOnlyHint": True}
 
 
-def session_of(ctx: Context) -> Session:
-    sid = ctx.session_id
+async def session_of(ctx: Context, handle: str | None) -> Session:
+    """The caller's session: its handle's, else its MCP session's (see session_handles.py)."""
+    sid = await session_id_for(ctx, handle, store)
     return Session(store, sid, epoch=ownership.epoch(sid), op_prefix=current_call.get())
 
 
 @mcp.tool
-async def increment_counter(ctx: Context) -> dict:
-    """Add one to this session's counter, atomically; returns the new value."""
-    return {"counter": await session_of(ctx).incr("counter"), "instance": INSTANCE_ID}
-
-
-@mcp.tool(annotations=READ_ONLY)
-async def get_counter(ctx: Context) -> dict:
-    """This session's counter (0 when never incremented)."""
-    return {"counter": await session_of(ctx).get("counter", 0), "instance": INSTANCE_ID}
+async def create_session() -> dict:
+    """Start a session for a sessionless (2026-07-28) client: pass the session_id it
+    returns to the stateful tools. Session-era clients already have one."""
+    return {"session_id": await create_handle(store), "instance": INSTANCE_ID}
 
 
 @mcp.tool
-async def add_note(note: str, ctx: Context) -> dict:
-    """Append a note to this session's notes, atomically."""
-    return {"notes_count": await session_of(ctx).append("notes", note), "instance": INSTANCE_ID}
+async def increment_counter(ctx: Context, session_id: SessionHandle = None) -> dict:
+    """Add one to this session's counter, atomically; returns the new value."""
+    return {"counter": await (await session_of(ctx, session_id)).incr("counter"), "instance": INSTANCE_ID}
 
 
 @mcp.tool(annotations=READ_ONLY)
-async def list_notes(ctx: Context) -> dict:
+async def get_counter(ctx: Context, session_id: SessionHandle = None) -> dict:
+    """This session's counter (0 when never incremented)."""
+    return {"counter": await (await session_of(ctx, session_id)).get("counter", 0), "instance": INSTANCE_ID}
+
+
+@mcp.tool
+async def add_note(note: str, ctx: Context, session_id: SessionHandle = None) -> dict:
+    """Append a note to this session's notes, atomically."""
+    return {"notes_count": await (await session_of(ctx, session_id)).append("notes", note), "instance": INSTANCE_ID}
+
+
+@mcp.tool(annotations=READ_ONLY)
+async def list_notes(ctx: Context, session_id: SessionHandle = None) -> dict:
     """This session's notes in insertion order."""
-    return {"notes": await session_of(ctx).get("notes", []), "instance": INSTANCE_ID}
+    return {"notes": await (await session_of(ctx, session_id)).get("notes", []), "instance": INSTANCE_ID}
 
 
 async def live_sessions(ctx: Context) -> int:
-    await session_of(ctx).touch()
+    # A session-era call marks its session live; a sessionless one has none to mark.
+    if (sid := session_era_id(ctx)) is not None:
+        await Session(store, sid).touch()
     return await store.count_sessions()
 
 
@@ -164,8 +184,10 @@ async def get_status(ctx: Context) -> dict:
 async def analyze_data(
     num_items: Annotated[int, Field(ge=0, le=1000, description="How many items to analyse (0-1000).")],
     ctx: Context,
+    session_id: SessionHandle = None,
 ) -> dict:
     """A multi-step job that streams log and progress notifications as it goes."""
+    session = await session_of(ctx, session_id)  # before the work: a call without a session fails fast
     await ctx.info(f"Starting analysis of {num_items} items on {INSTANCE_ID}")
     total_score = 0.0
     for item in range(1, num_items + 1):
@@ -173,16 +195,16 @@ async def analyze_data(
         total_score += 1.5 * item
         await ctx.debug(f"Processed item {item}/{num_items}: score so far {total_score}")
         await ctx.report_progress(item, num_items)
-    await session_of(ctx).set("analysis_result", {"total_score": total_score, "items_processed": num_items})
+    await session.set("analysis_result", {"total_score": total_score, "items_processed": num_items})
     await ctx.info(f"Analysis complete: {num_items} items, total score {total_score}")
     return {"items_processed": num_items, "total_score": total_score, "instance": INSTANCE_ID}
 
 
 @mcp.tool(annotations=READ_ONLY)
-async def watch_counter(duration_seconds: int, ctx: Context) -> dict:
+async def watch_counter(duration_seconds: int, ctx: Context, session_id: SessionHandle = None) -> dict:
     """Poll this session's counter for up to 30 s and report every change seen."""
     duration = max(0, min(duration_seconds, WATCH_MAX_SECONDS))
-    session = session_of(ctx)
+    session = await session_of(ctx, session_id)
     last = await session.get("counter", 0)
     changes: list[dict] = []
     deadline = time.monotonic() + duration
@@ -198,13 +220,14 @@ async def watch_counter(duration_seconds: int, ctx: Context) -> dict:
 
 
 @mcp.tool
-async def resume_session(old_session_id: str, ctx: Context) -> dict:
-    """Copy a previous session's state into this one (after a reconnect)."""
-    if old_session_id == ctx.session_id:
+async def resume_session(old_session_id: str, ctx: Context, session_id: SessionHandle = None) -> dict:
+    """Copy a previous session's (or handle's) state into this one (after a reconnect)."""
+    session = await session_of(ctx, session_id)
+    if old_session_id == session.id:
         return {"status": "same_session", "keys_copied": 0, "instance": INSTANCE_ID}
     # An id this kit could not have minted is answered like an unknown session,
     # without going near the store: it is data, never a pattern.
-    copied = await session_of(ctx).copy_from(old_session_id) if is_session_id(old_session_id) else 0
+    copied = await session.copy_from(old_session_id) if is_session_id(old_session_id) else 0
     log.info("resumed %d entries from a previous session", copied)
     return {"status": "resumed", "keys_copied": copied, "instance": INSTANCE_ID}
 

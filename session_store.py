@@ -105,6 +105,10 @@ class SessionStore(ABC):
         """Record a new session (what adoption needs); its first epoch."""
 
     @abstractmethod
+    async def session_record(self, session_id: str) -> dict[str, Any] | None:
+        """The record `open_session` kept, while the session lives; None otherwise. Adopts nothing."""
+
+    @abstractmethod
     async def adopt_session(self, session_id: str) -> tuple[dict[str, Any], int] | None:
         """Take over a recorded session: its record and its new, higher epoch; None if unknown."""
 

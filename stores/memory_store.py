@@ -13,7 +13,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from session_store import DEFAULT_OP_TTL_SECONDS, DEFAULT_TTL_SECONDS, Fenced, SessionStore
+from session_store import (
+    DEFAULT_OP_TTL_SECONDS,
+    DEFAULT_TTL_SECONDS,
+    Fenced,
+    SessionStore,
+)
 
 
 class InMemorySessionStore(SessionStore):
@@ -123,6 +128,11 @@ class InMemorySessionStore(SessionStore):
         self._live(session_id)
         self._records[session_id] = (copy.deepcopy(record), 1)
         return 1
+
+    async def session_record(self, session_id: str) -> dict[str, Any] | None:
+        self._expire()
+        found = self._records.get(session_id)
+        return None if found is None else copy.deepcopy(found[0])
 
     async def adopt_session(self, session_id: str) -> tuple[dict[str, Any], int] | None:
         self._expire()

@@ -37,7 +37,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from session_store import DEFAULT_OP_TTL_SECONDS, DEFAULT_TTL_SECONDS, Fenced, SessionStore, StoreUnavailable
+from session_store import (
+    DEFAULT_OP_TTL_SECONDS,
+    DEFAULT_TTL_SECONDS,
+    Fenced,
+    SessionStore,
+    StoreUnavailable,
+)
 
 T = TypeVar("T")
 
@@ -252,6 +258,10 @@ class RedisSessionStore(SessionStore):
     async def open_session(self, session_id: str, record: dict[str, Any]) -> int:
         args = [session_id, self.ttl_seconds, json.dumps(record)]
         return int(await self._read(lambda: self._open(keys=self._keys(session_id), args=args)))
+
+    async def session_record(self, session_id: str) -> dict[str, Any] | None:
+        raw = await self._read(lambda: self._redis.hget(self._keys(session_id)[2], "record"))
+        return None if raw is None else json.loads(raw)
 
     async def adopt_session(self, session_id: str) -> tuple[dict[str, Any], int] | None:
         # Not retried: each call advances the epoch.

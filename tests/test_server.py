@@ -148,11 +148,14 @@ async def test_sessions_are_isolated(mcp_url: str) -> None:
         assert (await b.call_tool("list_notes", {})).data["notes"] == []
 
 
-async def test_every_contract_tool_is_listed(client: Client) -> None:
-    names = {tool.name for tool in await client.list_tools()}
-    assert names == {
-        "increment_counter", "get_counter", "add_note", "list_notes", "get_server_info",
-        "get_status", "analyze_data", "watch_counter", "resume_session",
+async def test_every_contract_tool_is_listed_with_the_contracts_required_arguments(client: Client) -> None:
+    required = {tool.name: set(tool.inputSchema.get("required", [])) for tool in await client.list_tools()}
+    assert required == {
+        "increment_counter": set(), "get_counter": set(), "add_note": {"note"}, "list_notes": set(),
+        "get_server_info": set(), "get_status": set(), "analyze_data": {"num_items"},
+        "watch_counter": {"duration_seconds"}, "resume_session": {"old_session_id"},
+        # Beyond the contract: handles for sessionless clients (session_handles.py).
+        "create_session": set(),
     }
 
 

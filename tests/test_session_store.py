@@ -174,6 +174,16 @@ async def test_a_recorded_session_can_be_adopted_with_a_higher_epoch(store: Sess
     assert await store.adopt_session(sid) == (RECORD, 3)
 
 
+async def test_a_session_record_reads_back_without_adopting(store: SessionStore) -> None:
+    sid = new_id()
+    assert await store.session_record(sid) is None
+    await store.open_session(sid, RECORD)
+    assert await store.session_record(sid) == RECORD
+    assert await store.adopt_session(sid) == (RECORD, 2)  # reading it moved no epoch
+    await store.end_session(sid)
+    assert await store.session_record(sid) is None
+
+
 async def test_an_unrecorded_or_ended_session_cannot_be_adopted(store: SessionStore) -> None:
     sid = new_id()
     assert await store.adopt_session(sid) is None
@@ -265,6 +275,7 @@ async def test_memory_store_expires_idle_sessions() -> None:
     clock = FakeClock()
     store = InMemorySessionStore(ttl_seconds=60, clock=clock)
     idle, active = new_id(), new_id()
+    await store.open_session(idle, RECORD)
     await store.incr(idle, "counter")
     await store.incr(active, "counter")
     clock.now += 45
@@ -272,6 +283,7 @@ async def test_memory_store_expires_idle_sessions() -> None:
     clock.now += 30
     assert await store.count_sessions() == 1
     assert await store.get(idle, "counter") is None
+    assert await store.session_record(idle) is None
     assert await store.get(active, "counter") == 1
 
 
@@ -279,11 +291,13 @@ async def test_redis_store_expires_idle_sessions(redis_stack: Stack) -> None:
     store = RedisSessionStore(redis_stack.config.redis_url, prefix=f"t{new_id()[:8]}", ttl_seconds=1)
     try:
         sid = new_id()
+        await store.open_session(sid, RECORD)
         await store.incr(sid, "counter")
         assert await store.count_sessions() == 1
         await asyncio.sleep(2.2)
         assert await store.count_sessions() == 0
         assert await store.get(sid, "counter") is None
+        assert await store.session_record(sid) is None
     finally:
         await store.aclose()
 
