@@ -5,7 +5,9 @@
    calls finish);
 3. the client carries on under the same session id: another replica adopts the
    session, with the same counter and notes;
-4. the replica is started again.
+4. the replica is started again;
+5. a sessionless (MCP 2026-07-28) client keeps its counter through a handle,
+   whichever replica answers.
 
 Run it against the local stack after `python stack.py up -d`.
 """
@@ -18,6 +20,7 @@ import logging
 import time
 import urllib.request
 
+from fastmcp import Client
 from rich.console import Console
 
 from resilient_client import ResilientClient
@@ -59,6 +62,15 @@ async def tour(stack: Stack) -> None:
     stack.start(replica)
     stack.wait_healthy("haproxy")
     console.print(f"  HAProxy sees {stack.backend_status()}")
+
+    console.rule("5. A sessionless (2026-07-28) client: state by handle, on any replica")
+    async with Client(c.mcp_url, timeout=10) as sessionless:
+        handle = (await sessionless.call_tool("create_session", {})).data["session_id"]
+        console.print(f"  create_session → session_id={handle}")
+        for _ in range(4):
+            result = (await sessionless.call_tool("increment_counter", {"session_id": handle})).data
+            console.print(f"  increment_counter(session_id) → counter={result['counter']} "
+                          f"on [cyan]{result['instance']}[/cyan]")
 
 
 if __name__ == "__main__":
