@@ -22,10 +22,17 @@ you got it right.
   that was paused while another adopted its session cannot apply a stale write
   (`Fenced`). With `op_id`, the write applies at most once: a repeat returns
   the recorded result, and the record commits together with the change.
+- **Session events**, for SSE streams that resume on any replica
+  (`resumable_streams.py`): `add_event` appends a stream's message to the
+  session's event log and names it; `events_after` answers a `Last-Event-ID`
+  with what that stream sent since. The log is bounded by count
+  (`max_events`) and by the session TTL, and an event id only ever names an
+  event of its own session.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from abc import ABC, abstractmethod
 from typing import Any
@@ -33,6 +40,9 @@ from typing import Any
 DEFAULT_TTL_SECONDS = 30 * 60
 # How long a write's op_id is remembered: a retry later than this counts as new.
 DEFAULT_OP_TTL_SECONDS = 10 * 60
+# How many events of a session are kept for replay: enough for a long call's
+# progress, bounded so a chatty session cannot grow without limit.
+DEFAULT_MAX_EVENTS = 1000
 
 # The only form of id this kit mints: 128 random bits as lowercase hex, the
 # same form as the MCP SDK's `uuid4().hex` session ids. Anything else is not a
@@ -42,6 +52,39 @@ _SESSION_ID = re.compile(r"[0-9a-f]{32}")
 
 def is_session_id(value: object) -> bool:
     return isinstance(value, str) and _SESSION_ID.fullmatch(value) is not None
+
+
+# Event ids: "<n>-<m>.<tag>". "<n>-<m>" orders an event within its session's
+# log (a Redis stream entry id; the in-memory store counts). The tag, hashed
+# from the session id, tells sessions apart: Redis mints entry ids from its
+# clock per key, so two sessions' logs can hold the same "<n>-<m>", and an id
+# from one session must never name an event of another. Clients send ids back
+# (Last-Event-ID), so an id is checked against this form before any store
+# sees it; both numbers must fit in 64 bits, as Redis requires.
+_EVENT_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})\.[0-9a-f]{8}")
+
+
+def is_event_id(value: object) -> bool:
+    """Whether `value` has the form of an event id this kit mints (for whichever session)."""
+    found = _EVENT_ID.fullmatch(value) if isinstance(value, str) else None
+    return found is not None and int(found[1]) < 2**64 and int(found[2]) < 2**64
+
+
+def _event_tag(session_id: str) -> str:
+    return hashlib.blake2b(session_id.encode(), digest_size=4).hexdigest()
+
+
+def mint_event_id(session_id: str, position: str) -> str:
+    """The id of the event at `position` ("<n>-<m>") of this session's log."""
+    return f"{position}.{_event_tag(session_id)}"
+
+
+def event_position(session_id: str, event_id: str) -> str | None:
+    """The "<n>-<m>" of an id minted for this session; None for anything else."""
+    if not is_event_id(event_id):
+        return None
+    position, _, tag = event_id.partition(".")
+    return position if tag == _event_tag(session_id) else None
 
 
 class StoreUnavailable(Exception):
@@ -55,11 +98,20 @@ class Fenced(Exception):
 class SessionStore(ABC):
     """Where session state lives. Values are anything JSON can hold."""
 
-    def __init__(self, *, ttl_seconds: int = DEFAULT_TTL_SECONDS, op_ttl_seconds: int = DEFAULT_OP_TTL_SECONDS) -> None:
+    def __init__(
+        self,
+        *,
+        ttl_seconds: int = DEFAULT_TTL_SECONDS,
+        op_ttl_seconds: int = DEFAULT_OP_TTL_SECONDS,
+        max_events: int = DEFAULT_MAX_EVENTS,
+    ) -> None:
         if ttl_seconds <= 0 or op_ttl_seconds <= 0:
             raise ValueError("TTLs must be positive")
+        if max_events <= 0:
+            raise ValueError("max_events must be positive")
         self.ttl_seconds = ttl_seconds
         self.op_ttl_seconds = op_ttl_seconds
+        self.max_events = max_events
 
     # -- state ---------------------------------------------------------------------
 
@@ -125,6 +177,25 @@ class SessionStore(ABC):
     @abstractmethod
     async def remember(self, session_id: str, op_id: str, value: Any) -> None:
         """Keep `value` for this op for the op TTL."""
+
+    # -- session events, for resumable streams --------------------------------------------
+
+    @abstractmethod
+    async def add_event(self, session_id: str, stream_id: str, message: str | None) -> str:
+        """Append an event of `stream_id` to the session's log; its id.
+
+        `message` is the JSON text of a JSON-RPC message, or None for a priming
+        event (a place to resume from, with nothing to replay). The log keeps
+        the session's last `max_events` events, for the TTL from the latest add.
+        """
+
+    @abstractmethod
+    async def events_after(self, session_id: str, event_id: str) -> tuple[str, list[tuple[str, str | None]]] | None:
+        """The stream of `event_id` and that stream's events since, oldest first, as (id, message).
+
+        None when this session's log holds no such event: unknown, expired,
+        trimmed, malformed or another session's. Reads this session's log only.
+        """
 
     async def ping(self) -> bool:
         """Whether the store answers now. Never raises."""

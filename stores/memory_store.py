@@ -8,17 +8,31 @@ awaiting, which is what makes each one atomic under asyncio.
 from __future__ import annotations
 
 import copy
+import itertools
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from session_store import (
+    DEFAULT_MAX_EVENTS,
     DEFAULT_OP_TTL_SECONDS,
     DEFAULT_TTL_SECONDS,
     Fenced,
     SessionStore,
+    event_position,
+    mint_event_id,
 )
+
+
+@dataclass
+class _EventLog:
+    """One session's events as (number, stream, message), numbered from 1 without gaps."""
+
+    entries: deque[tuple[int, str, str | None]]
+    added_at: float = 0.0
+    numbers: itertools.count = field(default_factory=lambda: itertools.count(1))
 
 
 class InMemorySessionStore(SessionStore):
@@ -27,9 +41,10 @@ class InMemorySessionStore(SessionStore):
         *,
         ttl_seconds: int = DEFAULT_TTL_SECONDS,
         op_ttl_seconds: int = DEFAULT_OP_TTL_SECONDS,
+        max_events: int = DEFAULT_MAX_EVENTS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(ttl_seconds=ttl_seconds, op_ttl_seconds=op_ttl_seconds)
+        super().__init__(ttl_seconds=ttl_seconds, op_ttl_seconds=op_ttl_seconds, max_events=max_events)
         self._clock = clock
         # Ordered by last touch, oldest first, so expiry pops from the front
         # and counting costs the number of sessions that expired, not all of them.
@@ -38,6 +53,8 @@ class InMemorySessionStore(SessionStore):
         self._records: dict[str, tuple[dict[str, Any], int]] = {}
         # Kept in expiry order (one TTL for all), so expiry pops from the front too.
         self._ops: OrderedDict[tuple[str, str], tuple[Any, float]] = OrderedDict()
+        # Ordered by latest add, oldest first: expiry pops from the front.
+        self._events: OrderedDict[str, _EventLog] = OrderedDict()
 
     def _expire(self) -> None:
         horizon = self._clock() - self.ttl_seconds
@@ -48,6 +65,8 @@ class InMemorySessionStore(SessionStore):
             del self._sessions[oldest]
             del self._seen[oldest]
             self._records.pop(oldest, None)
+        while self._events and next(iter(self._events.values())).added_at <= horizon:
+            self._events.popitem(last=False)
         now = self._clock()
         while self._ops and next(iter(self._ops.values()))[1] <= now:
             self._ops.popitem(last=False)
@@ -156,3 +175,26 @@ class InMemorySessionStore(SessionStore):
     async def remember(self, session_id: str, op_id: str, value: Any) -> None:
         self._ops.pop((session_id, op_id), None)
         self._ops[(session_id, op_id)] = (copy.deepcopy(value), self._clock() + self.op_ttl_seconds)
+
+    async def add_event(self, session_id: str, stream_id: str, message: str | None) -> str:
+        self._expire()
+        log = self._events.pop(session_id, None) or _EventLog(deque(maxlen=self.max_events))
+        self._events[session_id] = log  # re-inserted last: the latest add
+        log.added_at = self._clock()
+        number = next(log.numbers)
+        log.entries.append((number, stream_id, message))  # the deque drops the oldest past max_events
+        return mint_event_id(session_id, f"{number}-0")
+
+    async def events_after(self, session_id: str, event_id: str) -> tuple[str, list[tuple[str, str | None]]] | None:
+        self._expire()
+        position = event_position(session_id, event_id)
+        log = self._events.get(session_id)
+        if position is None or log is None:
+            return None
+        number, _, sequence = position.partition("-")
+        index = int(number) - log.entries[0][0]
+        if int(sequence) != 0 or not 0 <= index < len(log.entries):
+            return None
+        stream_id = log.entries[index][1]
+        later = itertools.islice(log.entries, index + 1, None)
+        return stream_id, [(mint_event_id(session_id, f"{n}-0"), m) for n, s, m in later if s == stream_id]

@@ -12,6 +12,9 @@ Layout, with the default prefix `mcp`:
   the protocol version) and the ownership epoch.
 - `mcp:op:<id>:<op id>`: the result of an applied write, kept for the op TTL
   so a retried call is applied once.
+- `mcp:events:<id>`: the session's event log for resumable SSE streams, a
+  Redis stream (entries `stream`, `message`), trimmed to the last
+  `max_events` entries on every add and expiring a TTL after the latest one.
 
 Every operation is one Lua script: the change, the sliding TTL and the index
 update happen atomically in one round trip, so 200 concurrent increments end at
@@ -38,11 +41,14 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from session_store import (
+    DEFAULT_MAX_EVENTS,
     DEFAULT_OP_TTL_SECONDS,
     DEFAULT_TTL_SECONDS,
     Fenced,
     SessionStore,
     StoreUnavailable,
+    event_position,
+    mint_event_id,
 )
 
 T = TypeVar("T")
@@ -146,6 +152,43 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', horizon)
 return redis.call('ZCARD', KEYS[1])
 """
 
+# Append an event, trim the log to its last ARGV[1] entries (exactly, so the
+# bound is the bound) and slide its TTL, in one round trip. KEYS[1] the
+# session's event log; ARGV[2] ttl, ARGV[3] stream id, ARGV[4] the message
+# (absent for a priming event).
+_ADD_EVENT = """
+local id
+if ARGV[4] then
+  id = redis.call('XADD', KEYS[1], 'MAXLEN', '=', ARGV[1], '*', 'stream', ARGV[3], 'message', ARGV[4])
+else
+  id = redis.call('XADD', KEYS[1], 'MAXLEN', '=', ARGV[1], '*', 'stream', ARGV[3])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return id
+"""
+
+# The stream of entry ARGV[1] and that stream's later entries, from this one
+# session's log only; nil when the entry is not there (expired, trimmed, never).
+_EVENTS_AFTER = """
+local function field(entry, name)
+  local fields = entry[2]
+  for i = 1, #fields, 2 do
+    if fields[i] == name then return fields[i + 1] end
+  end
+  return false
+end
+local found = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
+if #found == 0 then return false end
+local stream = field(found[1], 'stream')
+local events = {}
+for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+')) do
+  if field(entry, 'stream') == stream then
+    events[#events + 1] = {entry[1], field(entry, 'message')}
+  end
+end
+return {stream, events}
+"""
+
 
 class RedisSessionStore(SessionStore):
     def __init__(
@@ -154,12 +197,13 @@ class RedisSessionStore(SessionStore):
         *,
         ttl_seconds: int = DEFAULT_TTL_SECONDS,
         op_ttl_seconds: int = DEFAULT_OP_TTL_SECONDS,
+        max_events: int = DEFAULT_MAX_EVENTS,
         prefix: str = "mcp",
         timeout_seconds: float = 2.0,
         read_attempts: int = 3,
         max_connections: int = 64,
     ) -> None:
-        super().__init__(ttl_seconds=ttl_seconds, op_ttl_seconds=op_ttl_seconds)
+        super().__init__(ttl_seconds=ttl_seconds, op_ttl_seconds=op_ttl_seconds, max_events=max_events)
         self._prefix = prefix
         self._index = f"{prefix}:sessions"
         self._timeout = timeout_seconds
@@ -180,6 +224,7 @@ class RedisSessionStore(SessionStore):
         self._get, self._items, self._touch = register(_GET), register(_ITEMS), register(_TOUCH_ONLY)
         self._write_script, self._count = register(_WRITE), register(_COUNT)
         self._open, self._adopt = register(_OPEN), register(_ADOPT)
+        self._add_event, self._events_after = register(_ADD_EVENT), register(_EVENTS_AFTER)
 
     def _keys(self, session_id: str) -> list[str]:
         return [f"{self._prefix}:session:{session_id}", self._index, f"{self._prefix}:record:{session_id}"]
@@ -278,6 +323,26 @@ class RedisSessionStore(SessionStore):
     async def remember(self, session_id: str, op_id: str, value: Any) -> None:
         key, raw = self._op_key(session_id, op_id), json.dumps(value)
         await self._read(lambda: self._redis.set(key, raw, ex=self.op_ttl_seconds))
+
+    def _events_key(self, session_id: str) -> str:
+        return f"{self._prefix}:events:{session_id}"
+
+    async def add_event(self, session_id: str, stream_id: str, message: str | None) -> str:
+        args = [self.max_events, self.ttl_seconds, stream_id, *([] if message is None else [message])]
+        # Once, never retried: a retry after a lost reply would log the event
+        # twice, and a resumed stream would deliver it twice.
+        position = await self._call(lambda: self._add_event(keys=[self._events_key(session_id)], args=args))
+        return mint_event_id(session_id, position)
+
+    async def events_after(self, session_id: str, event_id: str) -> tuple[str, list[tuple[str, str | None]]] | None:
+        position = event_position(session_id, event_id)
+        if position is None:
+            return None  # malformed or another session's: nothing to ask Redis
+        found = await self._read(lambda: self._events_after(keys=[self._events_key(session_id)], args=[position]))
+        if found is None:
+            return None
+        stream_id, events = found
+        return stream_id, [(mint_event_id(session_id, entry), message) for entry, message in events]
 
     async def ping(self) -> bool:
         try:

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable
 import pytest
 
 from conftest import free_ports
-from session_store import Fenced, Session, SessionStore, StoreUnavailable, is_session_id
+from session_store import Fenced, Session, SessionStore, StoreUnavailable, is_event_id, is_session_id, mint_event_id
 from stack import Stack
 from stores.memory_store import InMemorySessionStore
 from stores.redis_store import RedisSessionStore
@@ -370,3 +370,149 @@ def test_session_ids_have_exactly_the_minted_form() -> None:
     assert is_session_id(uuid.uuid4().hex)
     for bad in ["*", "?" * 32, uuid.uuid4().hex.upper(), str(uuid.uuid4()), uuid.uuid4().hex + "0", "", None, 12]:
         assert not is_session_id(bad)
+
+
+# -- session events, for resumable streams ----------------------------------------------
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store_of_5_events(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
+    if request.param == "memory":
+        yield InMemorySessionStore(max_events=5)
+        return
+    redis_stack: Stack = request.getfixturevalue("redis_stack")
+    s = RedisSessionStore(redis_stack.config.redis_url, prefix=f"t{new_id()[:8]}", max_events=5)
+    yield s
+    await s.aclose()
+
+
+async def test_events_after_are_that_streams_later_events_in_order(store: SessionStore) -> None:
+    sid = new_id()
+    priming = await store.add_event(sid, "1", None)
+    first = await store.add_event(sid, "1", '{"n":1}')
+    other = await store.add_event(sid, "2", '{"n":"other stream"}')
+    second = await store.add_event(sid, "1", '{"n":2}')
+    late_priming = await store.add_event(sid, "1", None)
+    assert len({priming, first, other, second, late_priming}) == 5
+    # A priming event is a place to resume from: it comes back, without a message.
+    assert await store.events_after(sid, priming) == ("1", [(first, '{"n":1}'), (second, '{"n":2}'), (late_priming, None)])
+    assert await store.events_after(sid, second) == ("1", [(late_priming, None)])
+    assert await store.events_after(sid, late_priming) == ("1", [])
+    assert await store.events_after(sid, other) == ("2", [])
+
+
+async def test_concurrent_events_get_distinct_ids_in_the_order_stored(store: SessionStore) -> None:
+    sid = new_id()
+    start = await store.add_event(sid, "s", None)
+    ids = await asyncio.gather(*(store.add_event(sid, "s", str(i)) for i in range(50)))
+    assert len(set(ids)) == 50
+    stream_id, events = await store.events_after(sid, start)
+    assert stream_id == "s" and sorted(message for _, message in events) == sorted(str(i) for i in range(50))
+    # Each id reads on from its own place in that order.
+    for position, (event_id, _) in enumerate(events):
+        assert (await store.events_after(sid, event_id))[1] == events[position + 1:]
+
+
+async def test_an_event_id_of_another_session_finds_nothing(store: SessionStore) -> None:
+    a, b = new_id(), new_id()
+    # Added in the same instants: Redis can give both logs the same entry ids.
+    pairs = [await asyncio.gather(store.add_event(a, "1", '"of a"'), store.add_event(b, "1", '"of b"')) for _ in range(5)]
+    for event_of_a, event_of_b in pairs:
+        assert event_of_a != event_of_b
+        assert await store.events_after(b, event_of_a) is None
+        assert await store.events_after(a, event_of_b) is None
+    assert await store.events_after(b, pairs[0][1]) == ("1", [(event_of_b, '"of b"') for _, event_of_b in pairs[1:]])
+
+
+async def test_a_session_keeps_its_last_max_events(store_of_5_events: SessionStore) -> None:
+    store, sid = store_of_5_events, new_id()
+    ids = [await store.add_event(sid, "s", str(i)) for i in range(8)]
+    for trimmed in ids[:3]:
+        assert await store.events_after(sid, trimmed) is None
+    assert await store.events_after(sid, ids[3]) == ("s", [(ids[i], str(i)) for i in range(4, 8)])
+
+
+@pytest.mark.parametrize("bad", [
+    "", "x", "*", "-", "+", "$", ">", "0-0", "(1-0", "1-0", "999999999999999-0", "1-0.", "1-0.zzzzzzzz",
+    "1-0.ABCDEF12", "1-0.0123456", "1-0.0123456789", "-1-0.01234567", "1.5-0.01234567", " 1-0.01234567",
+    "1-0.01234567\n", "18446744073709551616-0.01234567", "0-18446744073709551616.01234567", "9" * 10_000,
+    "١-٠.01234567",
+])
+async def test_malformed_event_ids_find_nothing(store: SessionStore, bad: str) -> None:
+    sid = new_id()
+    await store.add_event(sid, "s", "{}")
+    assert await store.events_after(sid, bad) is None
+
+
+async def test_unknown_event_ids_find_nothing(store: SessionStore) -> None:
+    sid = new_id()
+    known = await store.add_event(sid, "s", "{}")
+    assert await store.events_after(new_id(), known) is None  # a session with no events at all
+    for position in ("1-7", "5-0", "18446744073709551615-18446744073709551615"):
+        assert await store.events_after(sid, mint_event_id(sid, position)) is None
+
+
+@pytest.mark.timeout(20)
+async def test_malformed_event_ids_never_reach_redis() -> None:
+    """Asked of an unreachable Redis, a malformed or foreign id is answered at once; a well-formed one is not."""
+    (closed_port,) = free_ports(1)
+    store = RedisSessionStore(f"redis://127.0.0.1:{closed_port}/0", timeout_seconds=0.5)
+    sid = new_id()
+    try:
+        for bad in ("*", "1-0", "99999999999999999999-0.01234567", mint_event_id(new_id(), "1-0")):
+            assert await store.events_after(sid, bad) is None
+        with pytest.raises(StoreUnavailable):
+            await store.events_after(sid, mint_event_id(sid, "1-0"))
+        with pytest.raises(StoreUnavailable):
+            await store.add_event(sid, "s", None)
+    finally:
+        await store.aclose()
+
+
+def test_event_ids_have_one_form() -> None:
+    sid = new_id()
+    minted = mint_event_id(sid, "1700000000000-3")
+    assert is_event_id(minted) and is_event_id(mint_event_id(new_id(), "18446744073709551615-0"))
+    for bad in ["1700000000000-3", minted.upper(), minted + "0", "18446744073709551616-0." + minted[-8:], None, 7]:
+        assert not is_event_id(bad)
+
+
+async def test_memory_store_expires_event_logs_a_ttl_after_the_latest_event() -> None:
+    clock = FakeClock()
+    store = InMemorySessionStore(ttl_seconds=60, clock=clock)
+    sid = new_id()
+    first = await store.add_event(sid, "s", "1")
+    clock.now += 45
+    second = await store.add_event(sid, "s", "2")  # sliding: the log's clock restarts
+    clock.now += 30
+    assert await store.events_after(sid, first) == ("s", [(second, "2")])
+    clock.now += 31
+    assert await store.events_after(sid, first) is None
+
+
+async def test_redis_store_keeps_a_sessions_events_in_one_stream_with_the_ttl(redis_stack: Stack) -> None:
+    prefix = f"t{new_id()[:8]}"
+    store = RedisSessionStore(redis_stack.config.redis_url, prefix=prefix, ttl_seconds=600)
+    try:
+        sid = new_id()
+        await store.add_event(sid, "s", None)
+        await store.add_event(sid, "s", "{}")
+        cli = ["redis-cli", "-p", str(redis_stack.config.redis_port)]
+        keys = subprocess.run([*cli, "--scan", "--pattern", f"{prefix}:*"], capture_output=True, text=True).stdout.split()
+        assert keys == [f"{prefix}:events:{sid}"]
+        assert subprocess.run([*cli, "TYPE", keys[0]], capture_output=True, text=True).stdout.strip() == "stream"
+        assert 590 <= int(subprocess.run([*cli, "TTL", keys[0]], capture_output=True, text=True).stdout) <= 600
+    finally:
+        await store.aclose()
+
+
+async def test_redis_store_expires_event_logs(redis_stack: Stack) -> None:
+    store = RedisSessionStore(redis_stack.config.redis_url, prefix=f"t{new_id()[:8]}", ttl_seconds=1)
+    try:
+        sid = new_id()
+        first = await store.add_event(sid, "s", None)
+        await store.add_event(sid, "s", "{}")
+        await asyncio.sleep(2.2)
+        assert await store.events_after(sid, first) is None
+    finally:
+        await store.aclose()
