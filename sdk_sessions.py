@@ -10,6 +10,12 @@ itself. Adoption needs three things it does not offer publicly:
   connection built like `serve_loop` builds it but marked initialized), and
   to forget it again when it ends (`_discard_session`).
 
+Resumable streams (`resumable_streams.py`) need one more: an event store per
+session. The SDK takes one store for all transports (FastMCP's wraps it with
+a random prefix per transport, which no other replica can know), so the
+session's own store is set on its transport (`_event_store`) instead: at
+`initialize`, before the answer is sent, and when a session is adopted.
+
 `tests/test_sdk_sessions.py` checks each of these against the installed SDK;
 if an upgrade moves them, that test fails first and says which.
 """
@@ -22,7 +28,7 @@ import anyio
 from anyio.abc import TaskStatus
 from mcp.server.connection import Connection
 from mcp.server.runner import serve_connection
-from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.server.streamable_http import EventStore, StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp_types import InitializeRequestParams
@@ -41,15 +47,27 @@ def holds(manager: StreamableHTTPSessionManager, session_id: str) -> bool:
     return session_id in manager._server_instances
 
 
+def bind_event_store(manager: StreamableHTTPSessionManager, session_id: str, event_store: EventStore) -> None:
+    """From now on the transport of `session_id` stores what it sends in `event_store`, and replays from it."""
+    # The transport reads the attribute for each message, so setting it before
+    # a message is routed is enough for that message to be stored.
+    manager._server_instances[session_id]._event_store = event_store
+
+
 async def adopt(
-    manager: StreamableHTTPSessionManager, session_id: str, *, client_params: dict[str, Any], protocol_version: str
+    manager: StreamableHTTPSessionManager,
+    session_id: str,
+    *,
+    client_params: dict[str, Any],
+    protocol_version: str,
+    event_store: EventStore | None,
 ) -> None:
     """Serve `session_id` here from now on, as if this replica had answered its `initialize`."""
     params = InitializeRequestParams.model_validate(client_params)
     transport = StreamableHTTPServerTransport(
         mcp_session_id=session_id,
         is_json_response_enabled=manager.json_response,
-        event_store=manager.event_store,
+        event_store=event_store,
         security_settings=manager.security_settings,
         retry_interval=manager.retry_interval,
         idle_timeout=manager.session_idle_timeout,

@@ -35,6 +35,7 @@ from starlette.responses import JSONResponse
 
 from drain import Drain, DrainingServer
 from idempotency import IdempotentCalls, current_call
+from resumable_streams import CheckResumption
 from session_adoption import SESSION_MOVED, AdoptSessions, Ownership, RecordSessions
 from session_handles import SessionHandle, create_handle, session_era_id, session_id_for
 from session_store import (
@@ -265,7 +266,12 @@ async def health(request: Request) -> JSONResponse:
 
 app = mcp.http_app(
     path="/mcp",
-    middleware=[StarletteMiddleware(AdoptSessions, store=store, ownership=ownership, path="/mcp")],
+    middleware=[
+        # Outermost first: a bad Last-Event-ID is answered before any replica
+        # takes the session up just to serve it.
+        StarletteMiddleware(CheckResumption, store=store, path="/mcp"),
+        StarletteMiddleware(AdoptSessions, store=store, ownership=ownership, path="/mcp"),
+    ],
     # A replica forgets an idle session's transport when the store forgets its
     # state; if the session comes back sooner, adoption serves it again.
     session_idle_timeout=SESSION_TTL_SECONDS,

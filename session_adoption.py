@@ -14,6 +14,10 @@ Here, instead:
 3. an id the store does not know still gets 404, and `DELETE` ends the session
    everywhere: its record goes, and nobody adopts it afterwards.
 
+Every transport, opened here or adopted, keeps its events in the session's
+event log (`resumable_streams.SessionEvents`), so its streams resume on any
+replica.
+
 The SDK-facing half (creating a transport under a given id) is in
 `sdk_sessions.py`; this module is the policy.
 """
@@ -27,12 +31,14 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from fastmcp.server.dependencies import get_http_request
 from fastmcp.server.middleware import Middleware, MiddlewareContext
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import sdk_sessions
+from resumable_streams import SessionEvents
 from session_store import SessionStore, StoreUnavailable, is_session_id
 
 log = logging.getLogger(__name__)
@@ -65,11 +71,12 @@ class Ownership:
 
 
 class RecordSessions(Middleware):
-    """At `initialize`, record what another replica needs to adopt the session."""
+    """At `initialize`, record what another replica needs to adopt the session, and keep its events."""
 
-    def __init__(self, store: SessionStore, ownership: Ownership) -> None:
+    def __init__(self, store: SessionStore, ownership: Ownership, *, path: str = "/mcp") -> None:
         self.store = store
         self.ownership = ownership
+        self.path = path
 
     async def on_initialize(self, context: MiddlewareContext, call_next):
         result = await call_next(context)
@@ -80,6 +87,9 @@ class RecordSessions(Middleware):
                 "protocol_version": result.protocol_version,
             }
             self.ownership.epochs[session_id] = await self.store.open_session(session_id, record)
+            # Before the answer is routed, so it is the first event of the session's log.
+            manager = sdk_sessions.session_manager(get_http_request().scope["app"], self.path)
+            sdk_sessions.bind_event_store(manager, session_id, SessionEvents(self.store, session_id))
         return result
 
 
@@ -154,7 +164,11 @@ class AdoptSessions:
             if not sdk_sessions.holds(manager, session_id):
                 try:
                     await sdk_sessions.adopt(
-                        manager, session_id, client_params=record["client_params"], protocol_version=version
+                        manager,
+                        session_id,
+                        client_params=record["client_params"],
+                        protocol_version=version,
+                        event_store=SessionEvents(self.store, session_id),
                     )
                 except (KeyError, TypeError, ValidationError) as exc:
                     log.warning("not adopting %s: corrupt session record (%s)", session_id, exc)

@@ -2,12 +2,48 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import httpx2
 
 PROTOCOL = "2025-11-25"
 ACCEPT = "application/json, text/event-stream"
+
+
+@dataclass
+class Event:
+    """One SSE event: its id, and its JSON-RPC message (None for a priming event, which has no data)."""
+
+    id: str | None
+    message: dict | None
+
+
+class EventStream:
+    """An SSE response, read event by event as it arrives."""
+
+    def __init__(self, response: httpx2.Response, request_id: int | None = None) -> None:
+        self.response = response
+        self.request_id = request_id
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        event_id: str | None = None
+        data: list[str] = []
+        async for line in self.response.aiter_lines():
+            if line:
+                name, _, value = line.partition(":")
+                value = value.removeprefix(" ")
+                if name == "id":
+                    event_id = value
+                elif name == "data":
+                    data.append(value)
+                continue  # comments (": ping") and other fields carry no event
+            if event_id is not None or data:
+                text = "\n".join(data)
+                yield Event(event_id, json.loads(text) if text.strip() else None)
+            event_id, data = None, []
 
 
 class RawSession:
@@ -36,6 +72,28 @@ class RawSession:
             self.url, headers=self.headers(), json={"jsonrpc": "2.0", "method": "notifications/initialized"}
         )
         return self.session_id
+
+    def at(self, url: str) -> RawSession:
+        """The same session spoken to another address (a replica directly, bypassing HAProxy)."""
+        session = RawSession(self.http, url)
+        session.session_id = self.session_id
+        session._next_id = self._next_id
+        return session
+
+    @contextlib.asynccontextmanager
+    async def stream(self, method: str, params: dict | None = None) -> AsyncIterator[EventStream]:
+        """Send a request and read its SSE answer as it comes; leaving the block early cuts the connection."""
+        self._next_id += 1
+        body = {"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params or {}}
+        async with self.http.stream("POST", self.url, headers=self.headers(), json=body) as response:
+            yield EventStream(response, self._next_id)
+
+    @contextlib.asynccontextmanager
+    async def resume(self, last_event_id: str) -> AsyncIterator[EventStream]:
+        """`GET` with `Last-Event-ID`: the rest of a stream, read as it comes."""
+        headers = {**self.headers(), "Last-Event-ID": last_event_id}
+        async with self.http.stream("GET", self.url, headers=headers) as response:
+            yield EventStream(response)
 
     async def post(self, method: str, params: dict | None = None) -> httpx2.Response:
         self._next_id += 1

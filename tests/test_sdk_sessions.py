@@ -1,11 +1,13 @@
 """LOUD: sdk_sessions.py reaches into private parts of the MCP SDK. If this fails after an upgrade,
-adoption is broken: re-read mcp/server/streamable_http_manager.py and fix sdk_sessions.py first."""
+adoption (or resuming streams on any replica) is broken: re-read mcp/server/streamable_http_manager.py
+and mcp/server/streamable_http.py, and fix sdk_sessions.py first."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.metadata
 import inspect
+import json
 import uuid
 from collections.abc import AsyncIterator
 
@@ -21,7 +23,9 @@ from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 
 import sdk_sessions
 from conftest import free_ports
-from mcp_http import ACCEPT, PROTOCOL, last_jsonrpc_message
+from mcp_http import ACCEPT, PROTOCOL, jsonrpc_messages, last_jsonrpc_message
+from resumable_streams import SessionEvents
+from stores.memory_store import InMemorySessionStore
 
 WRITTEN_FOR = "2.3.0"
 
@@ -37,13 +41,17 @@ def test_the_sdk_is_the_version_sdk_sessions_was_written_for() -> None:
 def test_the_private_parts_adoption_uses_are_still_there() -> None:
     manager = StreamableHTTPSessionManager(app=FastMCP("probe")._mcp_server)
     for attribute in ("_server_instances", "_task_group", "_lifespan_state", "_discard_session",
-                      "json_response", "event_store", "security_settings", "retry_interval", "session_idle_timeout"):
+                      "json_response", "security_settings", "retry_interval", "session_idle_timeout"):
         assert hasattr(manager, attribute), f"StreamableHTTPSessionManager.{attribute} is gone"
     assert isinstance(manager._server_instances, dict)
     transport_args = inspect.signature(StreamableHTTPServerTransport).parameters
     for name in ("mcp_session_id", "is_json_response_enabled", "event_store", "security_settings",
                  "retry_interval", "idle_timeout"):
         assert name in transport_args, f"StreamableHTTPServerTransport no longer takes {name}"
+    events = SessionEvents(InMemorySessionStore(), uuid.uuid4().hex)
+    assert StreamableHTTPServerTransport(mcp_session_id=None, event_store=events)._event_store is events, (
+        "StreamableHTTPServerTransport no longer keeps its event store in _event_store (bind_event_store sets it)"
+    )
     assert "protocol_version_hint" in inspect.signature(Connection.for_loop).parameters
     assert isinstance(Connection.initialize_accepted, property)
     assert {"connection", "lifespan_state"} <= set(inspect.signature(serve_connection).parameters)
@@ -79,7 +87,9 @@ async def test_a_session_adopted_under_a_foreign_id_is_served_initialized(probe_
     assert not sdk_sessions.holds(manager, session_id)
 
     client_params = {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
-    await sdk_sessions.adopt(manager, session_id, client_params=client_params, protocol_version=PROTOCOL)
+    store = InMemorySessionStore()
+    await sdk_sessions.adopt(manager, session_id, client_params=client_params, protocol_version=PROTOCOL,
+                             event_store=SessionEvents(store, session_id))
     assert sdk_sessions.holds(manager, session_id)
 
     headers = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": PROTOCOL,
@@ -90,8 +100,45 @@ async def test_a_session_adopted_under_a_foreign_id_is_served_initialized(probe_
         # No initialize was sent on this replica, yet the call is served, under the same id.
         assert response.status_code == 200, response.text
         assert last_jsonrpc_message(response)["result"]["structuredContent"] == {"session_id": session_id}
+        # ...and what it sent is in the session's event log.
+        assert await stored_after_priming(store, session_id, response) == ("1", jsonrpc_messages(response))
 
         # Ending it (DELETE) makes the SDK forget it, as for a session it created itself.
         assert (await http.delete(url, headers=headers)).status_code == 200
         assert not sdk_sessions.holds(manager, session_id)
         assert (await http.post(url, headers=headers, json=body)).status_code == 404
+
+
+async def stored_after_priming(store: InMemorySessionStore, session_id: str, response: httpx2.Response) -> tuple:
+    """The stream and messages the store holds after the priming event (the first id) of an SSE response."""
+    ids = [line[3:].strip() for line in response.text.splitlines() if line.startswith("id:")]
+    assert ids, "no event id on the wire: the transport did not use the event store it was given"
+    found = await store.events_after(session_id, ids[0])
+    assert found is not None, "the SSE ids are not the event store's: the SDK no longer stores through it"
+    stream_id, events = found
+    return stream_id, [json.loads(message) for _, message in events]
+
+
+async def test_an_event_store_bound_to_a_live_session_keeps_its_events_and_replays_them(probe_server) -> None:
+    """bind_event_store sets the transport's private `_event_store` after the SDK created it."""
+    url, app = probe_server
+    manager = sdk_sessions.session_manager(app, "/mcp")
+    headers = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": PROTOCOL}
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "whoami", "arguments": {}}}
+    async with httpx2.AsyncClient(timeout=10) as http:
+        session_id = (await http.post(url, headers=headers, json=initialize)).headers["mcp-session-id"]
+        headers["mcp-session-id"] = session_id
+        store = InMemorySessionStore()
+        sdk_sessions.bind_event_store(manager, session_id, SessionEvents(store, session_id))
+
+        response = await http.post(url, headers=headers, json=call)
+        assert response.status_code == 200, response.text
+        assert await stored_after_priming(store, session_id, response) == ("2", jsonrpc_messages(response))
+
+        # A GET with Last-Event-ID replays from the bound store, to the call's answer.
+        priming = next(line[3:].strip() for line in response.text.splitlines() if line.startswith("id:"))
+        replay = await http.get(url, headers={**headers, "Last-Event-ID": priming})
+        assert replay.status_code == 200, replay.text
+        assert jsonrpc_messages(replay) == jsonrpc_messages(response)

@@ -1,0 +1,172 @@
+"""Pattern: SSE streams that resume on any replica.
+
+A session-era (2025-11-25) call answers over an SSE stream: a priming event,
+progress and logs, then the result, each event with an id. When the
+connection breaks, the client reconnects with `GET /mcp` and `Last-Event-ID`
+(the last id it got), and the server replays what came after. The MCP SDK
+does this through an `EventStore`, to which each transport writes every
+outgoing message before sending it. FastMCP, though, gives each transport a
+randomly prefixed view of its store, so a stream resumes only on the replica
+that sent it; and without a store (as this kit had) it resumes nowhere.
+
+Here:
+
+1. every event of a session goes to the session's event log in the shared
+   store (`SessionStore.add_event`: one Redis stream per session, bounded by
+   count and TTL), so every replica can read it. `SessionEvents` is the SDK's
+   `EventStore` bound to one session; `session_adoption.py` gives one to the
+   transport of every session a replica opens or adopts (`sdk_sessions.py`
+   does the reaching into the SDK);
+2. a replay *follows* the stream in the store until the stream's final event
+   (the call's response), rather than sending what is stored so far. After a
+   replay the SDK forwards only what its own transport produces, and when the
+   call runs on another replica its later events reach this one only through
+   the store. When the call runs on this replica, its live messages go to the
+   broken connection's stream or, once that is gone, nowhere (the SDK stores
+   a message first, then drops it when no stream waits for it), never to the
+   resumed one. So following the store delivers each event exactly once in
+   both cases. The replay then ends the response: it returns no stream id,
+   because with one the SDK would attach a live stream to the response, which
+   after the final event never ends, and before it sends what the store
+   already delivers;
+3. `CheckResumption` (ASGI middleware) answers a bad `Last-Event-ID` before
+   the SDK opens a 200 stream: 400 for a malformed id, 404 for an id this
+   session has no event under (unknown, expired, trimmed or another
+   session's: one answer for all, revealing nothing), 503 when the store
+   cannot be reached.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import anyio
+from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
+from mcp_types import JSONRPCError, JSONRPCMessage, JSONRPCResponse
+from pydantic import TypeAdapter
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from session_store import SessionStore, StoreUnavailable, is_event_id, is_session_id
+
+log = logging.getLogger(__name__)
+
+MALFORMED = (
+    "Malformed Last-Event-ID: send the id of the last event received on this session's stream, "
+    "or open a new stream without one."
+)
+UNKNOWN = (
+    "This session has no event with that Last-Event-ID (it may have expired), so the stream cannot be "
+    "resumed: send the request again (a tools/call with the same idempotency key is applied once)."
+)
+UNAVAILABLE = "Session store unavailable; try again shortly."
+
+_messages: TypeAdapter[JSONRPCMessage] = TypeAdapter(JSONRPCMessage)
+
+
+class SessionEvents(EventStore):
+    """The SDK's EventStore over one session's event log in the shared store."""
+
+    def __init__(
+        self, store: SessionStore, session_id: str, *, poll_seconds: float = 0.1, idle_seconds: float = 30.0
+    ) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.poll_seconds = poll_seconds
+        self.idle_seconds = idle_seconds
+
+    async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
+        # The SDK's own wire form (exclude_unset), so a replayed event reads
+        # exactly like the live one. exclude_none would drop the `"id": null`
+        # of an error answering no request, and the text would not parse back.
+        text = None if message is None else message.model_dump_json(by_alias=True, exclude_unset=True)
+        try:
+            return await self.store.add_event(self.session_id, stream_id, text)
+        except StoreUnavailable as exc:
+            # Raising here would stop the SDK's message router, and the session
+            # with it. The message still goes out, live and without an id: there
+            # is no stored place to resume from.
+            log.warning("event of session %s not stored: %s", self.session_id, exc)
+            return ""
+
+    async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
+        """Send the stream's events after `last_event_id`, following it to its final event; then None.
+
+        Gives up (also None, which ends the response) when the store has
+        nothing new for `idle_seconds`, e.g. because the replica running the
+        call died: the client may resume again from the last event it got.
+        """
+        cursor = last_event_id
+        quiet_since = anyio.current_time()
+        while True:
+            try:
+                found = await self.store.events_after(self.session_id, cursor)
+            except StoreUnavailable as exc:
+                log.warning("replay for session %s stopped: %s", self.session_id, exc)
+                return None
+            if found is None:
+                return None  # unknown (CheckResumption answered that already), or trimmed while following
+            stream_id, events = found
+            for event_id, text in events:
+                cursor = event_id
+                if text is None:
+                    continue  # a priming event: a place to resume from, nothing to send
+                message = _messages.validate_json(text)
+                await send_callback(EventMessage(message, event_id))
+                if isinstance(message, JSONRPCResponse | JSONRPCError) and str(message.id) == stream_id:
+                    return None  # the call's answer: the stream is complete
+            if events:
+                quiet_since = anyio.current_time()
+            elif anyio.current_time() - quiet_since >= self.idle_seconds:
+                return None
+            await anyio.sleep(self.poll_seconds)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    """The first value of a request header, as the SDK reads it."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def resumes_stream(scope: Scope) -> bool:
+    """Whether the request resumes a stream (GET with a Last-Event-ID): it reads, and changes nothing."""
+    return scope["method"] == "GET" and bool(_header(scope, b"last-event-id"))
+
+
+async def _refuse(send: Send, status: int, message: str) -> None:
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class CheckResumption:
+    """ASGI middleware in front of the MCP endpoint: a resuming GET is checked against the store first.
+
+    Without it, the SDK answers any Last-Event-ID with a 200 stream, empty
+    when the id is unknown, and the client cannot tell a lost stream from a
+    quiet one.
+    """
+
+    def __init__(self, app: ASGIApp, *, store: SessionStore, path: str = "/mcp") -> None:
+        self.app = app
+        self.store = store
+        self.path = path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == self.path and resumes_stream(scope):
+            session_id = _header(scope, b"mcp-session-id")
+            # No session, or one this kit never mints: the SDK answers as usual (400 / 404).
+            if is_session_id(session_id):
+                last_event_id = _header(scope, b"last-event-id")
+                if not is_event_id(last_event_id):
+                    return await _refuse(send, 400, MALFORMED)
+                try:
+                    found = await self.store.events_after(session_id, last_event_id)
+                except StoreUnavailable:
+                    return await _refuse(send, 503, UNAVAILABLE)
+                if found is None:
+                    return await _refuse(send, 404, UNKNOWN)
+        await self.app(scope, receive, send)

@@ -1,0 +1,166 @@
+"""Resumable streams: a call's SSE stream, cut mid-way, resumes on any replica with every event exactly once.
+
+Through HAProxy and the real replicas; the resuming `GET` goes either through
+HAProxy (back to the replica running the call) or straight to another one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx2
+import pytest
+import uvicorn
+from starlette.responses import PlainTextResponse
+
+from conftest import free_ports
+from mcp_http import Event, RawSession
+from resumable_streams import MALFORMED, UNAVAILABLE, UNKNOWN, CheckResumption
+from session_store import mint_event_id
+from stack import Stack
+from stores.redis_store import RedisSessionStore
+
+ITEMS = 30
+ANALYSIS = {"name": "analyze_data", "arguments": {"num_items": ITEMS}, "_meta": {"progressToken": "analysis"}}
+
+
+def replica_url(stack: Stack, replica: str) -> str:
+    return f"http://127.0.0.1:{stack.service(replica).port}/mcp"
+
+
+def progress(events: list[Event]) -> list[float]:
+    return [e.message["params"]["progress"] for e in events if e.message and e.message.get("method") == "notifications/progress"]
+
+
+async def analysis_cut_after(raw: RawSession, progress_seen: int) -> tuple[int, list[Event]]:
+    """Start a 30-item analysis and cut its stream once `progress_seen` progress events have arrived."""
+    events: list[Event] = []
+    async with raw.stream("tools/call", ANALYSIS) as stream:
+        assert stream.response.status_code == 200
+        async for event in stream:
+            events.append(event)
+            if len(progress(events)) == progress_seen:
+                break
+    return stream.request_id, events
+
+
+async def resumed_to_the_end(session: RawSession, last_event_id: str) -> list[Event]:
+    """Everything a resumed stream sends; the server ends it after the call's answer."""
+    async with session.resume(last_event_id) as stream:
+        assert stream.response.status_code == 200, await stream.response.aread()
+        return [event async for event in stream]
+
+
+def assert_every_event_once(before: list[Event], after: list[Event], request_id: int, owner: str) -> None:
+    everything = before + after
+    ids = [event.id for event in everything]
+    assert None not in ids and len(set(ids)) == len(ids), "an event without an id, or one sent twice"
+    assert progress(before) and progress(after), "the cut was not mid-call"
+    assert sorted(progress(everything)) == list(range(1, ITEMS + 1)), "a progress event lost or repeated"
+    answer = after[-1].message
+    assert answer["id"] == request_id
+    # Computed and written by the replica that ran the call.
+    assert answer["result"]["structuredContent"] == {
+        "items_processed": ITEMS, "total_score": 1.5 * sum(range(1, ITEMS + 1)), "instance": owner}
+
+
+async def test_a_stream_cut_mid_call_resumes_through_haproxy_exactly_once(raw: RawSession) -> None:
+    owner = (await raw.call("get_counter"))["instance"]
+    request_id, before = await analysis_cut_after(raw, progress_seen=5)
+    # Back to the replica running the call, whose live copies of the events go nowhere now.
+    after = await resumed_to_the_end(raw, before[-1].id)
+    assert_every_event_once(before, after, request_id, owner)
+
+
+async def test_a_stream_resumes_from_its_priming_event(raw: RawSession) -> None:
+    """A client that got nothing but the priming event (the first id) gets the whole call."""
+    owner = (await raw.call("get_counter"))["instance"]
+    async with raw.stream("tools/call", ANALYSIS) as stream:
+        priming = await anext(aiter(stream))
+    assert priming.id is not None and priming.message is None
+    after = await resumed_to_the_end(raw, priming.id)
+    assert sorted(progress(after)) == list(range(1, ITEMS + 1))
+    assert after[-1].message["id"] == stream.request_id
+    assert after[-1].message["result"]["structuredContent"]["instance"] == owner
+
+
+async def resume_status_and_body(session: RawSession, last_event_id: str) -> tuple[int, str]:
+    async with session.resume(last_event_id) as stream:
+        return stream.response.status_code, (await stream.response.aread()).decode()
+
+
+def jsonrpc_error(body: str) -> str:
+    message = json.loads(body)
+    assert message["jsonrpc"] == "2.0" and message["id"] is None and message["error"]["code"] == -32600
+    return message["error"]["message"]
+
+
+async def test_an_event_id_of_another_session_is_404_and_reveals_nothing(
+    stack: Stack, raw: RawSession, http: httpx2.AsyncClient, mcp_url: str
+) -> None:
+    async with raw.stream("tools/call", {"name": "add_note", "arguments": {"note": "secret of a"}}) as stream:
+        events_of_a = [event async for event in stream]
+    other = RawSession(http, mcp_url)
+    await other.initialize()
+    unknown = f"{events_of_a[0].id.split('.')[0]}.{'0' * 8}"  # well-formed, nobody's
+
+    _, answer_for_unknown = await resume_status_and_body(other, unknown)
+    for session in [other, *(other.at(replica_url(stack, name)) for name in stack.config.replica_names())]:
+        for event in events_of_a:
+            status, body = await resume_status_and_body(session, event.id)
+            assert status == 404
+            # The very answer an id nobody has gets: nothing of the other session in it.
+            assert body == answer_for_unknown and jsonrpc_error(body) == UNKNOWN
+            assert raw.session_id not in body and "secret" not in body
+
+
+@pytest.mark.parametrize("last_event_id", [
+    "x", "999999999999999-0", "*", "$", "+", "-", "0-0", "(1-0", "1-0.ZZZZZZZZ", "1-0.0123456",
+    "99999999999999999999-0.01234567", "9" * 8000, "1-0.01234567" + "a" * 8000,
+])
+async def test_a_malformed_last_event_id_is_a_4xx_everywhere(
+    stack: Stack, raw: RawSession, last_event_id: str
+) -> None:
+    for session in [raw, *(raw.at(replica_url(stack, name)) for name in stack.config.replica_names())]:
+        status, body = await resume_status_and_body(session, last_event_id)
+        assert 400 <= status < 500, (status, body)
+        if status == 400:
+            assert jsonrpc_error(body) == MALFORMED
+
+
+async def test_resuming_an_unknown_session_is_404(raw: RawSession, mcp_url: str) -> None:
+    async with raw.stream("tools/call", {"name": "get_counter", "arguments": {}}) as stream:
+        event_id = (await anext(aiter(stream))).id
+    raw.session_id = uuid.uuid4().hex
+    assert (await resume_status_and_body(raw, event_id))[0] == 404
+
+
+@pytest.fixture
+async def unreachable_store_app() -> AsyncIterator[str]:
+    """CheckResumption in front of an app that answers 200, with Redis on a port nobody listens on."""
+    closed_port, port = free_ports(2)
+    store = RedisSessionStore(f"redis://127.0.0.1:{closed_port}/0", timeout_seconds=0.3)
+    app = CheckResumption(PlainTextResponse("resumed"), store=store, path="/mcp")
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        server.should_exit = True
+        await task
+        await store.aclose()
+
+
+@pytest.mark.timeout(30)
+async def test_resuming_while_the_store_is_unreachable_is_503(unreachable_store_app: str, http: httpx2.AsyncClient) -> None:
+    session = RawSession(http, unreachable_store_app)
+    session.session_id = uuid.uuid4().hex
+    status, body = await resume_status_and_body(session, mint_event_id(session.session_id, "1-0"))
+    assert status == 503 and jsonrpc_error(body) == UNAVAILABLE
+    # A malformed id needs no store to be refused.
+    assert (await resume_status_and_body(session, "x"))[0] == 400
