@@ -34,6 +34,11 @@ Here:
    session has no event under (unknown, expired, trimmed or another
    session's: one answer for all, revealing nothing), 503 when the store
    cannot be reached.
+
+Resuming reads a stream and takes nothing over: a replica asked to replay a
+session it does not hold serves it without advancing the session's ownership
+epoch (`session_adoption.py`), so the call still running on its owner can
+finish and write its result, and the resumed stream delivers that result.
 """
 
 from __future__ import annotations

@@ -12,7 +12,12 @@ Here, instead:
    writer's epoch, so a replica that was paused mid-write and wakes up after
    the adoption cannot apply it (the store refuses: `Fenced`);
 3. an id the store does not know still gets 404, and `DELETE` ends the session
-   everywhere: its record goes, and nobody adopts it afterwards.
+   everywhere: its record goes, and nobody adopts it afterwards;
+4. a request that only resumes a stream (`GET` with `Last-Event-ID`,
+   `resumable_streams.py`) takes nothing over: a replica that does not hold
+   the session serves it from its record without advancing the epoch, so the
+   owner's call in flight is not fenced off and the resumed stream delivers
+   its result. The next request that may write adopts the session as usual.
 
 Every transport, opened here or adopted, keeps its events in the session's
 event log (`resumable_streams.SessionEvents`), so its streams resume on any
@@ -38,7 +43,7 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import sdk_sessions
-from resumable_streams import SessionEvents
+from resumable_streams import SessionEvents, resumes_stream
 from session_store import SessionStore, StoreUnavailable, is_session_id
 
 log = logging.getLogger(__name__)
@@ -53,8 +58,9 @@ class Ownership:
 
     def __init__(self) -> None:
         self.epochs: dict[str, int] = {}
-        # Sessions whose writes were fenced: another replica adopted them since.
-        # The next request here adopts them afresh rather than write as a stale owner.
+        # Sessions served here without owning them: their writes were fenced
+        # (another replica adopted them since), or they were opened here only to
+        # resume a stream. The next request that may write adopts them afresh.
         self.stale: set[str] = set()
 
     def epoch(self, session_id: str) -> int | None:
@@ -65,8 +71,8 @@ class Ownership:
 
     def prune(self, held: Callable[[str], bool]) -> None:
         """Forget the sessions this replica no longer serves (ended, or idled out in the SDK)."""
-        for session_id in [sid for sid in self.epochs if not held(sid)]:
-            del self.epochs[session_id]
+        for session_id in [sid for sid in {*self.epochs, *self.stale} if not held(sid)]:
+            self.epochs.pop(session_id, None)
             self.stale.discard(session_id)
 
 
@@ -123,9 +129,9 @@ class AdoptSessions:
             # No session, or one this kit never mints: the SDK answers as usual (400 / 404).
             return await self.app(scope, receive, send)
         manager = sdk_sessions.session_manager(scope["app"], self.path)
-        if len(self.ownership.epochs) > self._prune_at:
+        if len(self.ownership.epochs) + len(self.ownership.stale) > self._prune_at:
             self.ownership.prune(lambda sid: sdk_sessions.holds(manager, sid))
-            self._prune_at = 2 * len(self.ownership.epochs) + 1000
+            self._prune_at = 2 * (len(self.ownership.epochs) + len(self.ownership.stale)) + 1000
         try:
             if scope["method"] == "DELETE":
                 if not await self._end(manager, session_id):
@@ -133,22 +139,27 @@ class AdoptSessions:
                 if not sdk_sessions.holds(manager, session_id):
                     return await _reply(send, 200, None)
             elif not sdk_sessions.holds(manager, session_id) or session_id in self.ownership.stale:
-                if not await self._adopt(manager, session_id):
+                if not await self._adopt(manager, session_id, take_over=not resumes_stream(scope)):
                     return await _reply(send, 404, "Session not found")
         except StoreUnavailable:
             # Nothing was processed, so the proxy may safely try another replica.
             return await _reply(send, 503, "Session store unavailable")
         await self.app(scope, receive, send)
 
-    async def _adopt(self, manager: Any, session_id: str) -> bool:
+    async def _adopt(self, manager: Any, session_id: str, *, take_over: bool) -> bool:
+        """Serve the session here; with `take_over`, as its owner (a new epoch), else only to read it."""
         lock = self._locks.get(session_id)
         if lock is None:
             lock = self._locks[session_id] = asyncio.Lock()
         async with lock:
-            if sdk_sessions.holds(manager, session_id) and session_id not in self.ownership.stale:
-                return True  # a concurrent request adopted it while we waited
+            if sdk_sessions.holds(manager, session_id) and (session_id not in self.ownership.stale or not take_over):
+                return True  # a concurrent request adopted it while we waited, or reading needs no epoch
             try:
-                found = await self.store.adopt_session(session_id)
+                if take_over:
+                    found = await self.store.adopt_session(session_id)
+                else:
+                    record = await self.store.session_record(session_id)
+                    found = None if record is None else (record, None)
             except ValueError as exc:
                 log.warning("not adopting %s: corrupt session record (%s)", session_id, exc)
                 return False
@@ -173,6 +184,10 @@ class AdoptSessions:
                 except (KeyError, TypeError, ValidationError) as exc:
                     log.warning("not adopting %s: corrupt session record (%s)", session_id, exc)
                     return False
+            if epoch is None:
+                self.ownership.stale.add(session_id)
+                log.info("serving session %s to resume a stream, without taking it over", session_id)
+                return True
             self.ownership.epochs[session_id] = epoch
             self.ownership.stale.discard(session_id)
             log.info("adopted session %s at epoch %d", session_id, epoch)

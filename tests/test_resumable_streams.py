@@ -67,6 +67,20 @@ def assert_every_event_once(before: list[Event], after: list[Event], request_id:
         "items_processed": ITEMS, "total_score": 1.5 * sum(range(1, ITEMS + 1)), "instance": owner}
 
 
+async def test_a_stream_cut_mid_call_resumes_on_another_replica_exactly_once(
+    stack: Stack, raw: RawSession
+) -> None:
+    owner = (await raw.call("get_counter"))["instance"]  # where HAProxy pins the session
+    request_id, before = await analysis_cut_after(raw, progress_seen=5)
+
+    elsewhere = next(name for name in stack.config.replica_names() if name != owner)
+    after = await resumed_to_the_end(raw.at(replica_url(stack, elsewhere)), before[-1].id)
+
+    assert_every_event_once(before, after, request_id, owner)
+    # The owner still owns the session: its next write is not fenced off.
+    assert await raw.call("increment_counter") == {"counter": 1, "instance": owner}
+
+
 async def test_a_stream_cut_mid_call_resumes_through_haproxy_exactly_once(raw: RawSession) -> None:
     owner = (await raw.call("get_counter"))["instance"]
     request_id, before = await analysis_cut_after(raw, progress_seen=5)
