@@ -1,4 +1,4 @@
-"""The failover benchmark: real faults under steady load, and what two kinds of client see.
+"""The failover benchmark: real faults under steady load, and what three kinds of client see.
 
     python failover_bench.py --own-stack                      every scenario, on a stack of its own
     python failover_bench.py --scenario kill --json out.json  one scenario, on the running stack
@@ -10,14 +10,21 @@ Scenarios (one replica is "the faulted one": the one serving most plain sessions
     rolling      restart every replica, one after another (SIGTERM: each drains)
     restart-all  stop every replica at once, then start them all again
 
-Each scenario runs `--sessions` plain sessions (initialize once, keep the
-session id, never retry, 5 s per call) and as many ResilientClient sessions
-through HAProxy, each calling `increment_counter` in a loop. It prints, per
-client kind: failed calls, the longest call and stall, how long HAProxy took
-to take the faulted replica out, and each session's final counter against
-the increments it was told about. The exit status is 0 when every target of
-`check_targets` holds, 1 when one does not (each is listed), 2 when there is
-no healthy stack to run against or it broke during the run.
+Each scenario runs, through HAProxy, `--sessions` sessions of each kind of
+client, each calling `increment_counter` in a loop:
+
+    plain        session-era MCP over raw HTTP: initialize once, keep the session
+                 id, never retry, 5 s per call
+    resilient    ResilientClient (resilient_client.py)
+    sessionless  FastMCP's Client in its default, sessionless (2026-07-28) mode:
+                 one create_session handle passed to every call, no retries of
+                 its own, 5 s per call; nothing pins its requests to a replica
+
+It prints, per client kind: failed calls, the longest call and stall, how
+long HAProxy took to take the faulted replica out, and each session's final
+counter against the increments it was told about. The exit status is 0 when
+every target of `check_targets` holds, 1 when one does not (each is listed),
+2 when there is no healthy stack to run against or it broke during the run.
 
 Tests call `run_scenario(stack, scenario)` and `check_targets(report)` directly.
 """
@@ -35,14 +42,16 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from contextlib import nullcontext
 from collections.abc import Awaitable, Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 import httpx2
+from fastmcp import Client
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -142,6 +151,135 @@ class PlainSession:
         await self.http.aclose()
 
 
+# -- the clients under test ------------------------------------------------------------
+
+
+class BenchClient:
+    """One session of one kind of client, as the benchmark drives it: open, call tools, close."""
+
+    kind: ClassVar[str]
+    # The longest one call may take by the client's own timeouts; `_drive` cuts it off GUARD_SLACK_SECONDS later.
+    bound: ClassVar[float]
+    # Whether the client retries a failed call itself. One that does not sees whatever HAProxy cannot
+    # rescue, and cannot know whether a call that failed was applied first: each failed call may account
+    # for one increment (at most one: HAProxy's re-sends share an idempotency key). A call that fails
+    # despite the client's own retries is a missed target in itself, never an allowance.
+    retries: ClassVar[bool] = False
+    # Reading the final counter is not a measured call: the stack is whole again, so a transient error
+    # there says nothing about failover, and a client with no retries of its own gets a few tries.
+    final_read_attempts: ClassVar[int] = 5
+
+    async def open(self) -> None:
+        raise NotImplementedError
+
+    async def call(self, tool: str) -> dict:
+        """The structured result of `tool`, called on this client's session."""
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """End the session; safe to call whether or not `open` got anywhere."""
+        raise NotImplementedError
+
+    async def reconnect(self) -> None:
+        """Before another try at reading the final counter: a new connection to the same session, if need be."""
+
+    @property
+    def new_sessions(self) -> int:
+        """Sessions the client had to open anew during the run."""
+        return 0
+
+
+class PlainClient(BenchClient):
+    kind = "plain"
+    bound = PLAIN_CALL_TIMEOUT
+
+    def __init__(self, url: str) -> None:
+        self.session = PlainSession(url, timeout=self.bound)
+
+    async def open(self) -> None:
+        await self.session.initialize()
+
+    async def call(self, tool: str) -> dict:
+        return await self.session.call(tool)
+
+    async def aclose(self) -> None:
+        await self.session.aclose()
+
+
+class ResilientBenchClient(BenchClient):
+    kind = "resilient"
+    # stamina starts no attempt after total_timeout; the client caps one attempt (recovery + call) at twice call_timeout.
+    bound = RESILIENT_SETTINGS["total_timeout"] + 2 * RESILIENT_SETTINGS["call_timeout"]
+    retries = True
+    final_read_attempts = 1  # it retries on its own
+
+    def __init__(self, url: str) -> None:
+        self.client = ResilientClient(url, **RESILIENT_SETTINGS)
+
+    async def open(self) -> None:
+        await self.client.__aenter__()
+
+    async def call(self, tool: str) -> dict:
+        return (await self.client.call_tool(tool, {})).data
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    @property
+    def new_sessions(self) -> int:
+        return max(len(self.client.sessions) - 1, 0)
+
+
+class SessionlessClient(BenchClient):
+    """FastMCP's Client in its default (sessionless, 2026-07-28) mode, as is: no retries of its own.
+
+    Its state lives under the handle `create_session` returned, passed to every call; each request
+    stands alone, so HAProxy spreads them by load and re-sends one a replica could not take.
+
+    A transport error on one request (a connection closed with no answer) ends this client for
+    good (FastMCP 4.0.11, mcp 2.3.0): every later call raises again, so such a session stops
+    working. Its state is the handle's, not the connection's: reading the final counter, which is
+    not a measured call, goes through a new Client with the same handle when the first try fails.
+    """
+
+    kind = "sessionless"
+    bound = PLAIN_CALL_TIMEOUT
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.client = Client(url, timeout=self.bound)
+        self.handle: str | None = None
+        self._entered = False
+
+    async def open(self) -> None:
+        await self.client.__aenter__()
+        self._entered = True
+        self.handle = (await self.client.call_tool("create_session", {})).data["session_id"]
+
+    async def call(self, tool: str) -> dict:
+        return (await self.client.call_tool(tool, {"session_id": self.handle})).data
+
+    async def aclose(self) -> None:
+        # A handle has no end: it expires with the session TTL, like any idle session.
+        if self._entered:
+            self._entered = False
+            await self.client.__aexit__(None, None, None)
+
+    async def reconnect(self) -> None:
+        try:
+            async with asyncio.timeout(5):
+                await self.aclose()
+        except Exception as exc:  # a broken client re-raises its transport's error on the way out too
+            log.debug("closing a broken sessionless client: %r", exc)
+        self.client = Client(self.url, timeout=self.bound)
+        await self.client.__aenter__()
+        self._entered = True
+
+
+CLIENTS: dict[str, type[BenchClient]] = {c.kind: c for c in (PlainClient, ResilientBenchClient, SessionlessClient)}
+KINDS = tuple(CLIENTS)
+
+
 # -- what one run records ---------------------------------------------------------------
 
 
@@ -216,8 +354,14 @@ class ScenarioReport:
     in_flight_on_replica: int  # ... of sessions the faulted replica was serving
     plain: ClientReport
     resilient: ClientReport
+    sessionless: ClientReport
     healthy_after: bool
     backends_after: dict[str, str]
+
+    @property
+    def clients(self) -> list[ClientReport]:
+        """One report per client kind, in KINDS order."""
+        return [getattr(self, kind) for kind in KINDS]
 
 
 @dataclass
@@ -258,19 +402,6 @@ async def _drive(run: SessionRun, call: Callable[[], Awaitable[Any]], bound: flo
             await asyncio.wait_for(stop.wait(), random.uniform(*THINK_SECONDS))
         except TimeoutError:
             pass
-
-
-async def _plain_increment(session: PlainSession) -> dict:
-    return await session.call("increment_counter")
-
-
-async def _resilient_increment(client: ResilientClient) -> dict:
-    return (await client.call_tool("increment_counter", {})).data
-
-
-def _resilient_bound() -> float:
-    # stamina starts no attempt after total_timeout; the client caps one attempt (recovery + call) at twice call_timeout.
-    return RESILIENT_SETTINGS["total_timeout"] + 2 * RESILIENT_SETTINGS["call_timeout"]
 
 
 async def _watch_backends(stack: Stack, timeline: list[tuple[float, dict[str, str]]], status: RunStatus,
@@ -361,8 +492,7 @@ def _client_report(kind: str, runs: list[SessionRun], *, replica: str, struck: f
             continue
         final += r.final
         lost += max(r.acknowledged - r.final, 0)
-        # A plain call that failed may still have been applied (once); a resilient one never fails.
-        allowance = r.failed if kind == "plain" else 0
+        allowance = 0 if CLIENTS[kind].retries else r.failed
         duplicated += max(r.final - (r.acknowledged + allowance), 0)
     exposed = [r for r in runs if r.instance_at(struck) == replica]
     moved = [r for r in exposed if any(c.ok and c.start >= struck and c.instance != replica for c in r.calls)]
@@ -397,23 +527,19 @@ def _first(timeline: list[tuple[float, dict[str, str]]], after: float, test: Cal
     return None
 
 
-async def _read_plain_counter(session: PlainSession, run: SessionRun) -> None:
-    # Not a measured call: the stack is whole again, a transient error here says nothing about failover.
-    for _ in range(5):
+async def _read_final_counter(client: BenchClient, run: SessionRun) -> None:
+    for attempt in range(client.final_read_attempts):
         try:
-            run.final = int((await session.call("get_counter"))["counter"])
-            return
+            if attempt:
+                await asyncio.sleep(0.3)
+                await client.reconnect()
+            run.final = int((await client.call("get_counter"))["counter"])
+            break
         except Exception as exc:
             run.final_error = f"{type(exc).__name__}: {exc}"[:200]
-            await asyncio.sleep(0.3)
-
-
-async def _read_resilient_counter(client: ResilientClient, run: SessionRun) -> None:
-    try:
-        run.final = int((await client.call_tool("get_counter", {})).data["counter"])
-    except Exception as exc:
-        run.final_error = f"{type(exc).__name__}: {exc}"[:200]
-    run.new_sessions = max(len(client.sessions) - 1, 0)
+    else:
+        log.warning("the final counter of a %s session could not be read: %s", client.kind, run.final_error)
+    run.new_sessions = client.new_sessions
 
 
 async def _close_all(closers: list[Callable[[], Awaitable[Any]]]) -> None:
@@ -429,7 +555,7 @@ async def _close_all(closers: list[Callable[[], Awaitable[Any]]]) -> None:
 
 async def run_scenario(stack: Stack, scenario: str, *, sessions: int = 5, duration: float = 8.0,
                        fault_at: float = 2.0, status: RunStatus | None = None) -> ScenarioReport:
-    """Run `sessions` plain and `sessions` resilient sessions through one fault; what they saw.
+    """Run `sessions` sessions of each kind of client through one fault; what they saw.
 
     The load lasts `duration` seconds, or until the stack has been whole again
     for TAIL_SECONDS if that is later; never more than OVERRUN_CAP_SECONDS past that.
@@ -439,12 +565,10 @@ async def run_scenario(stack: Stack, scenario: str, *, sessions: int = 5, durati
     status = status or RunStatus()
     status.scenario = scenario
     url = stack.config.mcp_url
-    plain_runs = [SessionRun("plain") for _ in range(sessions)]
-    resilient_runs = [SessionRun("resilient") for _ in range(sessions)]
-    status.runs = plain_runs + resilient_runs
-    plain = [PlainSession(url) for _ in range(sessions)]
-    resilient = [ResilientClient(url, **RESILIENT_SETTINGS) for _ in range(sessions)]
-    closers: list[Callable[[], Awaitable[Any]]] = [p.aclose for p in plain]
+    clients = [CLIENTS[kind](url) for kind in KINDS for _ in range(sessions)]
+    runs = [SessionRun(c.kind) for c in clients]
+    plain_runs = [r for r in runs if r.kind == "plain"]
+    status.runs = runs
     stop = asyncio.Event()
     watch_stop = asyncio.Event()
     timeline: list[tuple[float, dict[str, str]]] = []
@@ -452,22 +576,16 @@ async def run_scenario(stack: Stack, scenario: str, *, sessions: int = 5, durati
     try:
         status.set_phase("opening sessions")
         async with asyncio.timeout(30):
-            await asyncio.gather(*(p.initialize() for p in plain))
-            for client in resilient:
-                await client.__aenter__()
-                closers.append(client.aclose)
+            await asyncio.gather(*(c.open() for c in clients))
             status.set_phase("warming up")
             # A replica's first tool call pays for lazy set-up (0.4 s when idle, seconds under this load):
             # a cost of starting, not of failing over, so it stays out of the figures.
-            await asyncio.gather(*(p.call("get_counter") for p in plain),
-                                 *(c.call_tool("get_counter", {}) for c in resilient))
+            await asyncio.gather(*(c.call("get_counter") for c in clients))
 
         load_start = status.started = time.monotonic()
         watcher = asyncio.create_task(_watch_backends(stack, timeline, status, watch_stop))
-        tasks = [asyncio.create_task(_drive(r, lambda p=p: _plain_increment(p), PLAIN_CALL_TIMEOUT, stop))
-                 for r, p in zip(plain_runs, plain)]
-        tasks += [asyncio.create_task(_drive(r, lambda c=c: _resilient_increment(c), _resilient_bound(), stop))
-                  for r, c in zip(resilient_runs, resilient)]
+        tasks = [asyncio.create_task(_drive(r, partial(c.call, "increment_counter"), c.bound, stop))
+                 for r, c in zip(runs, clients)]
 
         status.set_phase("steady load")
         await asyncio.sleep(fault_at)
@@ -488,7 +606,7 @@ async def run_scenario(stack: Stack, scenario: str, *, sessions: int = 5, durati
             await asyncio.sleep(remaining)
             stop.set()
             status.set_phase("waiting for the last calls")
-            await asyncio.wait(tasks, timeout=_resilient_bound() + GUARD_SLACK_SECONDS + 1)
+            await asyncio.wait(tasks, timeout=max(c.bound for c in clients) + GUARD_SLACK_SECONDS + 1)
         load_end = time.monotonic()
         watch_stop.set()
         await watcher
@@ -496,8 +614,7 @@ async def run_scenario(stack: Stack, scenario: str, *, sessions: int = 5, durati
         status.set_phase("reading final counters")
         await asyncio.to_thread(stack.wait_healthy, "haproxy")
         async with asyncio.timeout(60):
-            await asyncio.gather(*(_read_plain_counter(p, r) for p, r in zip(plain, plain_runs)),
-                                 *(_read_resilient_counter(c, r) for c, r in zip(resilient, resilient_runs)))
+            await asyncio.gather(*(_read_final_counter(c, r) for c, r in zip(clients, runs)))
     finally:
         stop.set()
         watch_stop.set()
@@ -507,7 +624,7 @@ async def run_scenario(stack: Stack, scenario: str, *, sessions: int = 5, durati
         status.set_phase("making sure every replica is running and UP")
         await asyncio.to_thread(heal, stack)
         status.set_phase("closing sessions")
-        await _close_all(closers)
+        await _close_all([c.aclose for c in clients])
 
     mark_down = _first(timeline, struck, lambda s: not s.startswith("UP"), replica)
     back_up = _first(timeline, mark_down, lambda s: s.startswith("UP"), replica) if mark_down else None
@@ -527,8 +644,7 @@ async def run_scenario(stack: Stack, scenario: str, *, sessions: int = 5, durati
         back_up_s=None if back_up is None else round(back_up - struck, 3),
         in_flight_at_fault=len(in_flight),
         in_flight_on_replica=in_flight_on_replica,
-        plain=_client_report("plain", plain_runs, **common),
-        resilient=_client_report("resilient", resilient_runs, **common),
+        **{kind: _client_report(kind, [r for r in runs if r.kind == kind], **common) for kind in KINDS},
         healthy_after=healthy,
         backends_after=backends_after,
     )
@@ -546,7 +662,7 @@ def check_targets(report: ScenarioReport) -> list[str]:
         if not ok:
             missed.append(f"{s}: {what}")
 
-    for c in (report.plain, report.resilient):
+    for c in report.clients:
         k = c.kind
         need(c.unreadable == 0, f"{k}: the final counter of {c.unreadable} session(s) could not be read")
         need(c.lost == 0, f"{k}: {c.lost} acknowledged increment(s) lost (final {c.final}, acknowledged {c.acknowledged})")
@@ -562,20 +678,25 @@ def check_targets(report: ScenarioReport) -> list[str]:
 
     p = report.plain
     need(p.longest_stall_s < TARGET_STALL, f"plain: a session stalled {p.longest_stall_s:.2f} s (target < {TARGET_STALL:.0f} s)")
+    # The clients with no retries of their own (plain, sessionless) see what HAProxy cannot rescue for them.
+    unretried = [c for c in report.clients if not CLIENTS[c.kind].retries]
     if s in ("kill", "pause"):
         # The calls a fault can catch in flight are those under way between the fault and the moment
-        # HAProxy knows of it (a dead replica: tens of ms; a hung one: about 2.6 s). A plain client has
+        # HAProxy knows of it (a dead replica: tens of ms; a hung one: about 2.6 s). Such a client has
         # one call under way at a time, and one the fault catches may be followed, within that window,
         # by the session's next call; a call sent once HAProxy has taken the replica out must not fail.
-        need(p.failed_after_detection == 0, f"plain: {p.failed_after_detection} call(s) sent after HAProxy took "
-                                            f"{report.replica} out failed: {'; '.join(p.errors)}")
+        for c in unretried:
+            need(c.failed_after_detection == 0, f"{c.kind}: {c.failed_after_detection} call(s) sent after HAProxy "
+                                                f"took {report.replica} out failed: {'; '.join(c.errors)}")
         need(p.moved == p.exposed, f"plain: {p.exposed - p.moved} of {p.exposed} sessions on {report.replica} "
                                    "were not answered by another replica")
         limit = TARGET_MARK_DOWN[s]
         need(report.mark_down_s is not None and report.mark_down_s <= limit,
              f"HAProxy took {report.mark_down_s} s to take {report.replica} out (target ≤ {limit:.0f} s)")
     elif s == "rolling":
-        need(p.failed == 0, f"plain: {p.failed} failed call(s) in a rolling restart (target 0): {'; '.join(p.errors)}")
+        for c in unretried:
+            need(c.failed == 0,
+                 f"{c.kind}: {c.failed} failed call(s) in a rolling restart (target 0): {'; '.join(c.errors)}")
     need(report.healthy_after, f"the stack was not whole afterwards: {report.backends_after}")
     return missed
 
@@ -620,7 +741,7 @@ class LiveView:
                       title_justify="left")
         for column in ("client", "sessions", "calls", "ok", "failed", "in flight"):
             table.add_column(column, justify="right" if column != "client" else "left")
-        for kind in ("plain", "resilient"):
+        for kind in KINDS:
             runs = [r for r in s.runs if r.kind == kind]
             calls = sum(len(r.calls) for r in runs)
             failed = sum(r.failed for r in runs)
@@ -644,9 +765,9 @@ def results_table(reports: list[ScenarioReport]) -> Table:
         table.add_column(column, justify="left" if column in ("scenario", "faulted", "client", "targets") else "right")
     for report in reports:
         missed = check_targets(report)
-        for c in (report.plain, report.resilient):
+        for c in report.clients:
             mine = [m for m in missed if f": {c.kind}:" in m]
-            first = c.kind == "plain"
+            first = c.kind == KINDS[0]
             table.add_row(
                 report.scenario if first else "",
                 report.replica if first else "",
@@ -663,7 +784,7 @@ def results_table(reports: list[ScenarioReport]) -> Table:
                 str(c.duplicated),
                 "[green]met[/green]" if not mine else f"[red]{len(mine)} missed[/red]",
             )
-        stack_missed = [m for m in missed if ": plain:" not in m and ": resilient:" not in m]
+        stack_missed = [m for m in missed if not any(f": {kind}:" in m for kind in KINDS)]
         if stack_missed:
             table.add_row("", "", "stack", *[""] * (len(columns) - 4), f"[red]{len(stack_missed)} missed[/red]")
     table.caption = ("in flight at fault: plain calls under way at the fault instant, on any replica. "
@@ -683,9 +804,8 @@ async def run_all(stack: Stack, scenarios: list[str], reports: list[ScenarioRepo
                                         status=status)
         missed = check_targets(report)
         mark = "[green]✔[/green]" if not missed else "[red]✘[/red]"
-        console.print(f"{mark} {scenario}: {report.replica} faulted, load {report.load_seconds:.1f} s, "
-                      f"plain {report.plain.failed}/{report.plain.calls} failed, "
-                      f"resilient {report.resilient.failed}/{report.resilient.calls} failed")
+        failed = ", ".join(f"{c.kind} {c.failed}/{c.calls} failed" for c in report.clients)
+        console.print(f"{mark} {scenario}: {report.replica} faulted, load {report.load_seconds:.1f} s, {failed}")
         reports.append(report)
 
 
@@ -697,7 +817,8 @@ def report_json(reports: list[ScenarioReport]) -> dict:
             "plain_longest_stall_s": TARGET_STALL,
             "mark_down_s": TARGET_MARK_DOWN,
             "resilient_client": RESILIENT_SETTINGS,
-            "plain_call_timeout_s": PLAIN_CALL_TIMEOUT,
+            "plain_call_timeout_s": PlainClient.bound,
+            "sessionless_call_timeout_s": SessionlessClient.bound,
         },
         "scenarios": scenarios,
         "ok": all(not s["targets_missed"] for s in scenarios),
@@ -708,7 +829,7 @@ def report_json(reports: list[ScenarioReport]) -> dict:
 @click.option("--scenario", type=click.Choice([*SCENARIOS, "all"]), default="all", show_default=True,
               help="Which fault to inject.")
 @click.option("--sessions", type=click.IntRange(1, 50), default=5, show_default=True,
-              help="Plain sessions, and as many ResilientClient sessions.")
+              help="Sessions of each kind of client: plain, ResilientClient and sessionless.")
 @click.option("--duration", type=click.FloatRange(3, 300), default=8.0, show_default=True,
               help="Seconds of load per scenario, at least; it goes on until the stack is whole again, "
                    f"plus {TAIL_SECONDS} s.")

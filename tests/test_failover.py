@@ -1,14 +1,17 @@
 """The failover benchmark's faults, on real processes, held to the issue's targets.
 
-Each scenario runs once (5 plain and 5 ResilientClient sessions under steady
-load through HAProxy) on a stack of this module's own; the tests read its
-report. Where a target does not hold for a reason outside the benchmark, the
-main test leaves that one target out (KNOWN_GAPS); where it fails every time,
-a strict xfail test asserts it, so the suite notices the day it starts to hold.
+Each scenario runs once (5 plain, 5 ResilientClient and 5 sessionless FastMCP
+Client sessions under steady load through HAProxy) on a stack of this module's
+own; the tests read its report. Where a target does not hold for a reason
+outside the benchmark, the main test leaves that one target out (KNOWN_GAPS);
+a strict xfail test asserts each (or, where it fails only now and then, its
+cause), so the suite notices the day it starts to hold.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -16,6 +19,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx2
 import pytest
 
 import failover_bench as bench
@@ -30,8 +34,14 @@ SESSIONS = 5
 # Targets missed for reasons outside the benchmark; a strict xfail test below asserts each,
 # so the suite notices the day it starts to hold.
 KNOWN_GAPS = {
-    # Every replica down at once: nothing answers for as long as the replicas take to start.
-    "restart-all": ("restart-all: plain: a session stalled", "restart-all: resilient: a call took"),
+    "restart-all": (
+        # Every replica down at once: nothing answers for as long as the replicas take to start.
+        "restart-all: plain: a session stalled", "restart-all: resilient: a call took",
+        # Now and then (4 runs in 22 here) a connection is closed with no answer while every
+        # replica stops; the sessionless FastMCP client that gets it never works again
+        # (test_a_sessionless_client_works_again_after_one_dropped_connection).
+        "restart-all: sessionless: only",
+    ),
 }
 
 _reports: dict[str, bench.ScenarioReport] = {}
@@ -57,10 +67,12 @@ def missed_apart_from_known_gaps(report: bench.ScenarioReport) -> list[str]:
 
 
 def assert_counts_are_exact(report: bench.ScenarioReport) -> None:
-    r, p = report.resilient, report.plain
+    r = report.resilient
     assert r.failed == 0 and r.final == r.acknowledged, r
-    assert p.final is not None and p.acknowledged <= p.final <= p.acknowledged + p.failed, p
-    assert r.calls > 50 and p.calls > 50, "the load did not run"
+    # A client with no retries of its own cannot know whether a failed call was applied: at most once each.
+    for c in (report.plain, report.sessionless):
+        assert c.final is not None and c.acknowledged <= c.final <= c.acknowledged + c.failed, c
+    assert all(c.calls > 50 for c in report.clients), "the load did not run"
 
 
 def assert_stack_is_whole(stack: Stack) -> None:
@@ -81,6 +93,9 @@ async def test_kill_9_or_sigstop_of_the_sessions_replica(fault_stack: Stack, sce
     # The plain sessions the faulted replica served were answered by another one afterwards,
     # under the same session id.
     assert report.plain.exposed >= 1 and report.plain.moved == report.plain.exposed
+    # Sessionless calls, pinned nowhere, lean on HAProxy's re-sends and their idempotency key alone.
+    s = report.sessionless
+    assert (s.lost, s.duplicated, s.failed_after_detection, s.unreadable) == (0, 0, 0, 0), s
     assert_stack_is_whole(fault_stack)
 
 
@@ -89,8 +104,8 @@ async def test_rolling_restart_of_every_replica(fault_stack: Stack) -> None:
     report = await report_of(fault_stack, "rolling")
     assert bench.check_targets(report) == []
     assert_counts_are_exact(report)
-    # SIGTERM drains: not one call failed, not even the plain client's.
-    assert report.plain.failed == 0 and report.resilient.failed == 0
+    # SIGTERM drains: not one call failed, not even those of the clients that never retry.
+    assert [c.failed for c in report.clients] == [0, 0, 0]
     assert_stack_is_whole(fault_stack)
 
 
@@ -98,6 +113,7 @@ async def test_rolling_restart_of_every_replica(fault_stack: Stack) -> None:
 async def test_restart_of_every_replica_at_once(fault_stack: Stack) -> None:
     report = await report_of(fault_stack, "restart-all")
     assert missed_apart_from_known_gaps(report) == []
+    # Even a sessionless session whose client broke keeps its count: its state is the handle's.
     assert_counts_are_exact(report)
     assert report.plain.working_after == SESSIONS and report.resilient.working_after == SESSIONS
     assert_stack_is_whole(fault_stack)
@@ -113,6 +129,66 @@ async def test_restart_of_every_replica_at_once_costs_no_call_over_3_s(fault_sta
     assert report.plain.longest_stall_s < bench.TARGET_STALL
 
 
+class DroppingProxy:
+    """A TCP forwarder to HAProxy that, when told to, closes a connection on its next request, unanswered."""
+
+    def __init__(self, target_url: str) -> None:
+        self.target = httpx2.URL(target_url)
+        self.drop_next = False
+        self.dropped = 0
+
+    async def __aenter__(self) -> DroppingProxy:
+        self.server = await asyncio.start_server(self._forward, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        self.url = str(self.target.copy_with(host="127.0.0.1", port=port))
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.server.close()
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self.target.host, self.target.port)
+
+        async def answers() -> None:
+            while data := await up_reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+
+        down = asyncio.create_task(answers())
+        try:
+            while data := await reader.read(65536):
+                if self.drop_next:
+                    self.drop_next, self.dropped = False, self.dropped + 1
+                    break
+                up_writer.write(data)
+                await up_writer.drain()
+        finally:
+            down.cancel()
+            writer.close()
+            up_writer.close()
+
+
+@pytest.mark.xfail(strict=True, raises=(RuntimeError, httpx2.RemoteProtocolError), reason=(
+    "FastMCP 4.0.11 / mcp 2.3.0: a transport error on one POST ends the client's session task, and every "
+    "later call raises again; a sessionless client with no retries of its own never works again"))
+@pytest.mark.timeout(60)
+async def test_a_sessionless_client_works_again_after_one_dropped_connection(fault_stack: Stack) -> None:
+    async with DroppingProxy(fault_stack.config.mcp_url) as proxy:
+        client = bench.SessionlessClient(proxy.url)
+        try:
+            await client.open()
+            assert (await client.call("increment_counter"))["counter"] == 1
+            proxy.drop_next = True
+            with pytest.raises(Exception):  # noqa: B017, PT011 - this one call's failure is not the point
+                await client.call("increment_counter")
+            assert proxy.dropped == 1
+            # HAProxy never got the dropped request: the next increment is the second.
+            assert (await client.call("increment_counter"))["counter"] == 2
+        finally:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+
+
 def test_check_targets_names_what_is_missed() -> None:
     """The checker itself can fail: a lost increment, a duplicate and a slow mark-down are all named."""
     clean = bench.ClientReport(
@@ -124,6 +200,7 @@ def test_check_targets_names_what_is_missed() -> None:
         scenario="kill", replica="mcp-server-1", sessions=5, load_seconds=10, fault_at_s=2, fault_seconds=5,
         mark_down_s=0.1, back_up_s=6, in_flight_at_fault=1, in_flight_on_replica=1,
         plain=bench.ClientReport(**{**clean.__dict__, "kind": "plain"}), resilient=clean,
+        sessionless=bench.ClientReport(**{**clean.__dict__, "kind": "sessionless"}),
         healthy_after=True, backends_after={},
     )
     assert bench.check_targets(report) == []
@@ -131,11 +208,15 @@ def test_check_targets_names_what_is_missed() -> None:
     report.plain.final, report.plain.duplicated = 103, 3
     report.mark_down_s = 2.5
     report.plain.failed, report.plain.failed_after_detection = 2, 1
+    report.sessionless.failed, report.sessionless.failed_after_detection = 1, 1
+    report.sessionless.working_after = 4
     missed = bench.check_targets(report)
     assert any("resilient: 1 acknowledged increment(s) lost" in m for m in missed), missed
     assert any("plain: 3 increment(s) applied twice" in m for m in missed), missed
     assert any("HAProxy took 2.5 s" in m for m in missed), missed
     assert any("plain: 1 call(s) sent after HAProxy took mcp-server-1 out failed" in m for m in missed), missed
+    assert any("sessionless: 1 call(s) sent after HAProxy took mcp-server-1 out failed" in m for m in missed), missed
+    assert any("sessionless: only 4 of 5 sessions worked after the fault" in m for m in missed), missed
 
 
 def test_the_command_refuses_a_stack_that_is_not_up(tmp_path: Path) -> None:
@@ -159,16 +240,18 @@ def test_the_command_runs_a_scenario_on_a_stack_of_its_own(tmp_path: Path) -> No
 
     data = json.loads(out.read_text())
     assert data["ok"] is True
-    assert set(data["targets"]) >= {"resilient_longest_call_s", "plain_longest_stall_s", "mark_down_s"}
+    assert set(data["targets"]) >= {"resilient_longest_call_s", "plain_longest_stall_s", "mark_down_s",
+                                    "sessionless_call_timeout_s"}
     [scenario] = data["scenarios"]
     assert scenario["scenario"] == "kill" and scenario["targets_missed"] == []
     assert scenario["replica"].startswith("mcp-server-")
     assert 0 <= scenario["mark_down_s"] <= 2.0
     assert scenario["load_seconds"] >= 6
     fields = {"calls", "failed", "longest_call_s", "longest_stall_s", "acknowledged", "final", "lost", "duplicated"}
-    for kind in ("plain", "resilient"):
+    for kind in ("plain", "resilient", "sessionless"):
         figures = scenario[kind]
         assert fields <= set(figures) and figures["kind"] == kind
         assert figures["calls"] > 0 and figures["lost"] == 0 and figures["duplicated"] == 0
+    assert scenario["sessionless"]["failed_after_detection"] == 0
     assert scenario["resilient"]["final"] == scenario["resilient"]["acknowledged"]
     assert scenario["resilient"]["failed"] == 0
