@@ -75,6 +75,9 @@ async def adopt(
 
     async def serve(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with transport.connect() as (read_stream, write_stream):
+            # Registered only once connected: a request that finds the session
+            # held must find a transport that can take it (else the SDK 500s).
+            manager._server_instances[session_id] = transport
             task_status.started()
             dispatcher = JSONRPCDispatcher(read_stream, write_stream, inline_methods=frozenset({"initialize"}))
             connection = Connection.for_loop(dispatcher, session_id=session_id, protocol_version_hint=protocol_version)
@@ -89,7 +92,6 @@ async def adopt(
             finally:
                 await manager._discard_session(session_id, transport)
 
-    manager._server_instances[session_id] = transport
     try:
         await manager._task_group.start(serve)
     except BaseException:

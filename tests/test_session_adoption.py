@@ -61,6 +61,19 @@ async def test_every_replica_can_serve_a_session_and_a_stale_owner_cannot_write(
     assert (await raw.call("get_counter"))["counter"] == 3
 
 
+async def test_a_burst_of_first_requests_on_an_adopting_replica_all_succeed(
+    stack: Stack, raw: RawSession, http: httpx2.AsyncClient
+) -> None:
+    first = (await raw.call("increment_counter"))["instance"]
+    other = next(name for name in stack.config.replica_names() if name != first)
+    burst = [direct(stack, http, other, raw.session_id) for _ in range(20)]
+    for i, session in enumerate(burst):
+        session._next_id = 100 * (i + 1)  # JSON-RPC ids must differ within a session
+    # One request adopts; the others arrive while it does, and must not find a half-built transport.
+    results = await asyncio.gather(*(s.call("increment_counter") for s in burst))
+    assert sorted(r["counter"] for r in results) == list(range(2, 22))
+
+
 async def test_an_id_the_store_does_not_know_is_404_on_every_replica(stack: Stack, http: httpx2.AsyncClient) -> None:
     unknown = uuid.uuid4().hex
     for replica in stack.config.replica_names():
