@@ -1,0 +1,965 @@
+"""The performance benchmark: calls per second, latency, the proxy hop, a session's cost in Redis.
+
+    python bench.py --own-stack                         the whole run, on a stack of its own
+    python bench.py --quick --own-stack --json out.json under a minute, for CI
+    python bench.py --mix increment_counter=3,get_counter=1 --sessions 16 --duration 30
+    python bench.py --compare http://127.0.0.1:9000/mcp  another MCP endpoint, side by side
+
+Sections, each in one run:
+
+    throughput   `--sessions` sessions in a closed loop (each sends its next call
+                 as soon as the last returns) calling the `--mix` of tools,
+                 through HAProxy, directly against one replica, against the
+                 floor (bench_floor.py behind its own HAProxy) and, with
+                 `--compare`, against another endpoint. The setups take turns
+                 in short rounds, so drift in the machine's load hits each alike.
+    proxy hop    one session, through HAProxy and directly, interleaved: the
+                 difference of the medians is what the hop costs.
+    scale        one session's latency with 0, 10,000 and 100,000 sessions in
+                 the store (filled inside Redis like tests/test_scale.py), as
+                 ratios to 0.
+    memory       Redis bytes a session holding a counter and three notes
+                 costs: MEMORY USAGE of each key it made, and the used_memory
+                 delta over many such sessions.
+
+Clients are raw HTTP (httpx2, keep-alive), not FastMCP's Client, so the client's
+own overhead stays small. `--generation session` speaks session-era MCP
+(initialize, mcp-session-id); `sessionless` speaks 2026-07-28 (no initialize,
+`create_session` once, its handle passed as `session_id`). The floor and
+`--compare` are driven the same way whatever the generation (the floor always
+does increment_counter's store operation; `--compare` is session-era).
+
+Exit status: 0 when every call succeeded (targets are printed, and only
+checked with `--check-targets`: 1 when one is missed), 1 when any measured call
+failed (no figure is then reported as a success), 2 when there is nothing to
+measure: no stack up, an unreachable target, a tool that errors at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import itertools
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import click
+import httpx2
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from stack import ROOT, Stack, StackConfig, StackError, free_ports, http_status
+
+SESSION_PROTOCOL = "2025-11-25"
+SESSIONLESS_PROTOCOL = "2026-07-28"
+ACCEPT = "application/json, text/event-stream"
+SESSIONLESS_META = {
+    "io.modelcontextprotocol/protocolVersion": SESSIONLESS_PROTOCOL,
+    "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+# Tools that keep state per session: a sessionless client passes its handle to these.
+STATEFUL = {"increment_counter", "get_counter", "add_note", "list_notes", "analyze_data", "watch_counter",
+            "resume_session"}
+DEFAULT_ARGS = {"add_note": {"note": "bench"}, "analyze_data": {"num_items": 1},
+                "watch_counter": {"duration_seconds": 0}}
+
+CALL_TIMEOUT = 10.0
+# However fast the stack, no round makes more calls than this (per session).
+MAX_CALLS_PER_ROUND = 100_000
+FLOOR_PREFIX = "benchfloor"
+
+TARGET_FLOOR_FRACTION = 0.5
+TARGET_SCALE_RATIO = 1.5
+TARGET_BYTES_PER_SESSION = 288
+TARGET_HOP_MS = 1.0
+
+# Sessions shaped like real ones (a counter and three notes), made inside Redis
+# in one call; the same scripts as tests/test_scale.py.
+FILL = """
+local now = redis.call('TIME')[1]
+for i = 1, tonumber(ARGV[1]) do
+  local sid = ARGV[2] .. string.format('%024x', i)
+  redis.call('HSET', KEYS[1] .. sid, 'counter', '1', 'notes', '["one","two","three"]')
+  redis.call('EXPIRE', KEYS[1] .. sid, 1800)
+  redis.call('ZADD', KEYS[2], now, sid)
+end
+return tonumber(ARGV[1])
+"""
+
+EMPTY = """
+for i = 1, tonumber(ARGV[1]) do
+  local sid = ARGV[2] .. string.format('%024x', i)
+  redis.call('DEL', KEYS[1] .. sid)
+  redis.call('ZREM', KEYS[2], sid)
+end
+"""
+
+
+class BenchError(Exception):
+    """Nothing sound to measure; the message says why."""
+
+
+# -- clients ------------------------------------------------------------------------------
+
+
+class CallFailed(Exception):
+    pass
+
+
+def _message(response: httpx2.Response) -> dict:
+    if response.status_code != 200:
+        raise CallFailed(f"HTTP {response.status_code}: {response.text[:160]}")
+    if response.headers.get("content-type", "").startswith("application/json"):
+        return response.json()
+    data = [line[5:] for line in response.text.splitlines() if line.startswith("data:") and line[5:].strip()]
+    if not data:
+        raise CallFailed("an answer with no message in it")
+    return json.loads(data[-1])
+
+
+def _result(message: dict) -> dict:
+    if "result" not in message:
+        raise CallFailed(f"JSON-RPC error: {json.dumps(message.get('error', message))[:160]}")
+    result = message["result"]
+    if result.get("isError"):
+        raise CallFailed(f"tool error: {json.dumps(result.get('content'))[:160]}")
+    return result.get("structuredContent") or {}
+
+
+class Client:
+    """One session against one URL; `call` returns the tool's structured result or raises CallFailed."""
+
+    def __init__(self, http: httpx2.AsyncClient, url: str) -> None:
+        self.http = http
+        self.url = url
+        self._ids = itertools.count(1)
+
+    async def open(self) -> None: ...
+
+    async def call(self, tool: str, arguments: dict) -> dict:
+        raise NotImplementedError
+
+    async def close(self) -> None: ...
+
+
+class SessionClient(Client):
+    """Session-era MCP (2025-11-25): initialize once, then every call carries mcp-session-id."""
+
+    session_id: str | None = None
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": SESSION_PROTOCOL}
+        if self.session_id:
+            headers["mcp-session-id"] = self.session_id
+        return headers
+
+    async def _post(self, method: str, params: dict) -> httpx2.Response:
+        body = {"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params}
+        return await self.http.post(self.url, headers=self._headers(), json=body)
+
+    async def open(self) -> None:
+        response = await self._post("initialize", {"protocolVersion": SESSION_PROTOCOL, "capabilities": {},
+                                                   "clientInfo": {"name": "bench", "version": "1"}})
+        _message(response)
+        self.session_id = response.headers.get("mcp-session-id")
+        if not self.session_id:
+            raise CallFailed("initialize answered without an mcp-session-id")
+        await self.http.post(self.url, headers=self._headers(),
+                             json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    async def call(self, tool: str, arguments: dict) -> dict:
+        return _result(_message(await self._post("tools/call", {"name": tool, "arguments": arguments})))
+
+    async def close(self) -> None:
+        if self.session_id:
+            try:
+                await self.http.delete(self.url, headers=self._headers())
+            except httpx2.HTTPError:
+                pass
+
+
+class SessionlessClient(Client):
+    """2026-07-28 MCP: no initialize; `create_session` once, its handle passed to stateful tools."""
+
+    handle: str | None = None
+
+    async def _post(self, method: str, params: dict) -> httpx2.Response:
+        body = {"jsonrpc": "2.0", "id": next(self._ids), "method": method,
+                "params": {**params, "_meta": SESSIONLESS_META}}
+        headers = {"Content-Type": "application/json", "Accept": ACCEPT,
+                   "MCP-Protocol-Version": SESSIONLESS_PROTOCOL, "Mcp-Method": method}
+        if "name" in params:
+            headers["Mcp-Name"] = params["name"]
+        return await self.http.post(self.url, headers=headers, json=body)
+
+    async def _tool(self, tool: str, arguments: dict) -> dict:
+        return _result(_message(await self._post("tools/call", {"name": tool, "arguments": arguments})))
+
+    async def open(self) -> None:
+        self.handle = (await self._tool("create_session", {})).get("session_id")
+        if not self.handle:
+            raise CallFailed("create_session answered without a session_id")
+
+    async def call(self, tool: str, arguments: dict) -> dict:
+        if tool in STATEFUL:
+            arguments = {**arguments, "session_id": self.handle}
+        return await self._tool(tool, arguments)
+
+
+class FloorClient(Client):
+    """The floor (bench_floor.py): one POST, one store operation; whatever the tool, it increments."""
+
+    session_id = ""
+
+    async def open(self) -> None:
+        self.session_id = uuid.uuid4().hex
+        await self.call("increment_counter", {})
+
+    async def call(self, tool: str, arguments: dict) -> dict:
+        response = await self.http.post(self.url, json={"session_id": self.session_id})
+        if response.status_code != 200:
+            raise CallFailed(f"HTTP {response.status_code}: {response.text[:160]}")
+        return response.json()
+
+
+# -- measuring ----------------------------------------------------------------------------
+
+
+@dataclass
+class Samples:
+    latencies: list[float] = field(default_factory=list)  # seconds, successful calls only
+    errors: int = 0
+    error_samples: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    instances: Counter = field(default_factory=Counter)
+
+    def add_error(self, what: str) -> None:
+        self.errors += 1
+        if len(self.error_samples) < 5:
+            self.error_samples.append(what)
+
+    def stats(self) -> dict:
+        lat = sorted(self.latencies)
+        ok = len(lat)
+
+        def pct(q: float) -> float | None:
+            return None if not lat else round(lat[min(ok - 1, int(q * ok))] * 1e3, 3)
+
+        return {
+            "calls": ok + self.errors,
+            "ok": ok,
+            "errors": self.errors,
+            "error_samples": self.error_samples,
+            "seconds": round(self.seconds, 3),
+            "calls_per_s": round(ok / self.seconds, 1) if self.seconds else 0.0,
+            "p50_ms": pct(0.50),
+            "p95_ms": pct(0.95),
+            "p99_ms": pct(0.99),
+            "mean_ms": round(statistics.fmean(lat) * 1e3, 3) if lat else None,
+            "max_ms": round(lat[-1] * 1e3, 3) if lat else None,
+            "instances": dict(self.instances.most_common()),
+        }
+
+
+@dataclass
+class Setup:
+    """A target under load: its sessions and what they measured."""
+
+    name: str
+    url: str
+    clients: list[Client]
+    http: httpx2.AsyncClient
+    samples: Samples = field(default_factory=Samples)
+
+
+def parse_mix(text: str) -> list[tuple[str, int]]:
+    mix = []
+    for part in text.split(","):
+        name, _, weight = part.strip().partition("=")
+        try:
+            w = int(weight) if weight else 1
+        except ValueError:
+            raise click.BadParameter(f"{part!r}: the weight after '=' must be a whole number") from None
+        if not name or w < 1:
+            raise click.BadParameter(f"{part!r}: want tool=weight with a weight of at least 1")
+        mix.append((name, w))
+    return mix
+
+
+def tool_cycle(mix: list[tuple[str, int]], offset: int) -> itertools.cycle:
+    order = [name for name, weight in mix for _ in range(weight)]
+    return itertools.cycle(order[offset % len(order):] + order[: offset % len(order)])
+
+
+async def drive(client: Client, tools: itertools.cycle, seconds: float, samples: Samples | None) -> None:
+    """Call tools back to back for `seconds` (bounded in count too); record into `samples` if given."""
+    deadline = time.perf_counter() + seconds
+    for _ in range(MAX_CALLS_PER_ROUND):
+        if time.perf_counter() >= deadline:
+            return
+        tool = next(tools)
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(CALL_TIMEOUT):
+                result = await client.call(tool, DEFAULT_ARGS.get(tool, {}))
+        except (CallFailed, httpx2.HTTPError, TimeoutError, ValueError, OSError) as exc:
+            if samples is not None:
+                samples.add_error(f"{tool}: {type(exc).__name__}: {exc}"[:200])
+            continue
+        if samples is not None:
+            samples.latencies.append(time.perf_counter() - started)
+            samples.instances[result.get("instance", "?")] += 1
+
+
+async def run_round(setup: Setup, mix: list[tuple[str, int]], seconds: float, *, measure: bool = True) -> None:
+    started = time.perf_counter()
+    samples = setup.samples if measure else None
+    await asyncio.gather(*(drive(c, tool_cycle(mix, i), seconds, samples) for i, c in enumerate(setup.clients)))
+    if measure:
+        setup.samples.seconds += time.perf_counter() - started
+
+
+def new_http(sessions: int) -> httpx2.AsyncClient:
+    limits = httpx2.Limits(max_connections=sessions + 4, max_keepalive_connections=sessions + 4)
+    return httpx2.AsyncClient(timeout=CALL_TIMEOUT, limits=limits)
+
+
+async def open_setup(name: str, url: str, kind: type[Client], sessions: int) -> Setup:
+    http = new_http(sessions)
+    clients = [kind(http, url) for _ in range(sessions)]
+    try:
+        async with asyncio.timeout(30):
+            await asyncio.gather(*(c.open() for c in clients))
+    except (CallFailed, httpx2.HTTPError, TimeoutError, ValueError, OSError) as exc:
+        await http.aclose()
+        raise BenchError(f"{name}: could not open a session at {url}: {type(exc).__name__}: {exc}".rstrip(": ")) from None
+    return Setup(name, url, clients, http)
+
+
+async def close_setup(setup: Setup) -> None:
+    try:
+        async with asyncio.timeout(10):
+            await asyncio.gather(*(c.close() for c in setup.clients), return_exceptions=True)
+    except TimeoutError:
+        pass
+    await setup.http.aclose()
+
+
+async def probe_tools(setup: Setup, mix: list[tuple[str, int]]) -> None:
+    """Each tool of the mix once: a tool that errors is reported before anything is measured."""
+    for tool, _ in mix:
+        try:
+            async with asyncio.timeout(CALL_TIMEOUT):
+                await setup.clients[0].call(tool, DEFAULT_ARGS.get(tool, {}))
+        except (CallFailed, httpx2.HTTPError, TimeoutError, ValueError, OSError) as exc:
+            raise BenchError(f"{setup.name}: the tool {tool!r} fails at {setup.url}: {type(exc).__name__}: {exc}") from None
+
+
+async def interleave(setups: list[Setup], mix: list[tuple[str, int]], rounds: int, round_seconds: float,
+                     progress: Progress, task, label: str) -> None:
+    for setup in setups:  # warm connections, caches, the replicas' code paths
+        await run_round(setup, mix, min(1.0, round_seconds), measure=False)
+    for r in range(rounds):
+        # Alternate the order too, so neither setup always follows the other.
+        for setup in (setups if r % 2 == 0 else setups[::-1]):
+            progress.update(task, description=f"{label}: round {r + 1}/{rounds}, {setup.name}")
+            await run_round(setup, mix, round_seconds)
+            progress.advance(task, round_seconds)
+
+
+# -- Redis, through redis-cli (only stores/redis_store.py imports redis) ------------------
+
+
+def redis_cli(port: int, *args: str, stdin: str | None = None, timeout: float = 120) -> str:
+    result = subprocess.run(["redis-cli", "-p", str(port), *args], input=stdin, capture_output=True, text=True,
+                            timeout=timeout)
+    if result.returncode != 0 or result.stdout.startswith("ERR") or "(error)" in result.stdout:
+        raise BenchError(f"redis-cli {' '.join(args[:2])} failed: {(result.stderr or result.stdout).strip()[:200]}")
+    return result.stdout
+
+
+def used_memory(port: int) -> int:
+    for line in redis_cli(port, "INFO", "memory").splitlines():
+        if line.startswith("used_memory:"):
+            return int(line.split(":")[1])
+    raise BenchError("INFO memory has no used_memory")
+
+
+def scan(port: int, pattern: str) -> list[str]:
+    return [k for k in redis_cli(port, "--scan", "--pattern", pattern).splitlines() if k]
+
+
+def delete_keys(port: int, keys: list[str]) -> None:
+    for i in range(0, len(keys), 500):
+        redis_cli(port, stdin="DEL " + " ".join(keys[i:i + 500]) + "\n")
+
+
+def fill(port: int, script: str, count: int, marker: str) -> None:
+    redis_cli(port, "EVAL", script, "2", "mcp:session:", "mcp:sessions", str(count), marker)
+
+
+# -- the floor: bench_floor.py replicas behind the kit's own haproxy.cfg ------------------
+
+
+class Floor:
+    """bench_floor.py processes and an HAProxy in front of them, started and stopped by pid."""
+
+    def __init__(self, stack: Stack, replicas: int, log_dir: Path) -> None:
+        self.stack = stack
+        self.host = stack.config.host
+        self.http_port, self.stats_port, *self.ports = free_ports(2 + replicas)
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.http_port}/incr"
+
+    def direct_url(self) -> str:
+        return f"http://{self.host}:{self.ports[0]}/incr"
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_dir / f"{name}.log", "ab") as log:
+            self.procs.append(subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+
+    def start(self) -> None:
+        c = self.stack.config
+        for i, port in enumerate(self.ports, start=1):
+            self._spawn(f"floor-{i}", [c.python, str(ROOT / "bench_floor.py")],
+                        {"INSTANCE_ID": f"floor-{i}", "HOST": self.host, "PORT": str(port),
+                         "REDIS_URL": c.redis_url, "BENCH_FLOOR_PREFIX": FLOOR_PREFIX})
+        env = {"HAPROXY_BIND": f"{self.host}:{self.http_port}", "HAPROXY_STATS_BIND": f"{self.host}:{self.stats_port}",
+               "SESSION_TTL_SECONDS": str(c.session_ttl_seconds)}
+        for i, port in enumerate(self.ports, start=1):
+            env[f"MCP_SERVER_{i}"] = f"{self.host}:{port}"
+        deadline = time.monotonic() + 30
+        for port in self.ports:
+            while http_status(f"http://{self.host}:{port}/health") != 200:
+                if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
+                    raise BenchError(f"the floor's processes did not come up; see {self.log_dir}")
+                time.sleep(0.1)
+        self._spawn("floor-haproxy", ["haproxy", "-db", "-f", str(ROOT / "haproxy" / "haproxy.cfg")], env)
+        # HAProxy starts its servers UP only after `rise` checks; wait for a real answer through it.
+        while http_status(f"http://{self.host}:{self.http_port}/health") != 200 or not self._all_up():
+            if time.monotonic() > deadline or self.procs[-1].poll() is not None:
+                raise BenchError(f"the floor's HAProxy did not come up; see {self.log_dir}")
+            time.sleep(0.1)
+
+    def _all_up(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self.stats_port}/stats;csv", timeout=1) as response:
+                text = response.read().decode()
+        except (OSError, ValueError):
+            return False
+        rows = [line.split(",") for line in text.splitlines() if line.startswith("mcp_servers,mcp-server-")]
+        return len(rows) == len(self.ports) and all(r[17].startswith("UP") for r in rows)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+
+# -- the sections -------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    mix: list[tuple[str, int]]
+    sessions: int
+    duration: float
+    generation: str
+    quick: bool
+    compare: str | None
+
+    @property
+    def rounds(self) -> int:
+        return 3 if self.quick else max(3, round(self.duration / 2.5))
+
+    @property
+    def round_seconds(self) -> float:
+        return self.duration / self.rounds
+
+    @property
+    def hop(self) -> tuple[int, float]:
+        return (2, 1.0) if self.quick else (4, 1.5)
+
+    @property
+    def scale_levels(self) -> list[int]:
+        return [0, 10_000, 100_000]
+
+    @property
+    def scale_seconds(self) -> float:
+        return 1.0 if self.quick else 3.0
+
+    @property
+    def memory_sessions(self) -> int:
+        return 100 if self.quick else 1000
+
+    def planned_seconds(self, setups: int) -> float:
+        rounds, seconds = self.hop
+        return (setups * self.duration + 2 * rounds * seconds + (len(self.scale_levels) + 1) * self.scale_seconds)
+
+
+def replica_url(stack: Stack, index: int = 0) -> str:
+    return f"http://{stack.config.host}:{stack.config.replica_ports[index]}/mcp"
+
+
+async def section_throughput(stack: Stack, floor: Floor, plan: Plan, progress: Progress, task) -> dict:
+    kind = SessionClient if plan.generation == "session" else SessionlessClient
+    setups: list[Setup] = []
+    try:
+        setups.append(await open_setup("haproxy", stack.config.mcp_url, kind, plan.sessions))
+        await probe_tools(setups[0], plan.mix)
+        setups.append(await open_setup("direct", replica_url(stack), kind, plan.sessions))
+        setups.append(await open_setup("floor", floor.url, FloorClient, plan.sessions))
+        if plan.compare:
+            setups.append(await open_setup("compare", plan.compare, SessionClient, plan.sessions))
+            await probe_tools(setups[-1], plan.mix)
+        await interleave(setups, plan.mix, plan.rounds, plan.round_seconds, progress, task, "throughput")
+    finally:
+        for setup in setups:
+            await close_setup(setup)
+    out = {s.name: {"url": s.url, **s.samples.stats()} for s in setups}
+    latencies = {s.name: s.samples.latencies for s in setups}
+    h, d, f = out["haproxy"], out["direct"], out["floor"]
+    ratios = {
+        "haproxy_vs_floor_throughput": _ratio(h["calls_per_s"], f["calls_per_s"]),
+        "haproxy_vs_direct_throughput": _ratio(h["calls_per_s"], d["calls_per_s"]),
+        "haproxy_vs_direct_p50": _ratio(h["p50_ms"], d["p50_ms"]),
+        "direct_vs_floor_throughput": _ratio(d["calls_per_s"], f["calls_per_s"]),
+    }
+    if "compare" in out:
+        ratios["compare_vs_haproxy_throughput"] = _ratio(out["compare"]["calls_per_s"], h["calls_per_s"])
+        ratios["compare_vs_haproxy_p50"] = _ratio(out["compare"]["p50_ms"], h["p50_ms"])
+    return {"setups": out, "ratios": ratios, "_latencies": latencies}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if not a or not b else round(a / b, 3)
+
+
+async def section_hop(stack: Stack, plan: Plan, progress: Progress, task) -> dict:
+    kind = SessionClient if plan.generation == "session" else SessionlessClient
+    setups: list[Setup] = []
+    rounds, seconds = plan.hop
+    try:
+        setups.append(await open_setup("haproxy", stack.config.mcp_url, kind, 1))
+        setups.append(await open_setup("direct", replica_url(stack), kind, 1))
+        await interleave(setups, plan.mix, rounds, seconds, progress, task, "proxy hop, one session")
+    finally:
+        for setup in setups:
+            await close_setup(setup)
+    h, d = setups[0].samples.stats(), setups[1].samples.stats()
+    hop = None if h["p50_ms"] is None or d["p50_ms"] is None else round(h["p50_ms"] - d["p50_ms"], 3)
+    return {"haproxy": h, "direct": d, "hop_p50_ms": hop}
+
+
+async def section_scale(stack: Stack, plan: Plan, progress: Progress, task) -> dict:
+    """One session through HAProxy with 0, 10k, 100k sessions in the store; 0 again at the end."""
+    kind = SessionClient if plan.generation == "session" else SessionlessClient
+    port = stack.config.redis_port
+    setup = await open_setup("scale", stack.config.mcp_url, kind, 1)
+    levels: list[dict] = []
+    filled: list[tuple[str, int]] = []  # (marker, count) to empty afterwards
+    try:
+        await run_round(setup, plan.mix, 0.5, measure=False)
+        have = 0
+        for level in [*plan.scale_levels, 0]:
+            if level > have:
+                marker = uuid.uuid4().hex[:8]
+                progress.update(task, description=f"scale: filling the store to {level:,} sessions")
+                await asyncio.to_thread(fill, port, FILL, level - have, marker)
+                filled.append((marker, level - have))
+                have = level
+            elif level < have:
+                progress.update(task, description="scale: emptying the store")
+                while filled:
+                    marker, count = filled.pop()
+                    await asyncio.to_thread(fill, port, EMPTY, count, marker)
+                have = 0
+            setup.samples = Samples()
+            progress.update(task, description=f"scale: one session at {level:,} sessions in the store")
+            await run_round(setup, plan.mix, plan.scale_seconds)
+            progress.advance(task, plan.scale_seconds)
+            levels.append({"sessions_in_store": level, **setup.samples.stats()})
+    finally:
+        for marker, count in filled:
+            await asyncio.to_thread(fill, port, EMPTY, count, marker)
+        await close_setup(setup)
+    zero = [lv["p50_ms"] for lv in levels if lv["sessions_in_store"] == 0 and lv["p50_ms"]]
+    base = statistics.fmean(zero) if zero else None
+    ratios = {str(lv["sessions_in_store"]): _ratio(lv["p50_ms"], base)
+              for lv in levels[:-1] if lv["sessions_in_store"]}
+    return {"levels": levels, "baseline_p50_ms": None if base is None else round(base, 3), "p50_ratio_to_0": ratios}
+
+
+async def section_memory(stack: Stack, plan: Plan, progress: Progress, task) -> dict:
+    """Real sessions through HAProxy, each with a counter and three short notes; what Redis holds for them."""
+    port = stack.config.redis_port
+    count = plan.memory_sessions
+    progress.update(task, description=f"memory: {count} sessions, each a counter and three notes")
+    http = new_http(16)
+    clients = [SessionClient(http, stack.config.mcp_url) for _ in range(count)]
+    before = await asyncio.to_thread(used_memory, port)
+    failures: list[str] = []
+
+    async def make(client: SessionClient, gate: asyncio.Semaphore) -> None:
+        async with gate:
+            try:
+                async with asyncio.timeout(30):
+                    await client.open()
+                    await client.call("increment_counter", {})
+                    for note in ("one", "two", "three"):
+                        await client.call("add_note", {"note": note})
+            except (CallFailed, httpx2.HTTPError, TimeoutError, ValueError, OSError) as exc:
+                failures.append(f"{type(exc).__name__}: {exc}"[:200])
+
+    try:
+        gate = asyncio.Semaphore(16)
+        await asyncio.gather(*(make(c, gate) for c in clients))
+        after = await asyncio.to_thread(used_memory, port)
+        if failures:
+            raise BenchError(f"memory: {len(failures)} of {count} sessions could not be made: {failures[0]}")
+        # Every key each of a few sessions made, by MEMORY USAGE.
+        per_session = []
+        for client in clients[:5]:
+            sid = client.session_id
+            keys = {"session": [f"mcp:session:{sid}"], "record": [f"mcp:record:{sid}"],
+                    "events": [f"mcp:events:{sid}"]}
+            keys["op"] = await asyncio.to_thread(scan, port, f"mcp:op:{sid}:*")
+            sizes = {}
+            for kind, names in keys.items():
+                total = 0
+                for name in names:
+                    out = (await asyncio.to_thread(redis_cli, port, "MEMORY", "USAGE", name, "SAMPLES", "0")).strip()
+                    total += int(out) if out.isdigit() else 0
+                sizes[kind] = total
+            sizes["op_keys"] = len(keys["op"])
+            per_session.append(sizes)
+    finally:
+        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+        await http.aclose()
+    per_key = {k: round(statistics.fmean(s[k] for s in per_session), 1)
+               for k in ("session", "record", "events", "op", "op_keys")}
+    total = round(sum(v for k, v in per_key.items() if k != "op_keys"), 1)
+    if os.environ.get("BENCH_KEEP_MEMORY_SESSIONS") != "1":
+        await asyncio.to_thread(_forget_sessions, port, [c.session_id for c in clients if c.session_id])
+    return {
+        "sessions_created": count,
+        "memory_usage_per_key": per_key,
+        "memory_usage_total": total,
+        "used_memory_delta": after - before,
+        "used_memory_delta_per_session": round((after - before) / count, 1),
+        "note": "each session: initialize, increment_counter, add_note x3 (session-era, through HAProxy); "
+                "MEMORY USAGE averaged over 5 of them; used_memory delta over all, which also counts "
+                "the live-session index entry and Redis's own overhead",
+    }
+
+
+def _forget_sessions(port: int, sids: list[str]) -> None:
+    """What the memory section made goes again (also on the running stack, which outlives the bench)."""
+    wanted = set(sids)
+    keys = [k for k in scan(port, "mcp:op:*") if k.split(":")[2] in wanted]
+    for sid in sids:
+        keys += [f"mcp:session:{sid}", f"mcp:record:{sid}", f"mcp:events:{sid}"]
+    delete_keys(port, keys)
+    for i in range(0, len(sids), 500):
+        redis_cli(port, stdin="ZREM mcp:sessions " + " ".join(sids[i:i + 500]) + "\n")
+
+
+def forget_floor_keys(port: int) -> None:
+    delete_keys(port, scan(port, f"{FLOOR_PREFIX}:*"))
+
+
+# -- targets ------------------------------------------------------------------------------
+
+
+def targets(report: dict) -> list[dict]:
+    t = report["throughput"]["ratios"]
+    scale = report["scale"]["p50_ratio_to_0"]
+    top = max(scale, key=int) if scale else None
+    rows = [
+        {"target": f"MCP throughput through HAProxy >= {TARGET_FLOOR_FRACTION:.0%} of the floor's",
+         "value": t["haproxy_vs_floor_throughput"], "bound": TARGET_FLOOR_FRACTION, "higher_is_better": True},
+        {"target": f"latency at {int(top):,} sessions <= {TARGET_SCALE_RATIO}x at 0" if top else "latency at scale",
+         "value": scale.get(top) if top else None, "bound": TARGET_SCALE_RATIO, "higher_is_better": False,
+         "sessions": int(top) if top else None},
+        {"target": f"Redis bytes per session <= {TARGET_BYTES_PER_SESSION}",
+         "value": report["memory"]["memory_usage_total"], "bound": TARGET_BYTES_PER_SESSION, "higher_is_better": False},
+        {"target": f"p50 through HAProxy <= direct p50 + {TARGET_HOP_MS:g} ms (one session)",
+         "value": report["proxy_hop"]["hop_p50_ms"], "bound": TARGET_HOP_MS, "higher_is_better": False},
+    ]
+    for row in rows:
+        v = row["value"]
+        row["holds"] = v is not None and (v >= row["bound"] if row["higher_is_better"] else v <= row["bound"])
+    return rows
+
+
+def measured_errors(report: dict) -> list[str]:
+    out = []
+    groups = {**{f"throughput/{k}": v for k, v in report["throughput"]["setups"].items()},
+              "proxy_hop/haproxy": report["proxy_hop"]["haproxy"], "proxy_hop/direct": report["proxy_hop"]["direct"],
+              **{f"scale/{lv['sessions_in_store']}": lv for lv in report["scale"]["levels"]}}
+    for name, stats in groups.items():
+        if stats["errors"] or not stats["ok"]:
+            sample = stats["error_samples"][0] if stats["error_samples"] else "no call succeeded"
+            out.append(f"{name}: {stats['errors']} of {stats['calls']} calls failed ({sample})")
+    return out
+
+
+# -- output -------------------------------------------------------------------------------
+
+
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def results_tables(report: dict) -> list[Table]:
+    tables = []
+    t = Table(title=f"Throughput: {report['config']['sessions']} sessions, mix {report['config']['mix']}, "
+                    f"{report['config']['generation']} clients", title_justify="left")
+    for col in ("setup", "calls", "errors", "calls/s", "p50 ms", "p95 ms", "p99 ms", "answered by"):
+        t.add_column(col, justify="left" if col in ("setup", "answered by") else "right")
+    for name, s in report["throughput"]["setups"].items():
+        spread = " ".join(f"{k}:{v}" for k, v in s["instances"].items())
+        t.add_row(name, str(s["calls"]), f"[red]{s['errors']}[/red]" if s["errors"] else "0", f"{s['calls_per_s']:.0f}",
+                  _ms(s["p50_ms"]), _ms(s["p95_ms"]), _ms(s["p99_ms"]), spread)
+    t.caption = "  ".join(f"{k} {v}" for k, v in report["throughput"]["ratios"].items())
+    t.caption_justify = "left"
+    tables.append(t)
+
+    h = report["proxy_hop"]
+    t = Table(title="Proxy hop, one session", title_justify="left")
+    for col in ("setup", "calls", "errors", "p50 ms", "p95 ms", "p99 ms"):
+        t.add_column(col, justify="left" if col == "setup" else "right")
+    for name in ("haproxy", "direct"):
+        s = h[name]
+        t.add_row(name, str(s["calls"]), str(s["errors"]), _ms(s["p50_ms"]), _ms(s["p95_ms"]), _ms(s["p99_ms"]))
+    t.caption = f"hop (p50 difference): {_ms(h['hop_p50_ms'])} ms"
+    t.caption_justify = "left"
+    tables.append(t)
+
+    sc = report["scale"]
+    t = Table(title="Latency as sessions pile up (one session, through HAProxy)", title_justify="left")
+    for col in ("sessions in store", "calls", "errors", "p50 ms", "p95 ms", "p99 ms", "p50 / at 0"):
+        t.add_column(col, justify="right")
+    for lv in sc["levels"]:
+        n = lv["sessions_in_store"]
+        ratio = sc["p50_ratio_to_0"].get(str(n)) if n else None
+        t.add_row(f"{n:,}", str(lv["calls"]), str(lv["errors"]), _ms(lv["p50_ms"]), _ms(lv["p95_ms"]),
+                  _ms(lv["p99_ms"]), "-" if ratio is None else f"{ratio:.2f}")
+    tables.append(t)
+
+    m = report["memory"]
+    t = Table(title=f"Redis per session (counter + 3 notes), {m['sessions_created']} sessions", title_justify="left")
+    for col in ("key", "bytes"):
+        t.add_column(col, justify="left" if col == "key" else "right")
+    per = m["memory_usage_per_key"]
+    t.add_row("mcp:session:<id>", f"{per['session']:.0f}")
+    t.add_row("mcp:record:<id>", f"{per['record']:.0f}")
+    t.add_row("mcp:events:<id>", f"{per['events']:.0f}")
+    t.add_row(f"mcp:op:<id>:* ({per['op_keys']:.0f} keys)", f"{per['op']:.0f}")
+    t.add_row("total (MEMORY USAGE)", f"{m['memory_usage_total']:.0f}")
+    t.add_row("used_memory delta / session", f"{m['used_memory_delta_per_session']:.0f}")
+    tables.append(t)
+    return tables
+
+
+def draw_chart(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    setups = report["throughput"]["setups"]
+    lat = report["_latencies"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name in setups:
+        values = sorted(v * 1e3 for v in lat.get(name, []))
+        if values:
+            left.plot(values, [i / len(values) for i in range(1, len(values) + 1)], label=name)
+    left.set_xscale("log")
+    left.set_xlabel("latency, ms (log)")
+    left.set_ylabel("fraction of calls at or below")
+    left.set_title(f"Latency per setup, {report['config']['sessions']} sessions")
+    left.grid(True, which="both", alpha=0.3)
+    left.legend()
+    names = list(setups)
+    bars = right.bar(names, [setups[n]["calls_per_s"] for n in names], color=["C0", "C1", "C2", "C3"][: len(names)])
+    right.bar_label(bars, fmt="%.0f")
+    right.set_ylabel("calls / s")
+    right.set_title(f"Throughput per setup, mix {report['config']['mix']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# -- command line -------------------------------------------------------------------------
+
+
+def require_loopback(url: str, what: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BenchError(f"{what} {url!r} is not an http(s) URL")
+    host = "127.0.0.1" if parts.hostname == "localhost" else parts.hostname
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise BenchError(f"{what} {url} is not on loopback; this benchmark only runs against loopback addresses")
+    return url
+
+
+def running_stack() -> Stack:
+    stack = Stack.load()
+    if not ipaddress.ip_address(stack.config.host).is_loopback:
+        raise BenchError(f"the stack listens on {stack.config.host}; this benchmark only runs against loopback")
+    problems = [f"{svc.name} is {stack.state(svc.name)}" if stack.state(svc.name) != "running"
+                else f"{svc.name} is not healthy" for svc in stack.services()
+                if stack.state(svc.name) != "running" or not stack.healthy(svc.name)]
+    if problems:
+        raise BenchError(f"the stack in {stack.config.state_dir} is not up and healthy ({'; '.join(problems)}). "
+                         "Start it with `python stack.py up -d`, or pass --own-stack.")
+    return stack
+
+
+async def check_compare(url: str) -> None:
+    """Before anything starts: an unreachable or non-MCP --compare URL is an error, said plainly."""
+    setup = await open_setup("compare", url, SessionClient, 1)
+    await close_setup(setup)
+
+
+async def run(stack: Stack, plan: Plan, log_dir: Path) -> dict:
+    floor = Floor(stack, len(stack.config.replica_ports), log_dir)
+    with console.status("starting the floor (bench_floor.py behind its own HAProxy)"):
+        await asyncio.to_thread(floor.start)
+    setups = 4 if plan.compare else 3
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                      TimeElapsedColumn(), console=console, transient=not console.is_terminal) as progress:
+            task = progress.add_task("starting", total=plan.planned_seconds(setups) + 1)
+            throughput = await section_throughput(stack, floor, plan, progress, task)
+            latencies = throughput.pop("_latencies")  # for the chart only, kept out of the JSON
+            hop = await section_hop(stack, plan, progress, task)
+            scale = await section_scale(stack, plan, progress, task)
+            memory = await section_memory(stack, plan, progress, task)
+            progress.update(task, description="done", completed=progress.tasks[0].total)
+    finally:
+        await asyncio.to_thread(floor.stop)
+        await asyncio.to_thread(forget_floor_keys, stack.config.redis_port)
+    return {"throughput": throughput, "proxy_hop": hop, "scale": scale, "memory": memory, "_latencies": latencies}
+
+
+@click.command()
+@click.option("--mix", default="increment_counter", show_default=True,
+              help="Tools to call and their weights, e.g. increment_counter=3,get_counter=1.")
+@click.option("--sessions", type=click.IntRange(1, 256), default=8, show_default=True,
+              help="Concurrent sessions per setup, each calling back to back.")
+@click.option("--duration", type=click.FloatRange(1, 600), default=15.0, show_default=True,
+              help="Seconds of measured load per setup (split into interleaved rounds).")
+@click.option("--generation", type=click.Choice(["session", "sessionless"]), default="session", show_default=True,
+              help="session: 2025-11-25 with mcp-session-id; sessionless: 2026-07-28 with a create_session handle.")
+@click.option("--compare", "compare", metavar="URL",
+              help="Another MCP endpoint (session-era, the kit's tool contract) measured beside ours.")
+@click.option("--quick", is_flag=True, help="Short rounds and fewer sessions made: under a minute, for CI.")
+@click.option("--own-stack", is_flag=True, help="Start a stack of its own on free loopback ports, stop it at the end.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the results here.")
+@click.option("--chart", "chart_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Draw latency distributions and throughput per setup into this PNG.")
+@click.option("--check-targets", is_flag=True, help="Exit 1 when a target is missed (otherwise they are only printed).")
+def main(mix: str, sessions: int, duration: float, generation: str, compare: str | None, quick: bool,
+         own_stack: bool, json_path: Path | None, chart_path: Path | None, check_targets: bool) -> None:
+    """Measure calls/s and latency through HAProxy, directly and against a bare floor; scale; memory."""
+    plan = Plan(parse_mix(mix), sessions, 3.0 if quick and duration == 15.0 else duration, generation, quick, compare)
+    stack: Stack | None = None
+    state_dir = Path(tempfile.mkdtemp(prefix="bench-"))
+    started = time.monotonic()
+    try:
+        if compare:
+            require_loopback(compare, "--compare")
+            asyncio.run(check_compare(compare))
+        if own_stack:
+            stack = Stack(StackConfig.on_free_ports(state_dir / "stack"))
+            with console.status(f"starting a stack of its own in {state_dir}"):
+                stack.up()
+        else:
+            stack = running_stack()
+        report = asyncio.run(run(stack, plan, state_dir / "floor-logs"))
+    except (BenchError, StackError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        if own_stack and stack is not None:
+            stack.down()
+        click.echo(f"logs are kept in {state_dir}", err=True)
+        sys.exit(2)
+    except BaseException:
+        if own_stack and stack is not None:
+            stack.down()
+        raise
+    if own_stack:
+        with console.status("stopping the benchmark's stack"):
+            stack.down()
+
+    latencies = report.pop("_latencies")
+    report["config"] = {"mix": mix, "sessions": sessions, "duration_s": plan.duration, "rounds": plan.rounds,
+                        "generation": generation, "quick": quick, "own_stack": own_stack, "compare": compare,
+                        "replicas": len(stack.config.replica_ports), "cpus": os.cpu_count()}
+    report["targets"] = targets(report)
+    errors = measured_errors(report)
+    report["errors"] = errors
+    report["ok"] = not errors
+    report["seconds"] = round(time.monotonic() - started, 1)
+    report = {k: report[k] for k in ("ok", "errors", "config", "targets", "throughput", "proxy_hop", "scale",
+                                     "memory", "seconds")}
+
+    for table in results_tables(report):
+        console.print(table)
+    for row in report["targets"]:
+        mark = "[green]holds[/green]" if row["holds"] else "[red]missed[/red]"
+        console.print(f"{mark}  {row['target']}: {row['value']}")
+    if json_path is not None:
+        json_path.write_text(json.dumps(report, indent=2))
+        console.print(f"results written to {json_path}")
+    if chart_path is not None:
+        draw_chart({**report, "_latencies": latencies}, chart_path)
+        console.print(f"chart drawn in {chart_path}")
+    if errors:
+        click.echo("error: calls failed during the measurement, so these figures are not a result:", err=True)
+        for e in errors:
+            click.echo(f"  - {e}", err=True)
+        click.echo(f"logs are kept in {state_dir}", err=True)
+        sys.exit(1)
+    shutil.rmtree(state_dir, ignore_errors=True)
+    if check_targets and not all(r["holds"] for r in report["targets"]):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
