@@ -1,0 +1,94 @@
+"""The performance benchmark (bench.py), run as a user runs it: `--quick --own-stack --json`.
+
+Only generous ratio bounds, never absolute times: this machine is shared and
+noisy, and the benchmark's own targets are for the full run (see the README).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from stack import free_ports
+
+
+def run_bench(*args: str, env: dict[str, str] | None = None, timeout: float = 150) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "bench.py"), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    chart = out.with_suffix(".png")
+    done = run_bench("--quick", "--own-stack", "--json", str(out), "--chart", str(chart))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert chart.stat().st_size > 10_000
+    return json.loads(out.read_text())
+
+
+def sane(stats: dict) -> None:
+    assert stats["calls"] > 0 and stats["ok"] == stats["calls"] and stats["errors"] == 0, stats
+    assert 0 < stats["p50_ms"] <= stats["p95_ms"] <= stats["p99_ms"], stats
+
+
+@pytest.mark.timeout(180)
+def test_every_section_is_there_with_sane_values(report: dict) -> None:
+    assert report["ok"] and report["errors"] == []
+    setups = report["throughput"]["setups"]
+    assert set(setups) == {"haproxy", "direct", "floor"}
+    for stats in setups.values():
+        sane(stats)
+        assert stats["calls_per_s"] > 0
+    # Through HAProxy, the sessions are spread over the replicas; directly, one replica answers.
+    assert len(setups["haproxy"]["instances"]) >= 2
+    assert list(setups["direct"]["instances"]) == ["mcp-server-1"]
+    assert set(report["throughput"]["ratios"]) >= {"haproxy_vs_floor_throughput", "haproxy_vs_direct_throughput"}
+    sane(report["proxy_hop"]["haproxy"])
+    sane(report["proxy_hop"]["direct"])
+    assert report["proxy_hop"]["hop_p50_ms"] is not None
+    levels = [lv["sessions_in_store"] for lv in report["scale"]["levels"]]
+    assert levels == [0, 10_000, 100_000, 0]
+    for lv in report["scale"]["levels"]:
+        sane(lv)
+    memory = report["memory"]
+    assert memory["memory_usage_per_key"]["session"] > 0 and memory["memory_usage_per_key"]["record"] > 0
+    assert memory["memory_usage_total"] > 0 and memory["used_memory_delta_per_session"] > 0
+    assert len(report["targets"]) == 4 and all(isinstance(t["holds"], bool) for t in report["targets"])
+
+
+@pytest.mark.timeout(180)
+def test_ratios_within_generous_bounds(report: dict) -> None:
+    ratios = report["throughput"]["ratios"]
+    assert ratios["haproxy_vs_floor_throughput"] >= 0.10  # the target is 0.5; quick runs here give ~0.25, so 0.2 would be flaky
+    assert ratios["haproxy_vs_direct_throughput"] >= 0.3
+    scale = report["scale"]["p50_ratio_to_0"]
+    assert scale["100000"] <= 3 and scale["100000"] / scale["10000"] <= 3
+
+
+def test_an_unreachable_compare_url_exits_non_zero_with_a_plain_message() -> None:
+    (port,) = free_ports(1)
+    done = run_bench("--quick", "--compare", f"http://127.0.0.1:{port}/mcp", timeout=60)
+    assert done.returncode == 2
+    assert f"could not open a session at http://127.0.0.1:{port}/mcp" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_non_loopback_compare_url_is_refused() -> None:
+    done = run_bench("--quick", "--compare", "http://192.0.2.1/mcp", timeout=60)
+    assert done.returncode == 2 and "only runs against loopback" in done.stderr
+
+
+def test_a_stack_that_is_not_up_exits_non_zero_with_a_plain_message(tmp_path: Path) -> None:
+    http, stats, redis, replica = free_ports(4)
+    env = {"STACK_DIR": str(tmp_path), "MCP_HTTP_PORT": str(http), "MCP_STATS_PORT": str(stats),
+           "REDIS_PORT": str(redis), "MCP_BASE_PORT": str(replica), "MCP_REPLICAS": "1"}
+    done = run_bench("--quick", env=env, timeout=60)
+    assert done.returncode == 2
+    assert "is not up and healthy" in done.stderr and "Traceback" not in done.stderr
