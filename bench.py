@@ -917,7 +917,10 @@ def main(mix: str, sessions: int, duration: float, generation: str, compare: str
         click.echo(f"error: {exc}", err=True)
         if own_stack and stack is not None:
             stack.down()
-        click.echo(f"logs are kept in {state_dir}", err=True)
+        if any(state_dir.rglob("*.log")):
+            click.echo(f"logs are kept in {state_dir}", err=True)
+        else:
+            shutil.rmtree(state_dir, ignore_errors=True)
         sys.exit(2)
     except BaseException:
         if own_stack and stack is not None:

@@ -92,3 +92,10 @@ def test_a_stack_that_is_not_up_exits_non_zero_with_a_plain_message(tmp_path: Pa
     done = run_bench("--quick", env=env, timeout=60)
     assert done.returncode == 2
     assert "is not up and healthy" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_tool_that_errors_exits_non_zero_before_anything_is_measured() -> None:
+    done = run_bench("--quick", "--own-stack", "--mix", "no_such_tool", timeout=110)
+    assert done.returncode == 2
+    assert "the tool 'no_such_tool' fails" in done.stderr and "Traceback" not in done.stderr
