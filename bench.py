@@ -89,7 +89,7 @@ TARGET_BYTES_PER_SESSION = 288
 TARGET_HOP_MS = 1.0
 
 # Sessions shaped like real ones (a counter and three notes), made inside Redis
-# in one call; the same scripts as tests/test_scale.py.
+# in one call (tests/test_scale.py uses them too).
 FILL = """
 local now = redis.call('TIME')[1]
 for i = 1, tonumber(ARGV[1]) do

@@ -14,33 +14,13 @@ import uuid
 
 import pytest
 
+from bench import EMPTY, FILL  # sessions made inside Redis, one call instead of 300,000 round trips
 from mcp_http import RawSession
 from stack import Stack
 from stores.redis_store import RedisSessionStore
 
 SESSIONS = 100_000
 BOUND = 1.5
-
-# 100,000 sessions shaped like real ones (a counter and three notes), made
-# inside Redis in one call rather than 300,000 round trips.
-FILL = """
-local now = redis.call('TIME')[1]
-for i = 1, tonumber(ARGV[1]) do
-  local sid = ARGV[2] .. string.format('%024x', i)
-  redis.call('HSET', KEYS[1] .. sid, 'counter', '1', 'notes', '["one","two","three"]')
-  redis.call('EXPIRE', KEYS[1] .. sid, 1800)
-  redis.call('ZADD', KEYS[2], now, sid)
-end
-return tonumber(ARGV[1])
-"""
-
-EMPTY = """
-for i = 1, tonumber(ARGV[1]) do
-  local sid = ARGV[2] .. string.format('%024x', i)
-  redis.call('DEL', KEYS[1] .. sid)
-  redis.call('ZREM', KEYS[2], sid)
-end
-"""
 
 
 def redis_eval(stack: Stack, script: str, prefix: str, marker: str) -> None:
