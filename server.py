@@ -136,25 +136,29 @@ async def create_session() -> dict:
 @mcp.tool
 async def increment_counter(ctx: Context, session_id: SessionHandle = None) -> dict:
     """Add one to this session's counter, atomically; returns the new value."""
-    return {"counter": await (await session_of(ctx, session_id)).incr("counter"), "instance": INSTANCE_ID}
+    session = await session_of(ctx, session_id)
+    return {"counter": await session.incr("counter"), "instance": INSTANCE_ID}
 
 
 @mcp.tool(annotations=READ_ONLY)
 async def get_counter(ctx: Context, session_id: SessionHandle = None) -> dict:
     """This session's counter (0 when never incremented)."""
-    return {"counter": await (await session_of(ctx, session_id)).get("counter", 0), "instance": INSTANCE_ID}
+    session = await session_of(ctx, session_id)
+    return {"counter": await session.get("counter", 0), "instance": INSTANCE_ID}
 
 
 @mcp.tool
 async def add_note(note: str, ctx: Context, session_id: SessionHandle = None) -> dict:
     """Append a note to this session's notes, atomically."""
-    return {"notes_count": await (await session_of(ctx, session_id)).append("notes", note), "instance": INSTANCE_ID}
+    session = await session_of(ctx, session_id)
+    return {"notes_count": await session.append("notes", note), "instance": INSTANCE_ID}
 
 
 @mcp.tool(annotations=READ_ONLY)
 async def list_notes(ctx: Context, session_id: SessionHandle = None) -> dict:
     """This session's notes in insertion order."""
-    return {"notes": await (await session_of(ctx, session_id)).get("notes", []), "instance": INSTANCE_ID}
+    session = await session_of(ctx, session_id)
+    return {"notes": await session.get("notes", []), "instance": INSTANCE_ID}
 
 
 async def live_sessions(ctx: Context) -> int:
