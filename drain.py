@@ -26,6 +26,7 @@ import logging
 import time
 
 import uvicorn
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class Drain:
             if scope["type"] != "http" or scope["path"] != path:
                 return await app(scope, receive, send)
             if self.draining:
-                return await _refuse(send)
+                return await REFUSED(scope, receive, send)
             if scope["method"] == "GET":
                 # A GET stream may stay open as long as the client likes: not a call to wait for.
                 return await app(scope, receive, send)
@@ -87,12 +88,11 @@ class Drain:
         log.info("drained in %.1f s", time.monotonic() - started)
 
 
-async def _refuse(send: Send) -> None:
-    body = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32000,"message":"Replica draining; try another"}}'
-    await send({"type": "http.response.start", "status": 503, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"retry-after", b"1"),
-    ]})
-    await send({"type": "http.response.body", "body": body})
+REFUSED = JSONResponse(
+    {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": "Replica draining; try another"}},
+    status_code=503,
+    headers={"retry-after": "1"},
+)
 
 
 class DrainingServer(uvicorn.Server):

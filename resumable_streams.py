@@ -43,13 +43,14 @@ finish and write its result, and the resumed stream delivers that result.
 
 from __future__ import annotations
 
-import json
 import logging
 
 import anyio
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
 from mcp_types import JSONRPCError, JSONRPCMessage, JSONRPCResponse
 from pydantic import TypeAdapter
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from session_store import SessionStore, StoreUnavailable, is_event_id, is_session_id
@@ -127,24 +128,13 @@ class SessionEvents(EventStore):
             await anyio.sleep(self.poll_seconds)
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    """The first value of a request header, as the SDK reads it."""
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
-
-
 def resumes_stream(scope: Scope) -> bool:
     """Whether the request resumes a stream (GET with a Last-Event-ID): it reads, and changes nothing."""
-    return scope["method"] == "GET" and bool(_header(scope, b"last-event-id"))
+    return scope["method"] == "GET" and bool(Headers(scope=scope).get("last-event-id"))
 
 
-async def _refuse(send: Send, status: int, message: str) -> None:
-    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}, status_code=status)
 
 
 class CheckResumption:
@@ -162,16 +152,17 @@ class CheckResumption:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == self.path and resumes_stream(scope):
-            session_id = _header(scope, b"mcp-session-id")
+            headers = Headers(scope=scope)
+            session_id = headers.get("mcp-session-id")
             # No session, or one this kit never mints: the SDK answers as usual (400 / 404).
             if is_session_id(session_id):
-                last_event_id = _header(scope, b"last-event-id")
+                last_event_id = headers.get("last-event-id")
                 if not is_event_id(last_event_id):
-                    return await _refuse(send, 400, MALFORMED)
+                    return await _error(400, MALFORMED)(scope, receive, send)
                 try:
                     found = await self.store.events_after(session_id, last_event_id)
                 except StoreUnavailable:
-                    return await _refuse(send, 503, UNAVAILABLE)
+                    return await _error(503, UNAVAILABLE)(scope, receive, send)
                 if found is None:
-                    return await _refuse(send, 404, UNKNOWN)
+                    return await _error(404, UNKNOWN)(scope, receive, send)
         await self.app(scope, receive, send)

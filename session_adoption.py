@@ -30,7 +30,6 @@ The SDK-facing half (creating a transport under a given id) is in
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import weakref
 from collections.abc import Callable
@@ -40,6 +39,8 @@ from fastmcp.server.dependencies import get_http_request
 from fastmcp.server.middleware import Middleware, MiddlewareContext
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import sdk_sessions
@@ -99,13 +100,8 @@ class RecordSessions(Middleware):
         return result
 
 
-async def _reply(send: Send, status: int, message: str | None) -> None:
-    body = b"" if message is None else json.dumps(
-        {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
-    ).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}, status_code=status)
 
 
 class AdoptSessions:
@@ -124,7 +120,8 @@ class AdoptSessions:
         self._prune_at = 1000
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        session_id = _session_header(scope) if scope["type"] == "http" and scope["path"] == self.path else None
+        is_mcp = scope["type"] == "http" and scope["path"] == self.path
+        session_id = Headers(scope=scope).get("mcp-session-id") if is_mcp else None
         if session_id is None or not is_session_id(session_id):
             # No session, or one this kit never mints: the SDK answers as usual (400 / 404).
             return await self.app(scope, receive, send)
@@ -135,15 +132,15 @@ class AdoptSessions:
         try:
             if scope["method"] == "DELETE":
                 if not await self._end(manager, session_id):
-                    return await _reply(send, 404, "Session not found")
+                    return await _error(404, "Session not found")(scope, receive, send)
                 if not sdk_sessions.holds(manager, session_id):
-                    return await _reply(send, 200, None)
+                    return await Response(status_code=200)(scope, receive, send)
             elif not sdk_sessions.holds(manager, session_id) or session_id in self.ownership.stale:
                 if not await self._adopt(manager, session_id, take_over=not resumes_stream(scope)):
-                    return await _reply(send, 404, "Session not found")
+                    return await _error(404, "Session not found")(scope, receive, send)
         except StoreUnavailable:
             # Nothing was processed, so the proxy may safely try another replica.
-            return await _reply(send, 503, "Session store unavailable")
+            return await _error(503, "Session store unavailable")(scope, receive, send)
         await self.app(scope, receive, send)
 
     async def _adopt(self, manager: Any, session_id: str, *, take_over: bool) -> bool:
@@ -198,10 +195,3 @@ class AdoptSessions:
         self.ownership.epochs.pop(session_id, None)
         self.ownership.stale.discard(session_id)
         return ended or sdk_sessions.holds(manager, session_id)
-
-
-def _session_header(scope: Scope) -> str | None:
-    for name, value in scope["headers"]:
-        if name == b"mcp-session-id":
-            return value.decode("latin-1")
-    return None
