@@ -62,7 +62,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from stack import ROOT, Stack, StackConfig, StackError, free_ports, http_status
+from stack import ROOT, Stack, StackConfig, StackError, free_ports, http_status, running_stack
 
 SESSION_PROTOCOL = "2025-11-25"
 SESSIONLESS_PROTOCOL = "2026-07-28"
@@ -121,6 +121,10 @@ class CallFailed(Exception):
     pass
 
 
+# What one call may raise when the target misbehaves: counted as a failed call, never a crash.
+CALL_ERRORS = (CallFailed, httpx2.HTTPError, TimeoutError, ValueError, OSError)
+
+
 def _message(response: httpx2.Response) -> dict:
     if response.status_code != 200:
         raise CallFailed(f"HTTP {response.status_code}: {response.text[:160]}")
@@ -133,9 +137,9 @@ def _message(response: httpx2.Response) -> dict:
 
 
 def _result(message: dict) -> dict:
-    if "result" not in message:
-        raise CallFailed(f"JSON-RPC error: {json.dumps(message.get('error', message))[:160]}")
-    result = message["result"]
+    result = message.get("result") if isinstance(message, dict) else None
+    if not isinstance(result, dict):
+        raise CallFailed(f"no result: {json.dumps(message)[:160]}")
     if result.get("isError"):
         raise CallFailed(f"tool error: {json.dumps(result.get('content'))[:160]}")
     return result.get("structuredContent") or {}
@@ -234,7 +238,10 @@ class FloorClient(Client):
         response = await self.http.post(self.url, json={"session_id": self.session_id})
         if response.status_code != 200:
             raise CallFailed(f"HTTP {response.status_code}: {response.text[:160]}")
-        return response.json()
+        answer = response.json()
+        if not isinstance(answer, dict):
+            raise CallFailed(f"not an object: {response.text[:160]}")
+        return answer
 
 
 # -- measuring ----------------------------------------------------------------------------
@@ -317,7 +324,7 @@ async def drive(client: Client, tools: itertools.cycle, seconds: float, samples:
         try:
             async with asyncio.timeout(CALL_TIMEOUT):
                 result = await client.call(tool, DEFAULT_ARGS.get(tool, {}))
-        except (CallFailed, httpx2.HTTPError, TimeoutError, ValueError, OSError) as exc:
+        except CALL_ERRORS as exc:
             if samples is not None:
                 samples.add_error(f"{tool}: {type(exc).__name__}: {exc}"[:200])
             continue
@@ -345,7 +352,8 @@ async def open_setup(name: str, url: str, kind: type[Client], sessions: int) -> 
     try:
         async with asyncio.timeout(30):
             await asyncio.gather(*(c.open() for c in clients))
-    except (CallFailed, httpx2.HTTPError, TimeoutError, ValueError, OSError) as exc:
+    except CALL_ERRORS as exc:
+        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
         await http.aclose()
         raise BenchError(f"{name}: could not open a session at {url}: {type(exc).__name__}: {exc}".rstrip(": ")) from None
     return Setup(name, url, clients, http)
@@ -366,7 +374,7 @@ async def probe_tools(setup: Setup, mix: list[tuple[str, int]]) -> None:
         try:
             async with asyncio.timeout(CALL_TIMEOUT):
                 await setup.clients[0].call(tool, DEFAULT_ARGS.get(tool, {}))
-        except (CallFailed, httpx2.HTTPError, TimeoutError, ValueError, OSError) as exc:
+        except CALL_ERRORS as exc:
             raise BenchError(f"{setup.name}: the tool {tool!r} fails at {setup.url}: {type(exc).__name__}: {exc}") from None
 
 
@@ -598,8 +606,9 @@ async def section_scale(stack: Stack, plan: Plan, progress: Progress, task) -> d
             elif level < have:
                 progress.update(task, description="scale: emptying the store")
                 while filled:
-                    marker, count = filled.pop()
+                    marker, count = filled[-1]
                     await asyncio.to_thread(fill, port, EMPTY, count, marker)
+                    filled.pop()  # only once emptied: the finally below retries what is left
                 have = 0
             setup.samples = Samples()
             progress.update(task, description=f"scale: one session at {level:,} sessions in the store")
@@ -635,7 +644,7 @@ async def section_memory(stack: Stack, plan: Plan, progress: Progress, task) -> 
                     await client.call("increment_counter", {})
                     for note in ("one", "two", "three"):
                         await client.call("add_note", {"note": note})
-            except (CallFailed, httpx2.HTTPError, TimeoutError, ValueError, OSError) as exc:
+            except CALL_ERRORS as exc:
                 failures.append(f"{type(exc).__name__}: {exc}"[:200])
 
     try:
@@ -656,6 +665,9 @@ async def section_memory(stack: Stack, plan: Plan, progress: Progress, task) -> 
                 total = 0
                 for name in names:
                     out = (await asyncio.to_thread(redis_cli, port, "MEMORY", "USAGE", name, "SAMPLES", "0")).strip()
+                    if not out.isdigit() and kind in ("session", "record"):
+                        # Counting it as 0 would make the per-session figure look better than it is.
+                        raise BenchError(f"memory: {name} is missing ({out or 'no answer'})")
                     total += int(out) if out.isdigit() else 0
                 sizes[kind] = total
             sizes["op_keys"] = len(keys["op"])
@@ -838,19 +850,6 @@ def require_loopback(url: str, what: str) -> str:
     return url
 
 
-def running_stack() -> Stack:
-    stack = Stack.load()
-    if not ipaddress.ip_address(stack.config.host).is_loopback:
-        raise BenchError(f"the stack listens on {stack.config.host}; this benchmark only runs against loopback")
-    problems = [f"{svc.name} is {stack.state(svc.name)}" if stack.state(svc.name) != "running"
-                else f"{svc.name} is not healthy" for svc in stack.services()
-                if stack.state(svc.name) != "running" or not stack.healthy(svc.name)]
-    if problems:
-        raise BenchError(f"the stack in {stack.config.state_dir} is not up and healthy ({'; '.join(problems)}). "
-                         "Start it with `python stack.py up -d`, or pass --own-stack.")
-    return stack
-
-
 async def check_compare(url: str) -> None:
     """Before anything starts: an unreachable or non-MCP --compare URL is an error, said plainly."""
     setup = await open_setup("compare", url, SessionClient, 1)
@@ -859,10 +858,11 @@ async def check_compare(url: str) -> None:
 
 async def run(stack: Stack, plan: Plan, log_dir: Path) -> dict:
     floor = Floor(stack, len(stack.config.replica_ports), log_dir)
-    with console.status("starting the floor (bench_floor.py behind its own HAProxy)"):
-        await asyncio.to_thread(floor.start)
     setups = 4 if plan.compare else 3
     try:
+        # Inside the try: a floor that fails half-way is stopped too.
+        with console.status("starting the floor (bench_floor.py behind its own HAProxy)"):
+            await asyncio.to_thread(floor.start)
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                       TimeElapsedColumn(), console=console, transient=not console.is_terminal) as progress:
             task = progress.add_task("starting", total=plan.planned_seconds(setups) + 1)
@@ -883,8 +883,8 @@ async def run(stack: Stack, plan: Plan, log_dir: Path) -> dict:
               help="Tools to call and their weights, e.g. increment_counter=3,get_counter=1.")
 @click.option("--sessions", type=click.IntRange(1, 256), default=8, show_default=True,
               help="Concurrent sessions per setup, each calling back to back.")
-@click.option("--duration", type=click.FloatRange(1, 600), default=15.0, show_default=True,
-              help="Seconds of measured load per setup (split into interleaved rounds).")
+@click.option("--duration", type=click.FloatRange(1, 600), default=None,
+              help="Seconds of measured load per setup (split into interleaved rounds); 15, or 3 with --quick.")
 @click.option("--generation", type=click.Choice(["session", "sessionless"]), default="session", show_default=True,
               help="session: 2025-11-25 with mcp-session-id; sessionless: 2026-07-28 with a create_session handle.")
 @click.option("--compare", "compare", metavar="URL",
@@ -895,10 +895,11 @@ async def run(stack: Stack, plan: Plan, log_dir: Path) -> dict:
 @click.option("--chart", "chart_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Draw latency distributions and throughput per setup into this PNG.")
 @click.option("--check-targets", is_flag=True, help="Exit 1 when a target is missed (otherwise they are only printed).")
-def main(mix: str, sessions: int, duration: float, generation: str, compare: str | None, quick: bool,
+def main(mix: str, sessions: int, duration: float | None, generation: str, compare: str | None, quick: bool,
          own_stack: bool, json_path: Path | None, chart_path: Path | None, check_targets: bool) -> None:
     """Measure calls/s and latency through HAProxy, directly and against a bare floor; scale; memory."""
-    plan = Plan(parse_mix(mix), sessions, 3.0 if quick and duration == 15.0 else duration, generation, quick, compare)
+    duration = duration or (3.0 if quick else 15.0)
+    plan = Plan(parse_mix(mix), sessions, duration, generation, quick, compare)
     stack: Stack | None = None
     state_dir = Path(tempfile.mkdtemp(prefix="bench-"))
     started = time.monotonic()
@@ -925,6 +926,7 @@ def main(mix: str, sessions: int, duration: float, generation: str, compare: str
     except BaseException:
         if own_stack and stack is not None:
             stack.down()
+        click.echo(f"logs are kept in {state_dir}", err=True)
         raise
     if own_stack:
         with console.status("stopping the benchmark's stack"):

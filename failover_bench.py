@@ -32,7 +32,6 @@ Tests call `run_scenario(stack, scenario)` and `check_targets(report)` directly.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import random
@@ -57,7 +56,7 @@ from rich.live import Live
 from rich.table import Table
 
 from resilient_client import ResilientClient
-from stack import Stack, StackConfig, StackError
+from stack import Stack, StackConfig, StackError, running_stack
 
 SCENARIOS = ("kill", "pause", "rolling", "restart-all")
 
@@ -706,26 +705,6 @@ def check_targets(report: ScenarioReport) -> list[str]:
 
 # Piped output would otherwise wrap the results table at 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
-
-
-def running_stack() -> Stack:
-    """The stack `python stack.py up` started; StackError, saying what is wrong, unless it is whole."""
-    stack = Stack.load()
-    if not ipaddress.ip_address(stack.config.host).is_loopback:
-        raise StackError(f"the stack listens on {stack.config.host}; this benchmark only runs against loopback")
-    problems = []
-    for svc in stack.services():
-        state = stack.state(svc.name)
-        if state != "running":
-            problems.append(f"{svc.name} is {state}")
-        elif not stack.healthy(svc.name):
-            problems.append(f"{svc.name} is not healthy")
-    if problems:
-        raise StackError(
-            f"the stack in {stack.config.state_dir} is not up and healthy ({'; '.join(problems)}). "
-            "Start it with `python stack.py up -d`, or pass --own-stack to run on a stack of the benchmark's own."
-        )
-    return stack
 
 
 class LiveView:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import io
+import ipaddress
 import json
 import os
 import shutil
@@ -438,6 +439,26 @@ class Stack:
         if not path.exists():
             return "(no log)"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def running_stack() -> Stack:
+    """The stack `python stack.py up` started, for the benchmarks; StackError, saying what is wrong, unless whole."""
+    stack = Stack.load()
+    if not ipaddress.ip_address(stack.config.host).is_loopback:
+        raise StackError(f"the stack listens on {stack.config.host}; the benchmarks only run against loopback")
+    problems = []
+    for svc in stack.services():
+        state = stack.state(svc.name)
+        if state != "running":
+            problems.append(f"{svc.name} is {state}")
+        elif not stack.healthy(svc.name):
+            problems.append(f"{svc.name} is not healthy")
+    if problems:
+        raise StackError(
+            f"the stack in {stack.config.state_dir} is not up and healthy ({'; '.join(problems)}). "
+            "Start it with `python stack.py up -d`, or pass --own-stack to run on a stack of the benchmark's own."
+        )
+    return stack
 
 
 # -- command line --------------------------------------------------------------------
