@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from session_store import Op
 from stores.redis_store import RedisSessionStore
 
 INSTANCE_ID = os.environ.get("INSTANCE_ID", "floor-1")
@@ -40,8 +41,8 @@ async def incr(request: Request) -> Response:
         session_id = json.loads(await request.body())["session_id"]
     except (ValueError, KeyError, TypeError):
         return JSONResponse({"error": "send {\"session_id\": ...}"}, status_code=400)
-    op_id = request.headers.get("x-request-id") or uuid.uuid4().hex
-    counter = await store.incr(session_id, "counter", op_id=op_id)
+    op = Op(request.headers.get("x-request-id") or uuid.uuid4().hex, "incr")
+    counter = await store.incr(session_id, "counter", op=op)
     return JSONResponse({"counter": counter, "instance": INSTANCE_ID})
 
 

@@ -12,8 +12,9 @@ that sent it; and without a store (as this kit had) it resumes nowhere.
 Here:
 
 1. every event of a session goes to the session's event log in the shared
-   store (`SessionStore.add_event`: one Redis stream per session, bounded by
-   count and TTL), so every replica can read it. `SessionEvents` is the SDK's
+   store (`SessionStore.add_event`: one Redis list per session, bounded by
+   count and kept a few minutes after its latest event), so every replica
+   can read it. `SessionEvents` is the SDK's
    `EventStore` bound to one session; `session_adoption.py` gives one to the
    transport of every session a replica opens or adopts (`sdk_sessions.py`
    does the reaching into the SDK);

@@ -39,8 +39,10 @@ from resumable_streams import CheckResumption
 from session_adoption import SESSION_MOVED, AdoptSessions, Ownership, RecordSessions
 from session_handles import SessionHandle, create_handle, session_era_id, session_id_for
 from session_store import (
+    DEFAULT_EVENT_TTL_SECONDS,
     DEFAULT_TTL_SECONDS,
     Fenced,
+    OpReused,
     Session,
     SessionStore,
     StoreUnavailable,
@@ -49,6 +51,7 @@ from session_store import (
 
 INSTANCE_ID = os.environ.get("INSTANCE_ID", "mcp-server-1")
 SESSION_TTL_SECONDS = int(os.environ.get("SESSION_TTL_SECONDS", DEFAULT_TTL_SECONDS))
+EVENT_TTL_SECONDS = int(os.environ.get("EVENT_TTL_SECONDS", DEFAULT_EVENT_TTL_SECONDS))
 REDIS_URL = os.environ.get("REDIS_URL", "")
 
 # Seconds analyze_data spends per item, so its progress stream is observable.
@@ -65,10 +68,10 @@ def make_store() -> SessionStore:
     if REDIS_URL:
         from stores.redis_store import RedisSessionStore
 
-        return RedisSessionStore(REDIS_URL, ttl_seconds=SESSION_TTL_SECONDS)
+        return RedisSessionStore(REDIS_URL, ttl_seconds=SESSION_TTL_SECONDS, event_ttl_seconds=EVENT_TTL_SECONDS)
     from stores.memory_store import InMemorySessionStore
 
-    return InMemorySessionStore(ttl_seconds=SESSION_TTL_SECONDS)
+    return InMemorySessionStore(ttl_seconds=SESSION_TTL_SECONDS, event_ttl_seconds=EVENT_TTL_SECONDS)
 
 
 store = make_store()
@@ -97,11 +100,11 @@ class StoreErrors(Middleware):
 
 
 class ExpectedToolFailures(logging.Filter):
-    """FastMCP logs a full traceback for every failed tool call; a store outage or a
-    fenced write is an expected, already-logged condition, not a bug to trace."""
+    """FastMCP logs a full traceback for every failed tool call; a store outage, a
+    fenced write or a reused idempotency key is an expected condition, not a bug to trace."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], (StoreUnavailable, Fenced)))
+        return not (record.exc_info and isinstance(record.exc_info[1], (StoreUnavailable, Fenced, OpReused)))
 
 
 logging.getLogger("fastmcp.server.server").addFilter(ExpectedToolFailures())
@@ -110,7 +113,7 @@ drain = Drain()
 # Unexpected errors reach the client as "Error calling tool", without internals.
 mcp = FastMCP(
     "mcp-ha-kit",
-    middleware=[StoreErrors(), IdempotentCalls(store), RecordSessions(store, ownership)],
+    middleware=[StoreErrors(), IdempotentCalls(), RecordSessions(store, ownership)],
     mask_error_details=True,
 )
 
@@ -123,7 +126,7 @@ READ_ONLY = {"readOnlyHint": True}
 async def session_of(ctx: Context, handle: str | None) -> Session:
     """The caller's session: its handle's, else its MCP session's (see session_handles.py)."""
     sid = await session_id_for(ctx, handle, store)
-    return Session(store, sid, epoch=ownership.epoch(sid), op_prefix=current_call.get())
+    return Session(store, sid, epoch=ownership.epoch(sid), call=current_call.get())
 
 
 @mcp.tool

@@ -89,9 +89,12 @@ class RecordSessions(Middleware):
         result = await call_next(context)
         session_id = context.fastmcp_context.session_id if context.fastmcp_context else None
         if result is not None and is_session_id(session_id):
+            params = context.message.params
+            # Entry by entry, each small: the store keeps them beside the session's state.
             record = {
-                "client_params": context.message.params.model_dump(mode="json", by_alias=True, exclude_none=True),
-                "protocol_version": result.protocol_version,
+                "version": result.protocol_version,
+                "client": params.client_info.model_dump(mode="json", by_alias=True, exclude_none=True),
+                "capabilities": params.capabilities.model_dump(mode="json", by_alias=True, exclude_none=True),
             }
             self.ownership.epochs[session_id] = await self.store.open_session(session_id, record)
             # Before the answer is routed, so it is the first event of the session's log.
@@ -163,7 +166,7 @@ class AdoptSessions:
             if found is None:
                 return False
             record, epoch = found
-            version = record.get("protocol_version") if isinstance(record, dict) else None
+            version = record.get("version")
             if version not in HANDSHAKE_PROTOCOL_VERSIONS:
                 log.warning("not adopting %s: corrupt record or unsupported protocol version %r", session_id, version)
                 return False
@@ -174,7 +177,11 @@ class AdoptSessions:
                     await sdk_sessions.adopt(
                         manager,
                         session_id,
-                        client_params=record["client_params"],
+                        client_params={
+                            "protocolVersion": version,
+                            "capabilities": record["capabilities"],
+                            "clientInfo": record["client"],
+                        },
                         protocol_version=version,
                         event_store=SessionEvents(self.store, session_id),
                     )

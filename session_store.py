@@ -16,18 +16,24 @@ you got it right.
 - **Session records**, for adoption: `open_session` records what a replica
   needs to take over a session it never saw (client info, protocol version),
   `adopt_session` hands it to a new replica and advances its ownership epoch,
-  `end_session` removes it so nobody can adopt it again.
-- **Safe writes**: every write takes `epoch=` and `op_id=`. With `epoch`, the
+  `end_session` removes it so nobody can adopt it again. The record lives and
+  expires with the session's state.
+- **Safe writes**: every write takes `epoch=` and `op=`. With `epoch`, the
   write applies only while the session's epoch is still that one, so a replica
   that was paused while another adopted its session cannot apply a stale write
-  (`Fenced`). With `op_id`, the write applies at most once: a repeat returns
-  the recorded result, and the record commits together with the change.
+  (`Fenced`). With `op` (an `Op`: which write of which call), the write applies
+  at most once: a repeat returns the recorded result, the record commits
+  together with the change, and the same op id sent for a different call is
+  refused (`OpReused`). Op records are kept for `op_ttl_seconds`.
 - **Session events**, for SSE streams that resume on any replica
   (`resumable_streams.py`): `add_event` appends a stream's message to the
   session's event log and names it; `events_after` answers a `Last-Event-ID`
   with what that stream sent since. The log is bounded by count
-  (`max_events`) and by the session TTL, and an event id only ever names an
-  event of its own session.
+  (`max_events`) and kept `event_ttl_seconds` after its latest event (a cut
+  stream is resumed within seconds; later, a client sends its call again),
+  and an event id only ever names an event of its own session.
+
+State keys are chosen by tool code; keys starting with "." are the store's own.
 """
 
 from __future__ import annotations
@@ -35,11 +41,16 @@ from __future__ import annotations
 import hashlib
 import re
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_TTL_SECONDS = 30 * 60
-# How long a write's op_id is remembered: a retry later than this counts as new.
+# How long a write's op is remembered: a retry later than this counts as new.
 DEFAULT_OP_TTL_SECONDS = 10 * 60
+# How long a session's events are kept after its latest one: a stream cut by a
+# failover is resumed within seconds, and a client that comes back later sends
+# its call again (its idempotency key makes that safe).
+DEFAULT_EVENT_TTL_SECONDS = 5 * 60
 # How many events of a session are kept for replay: enough for a long call's
 # progress, bounded so a chatty session cannot grow without limit.
 DEFAULT_MAX_EVENTS = 1000
@@ -87,12 +98,36 @@ def event_position(session_id: str, event_id: str) -> str | None:
     return position if tag == _event_tag(session_id) else None
 
 
+def check_key(key: str) -> str:
+    """A state key as tool code may use it: keys starting with "." belong to the store."""
+    if not isinstance(key, str) or not key or key.startswith("."):
+        raise ValueError(f"state keys are non-empty strings not starting with '.': {key!r}")
+    return key
+
+
+@dataclass(frozen=True)
+class Op:
+    """One write of one call, so a retried call applies each of its writes once.
+
+    `id` names the write (the call's idempotency key and the write's number in
+    the call); `digest` says what the call was (tool and arguments), so the
+    same key sent with a different call is refused instead of replayed.
+    """
+
+    id: str
+    digest: str
+
+
 class StoreUnavailable(Exception):
     """The store could not be reached; the operation may not have happened."""
 
 
 class Fenced(Exception):
     """Another replica adopted the session (or it ended): this write was not applied."""
+
+
+class OpReused(Exception):
+    """The op id was already used by a different call: this write was not applied."""
 
 
 class SessionStore(ABC):
@@ -103,14 +138,16 @@ class SessionStore(ABC):
         *,
         ttl_seconds: int = DEFAULT_TTL_SECONDS,
         op_ttl_seconds: int = DEFAULT_OP_TTL_SECONDS,
+        event_ttl_seconds: int = DEFAULT_EVENT_TTL_SECONDS,
         max_events: int = DEFAULT_MAX_EVENTS,
     ) -> None:
-        if ttl_seconds <= 0 or op_ttl_seconds <= 0:
+        if min(ttl_seconds, op_ttl_seconds, event_ttl_seconds) <= 0:
             raise ValueError("TTLs must be positive")
         if max_events <= 0:
             raise ValueError("max_events must be positive")
         self.ttl_seconds = ttl_seconds
         self.op_ttl_seconds = op_ttl_seconds
+        self.event_ttl_seconds = event_ttl_seconds
         self.max_events = max_events
 
     # -- state ---------------------------------------------------------------------
@@ -120,15 +157,15 @@ class SessionStore(ABC):
         """The value stored under `key`, or None."""
 
     @abstractmethod
-    async def set(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op_id: str | None = None) -> None:
+    async def set(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> None:
         """Store `value` under `key`, replacing what was there."""
 
     @abstractmethod
-    async def incr(self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op_id: str | None = None) -> int:
+    async def incr(self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op: Op | None = None) -> int:
         """Atomically add `by` to the integer under `key` (0 when unset); the new value."""
 
     @abstractmethod
-    async def append(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op_id: str | None = None) -> int:
+    async def append(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> int:
         """Atomically append `value` to the list under `key`; the list's new length."""
 
     @abstractmethod
@@ -136,7 +173,7 @@ class SessionStore(ABC):
         """Every entry of the session, in one consistent read."""
 
     @abstractmethod
-    async def copy(self, source_id: str, target_id: str, *, epoch: int | None = None, op_id: str | None = None) -> int:
+    async def copy(self, source_id: str, target_id: str, *, epoch: int | None = None, op: Op | None = None) -> int:
         """Atomically copy every entry of `source_id` over `target_id`; how many were copied.
 
         Costs time proportional to the source session's entries, never the store's.
@@ -154,7 +191,11 @@ class SessionStore(ABC):
 
     @abstractmethod
     async def open_session(self, session_id: str, record: dict[str, Any]) -> int:
-        """Record a new session (what adoption needs); its first epoch."""
+        """Record a new session (what adoption needs); its first epoch.
+
+        Keep the record's values small: a store may keep each entry beside the
+        session's state (Redis: one field each, in the session's hash).
+        """
 
     @abstractmethod
     async def session_record(self, session_id: str) -> dict[str, Any] | None:
@@ -168,16 +209,6 @@ class SessionStore(ABC):
     async def end_session(self, session_id: str) -> bool:
         """Forget the session's record, so nobody adopts it again; whether there was one."""
 
-    # -- results kept for at-most-once calls ----------------------------------------------
-
-    @abstractmethod
-    async def recall(self, session_id: str, op_id: str) -> Any | None:
-        """What `remember` kept for this op, or None."""
-
-    @abstractmethod
-    async def remember(self, session_id: str, op_id: str, value: Any) -> None:
-        """Keep `value` for this op for the op TTL."""
-
     # -- session events, for resumable streams --------------------------------------------
 
     @abstractmethod
@@ -186,7 +217,7 @@ class SessionStore(ABC):
 
         `message` is the JSON text of a JSON-RPC message, or None for a priming
         event (a place to resume from, with nothing to replay). The log keeps
-        the session's last `max_events` events, for the TTL from the latest add.
+        the session's last `max_events` events, for the event TTL from the latest add.
         """
 
     @abstractmethod
@@ -209,24 +240,28 @@ class Session:
     """One session's view of the store: what a tool author works with.
 
     `epoch` is this replica's ownership epoch of the session (None where there
-    is no owner to fence, as for sessionless handles); `op_prefix` names the
-    call being served, so each write of a retried call is applied only once.
+    is no owner to fence, as for sessionless handles); `call` is the call being
+    served, as (idempotency key, digest), so each write of a retried call is
+    applied only once.
     """
 
-    def __init__(self, store: SessionStore, session_id: str, *, epoch: int | None = None, op_prefix: str | None = None) -> None:
+    def __init__(
+        self, store: SessionStore, session_id: str, *, epoch: int | None = None, call: tuple[str, str] | None = None
+    ) -> None:
         self.store = store
         self.id = session_id
         self.epoch = epoch
-        self._op_prefix = op_prefix
+        self._call = call
         self._writes = 0
 
     def _safe(self) -> dict[str, Any]:
-        op_id = None
-        if self._op_prefix is not None:
+        op = None
+        if self._call is not None:
             # Numbered, so a tool that writes twice replays both writes in order.
             self._writes += 1
-            op_id = f"{self._op_prefix}:{self._writes}"
-        return {"epoch": self.epoch, "op_id": op_id}
+            key, digest = self._call
+            op = Op(f"{key}:{self._writes}", digest)
+        return {"epoch": self.epoch, "op": op}
 
     async def get(self, key: str, default: Any = None) -> Any:
         value = await self.store.get(self.id, key)

@@ -16,11 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from session_store import (
+    DEFAULT_EVENT_TTL_SECONDS,
     DEFAULT_MAX_EVENTS,
     DEFAULT_OP_TTL_SECONDS,
     DEFAULT_TTL_SECONDS,
     Fenced,
+    Op,
+    OpReused,
     SessionStore,
+    check_key,
     event_position,
     mint_event_id,
 )
@@ -41,18 +45,23 @@ class InMemorySessionStore(SessionStore):
         *,
         ttl_seconds: int = DEFAULT_TTL_SECONDS,
         op_ttl_seconds: int = DEFAULT_OP_TTL_SECONDS,
+        event_ttl_seconds: int = DEFAULT_EVENT_TTL_SECONDS,
         max_events: int = DEFAULT_MAX_EVENTS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(ttl_seconds=ttl_seconds, op_ttl_seconds=op_ttl_seconds, max_events=max_events)
+        super().__init__(
+            ttl_seconds=ttl_seconds, op_ttl_seconds=op_ttl_seconds, event_ttl_seconds=event_ttl_seconds,
+            max_events=max_events,
+        )
         self._clock = clock
         # Ordered by last touch, oldest first, so expiry pops from the front
         # and counting costs the number of sessions that expired, not all of them.
         self._sessions: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._seen: dict[str, float] = {}
         self._records: dict[str, tuple[dict[str, Any], int]] = {}
-        # Kept in expiry order (one TTL for all), so expiry pops from the front too.
-        self._ops: OrderedDict[tuple[str, str], tuple[Any, float]] = OrderedDict()
+        # (digest, result, expiry), kept in expiry order (one TTL for all), so
+        # expiry pops from the front too.
+        self._ops: OrderedDict[tuple[str, str], tuple[str, Any, float]] = OrderedDict()
         # Ordered by latest add, oldest first: expiry pops from the front.
         self._events: OrderedDict[str, _EventLog] = OrderedDict()
 
@@ -65,10 +74,11 @@ class InMemorySessionStore(SessionStore):
             del self._sessions[oldest]
             del self._seen[oldest]
             self._records.pop(oldest, None)
-        while self._events and next(iter(self._events.values())).added_at <= horizon:
+        events_horizon = self._clock() - self.event_ttl_seconds
+        while self._events and next(iter(self._events.values())).added_at <= events_horizon:
             self._events.popitem(last=False)
         now = self._clock()
-        while self._ops and next(iter(self._ops.values()))[1] <= now:
+        while self._ops and next(iter(self._ops.values()))[2] <= now:
             self._ops.popitem(last=False)
 
     def _live(self, session_id: str) -> dict[str, Any]:
@@ -78,30 +88,34 @@ class InMemorySessionStore(SessionStore):
         self._seen[session_id] = self._clock()
         return data
 
-    def _write(self, session_id: str, epoch: int | None, op_id: str | None, apply: Callable[[dict[str, Any]], Any]) -> Any:
+    def _write(self, session_id: str, epoch: int | None, op: Op | None, apply: Callable[[dict[str, Any]], Any]) -> Any:
         """The one path every write takes: replay, fence, apply, record."""
         self._expire()
-        if op_id is not None:
-            done = self._ops.get((session_id, op_id))
-            if done is not None and done[1] > self._clock():
-                return copy.deepcopy(done[0])
+        if op is not None:
+            done = self._ops.get((session_id, op.id))
+            if done is not None and done[2] > self._clock():
+                if done[0] != op.digest:
+                    raise OpReused(op.id)
+                return copy.deepcopy(done[1])
         if epoch is not None:
             record = self._records.get(session_id)
             if record is None or record[1] != epoch:
                 raise Fenced(session_id)
         result = apply(self._live(session_id))
-        if op_id is not None:
-            self._ops[(session_id, op_id)] = (copy.deepcopy(result), self._clock() + self.op_ttl_seconds)
+        if op is not None:
+            self._ops[(session_id, op.id)] = (op.digest, copy.deepcopy(result), self._clock() + self.op_ttl_seconds)
         return result
 
     async def get(self, session_id: str, key: str) -> Any | None:
-        return copy.deepcopy(self._live(session_id).get(key))
+        return copy.deepcopy(self._live(session_id).get(check_key(key)))
 
-    async def set(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op_id: str | None = None) -> None:
-        value = copy.deepcopy(value)
-        self._write(session_id, epoch, op_id, lambda data: data.__setitem__(key, value))
+    async def set(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> None:
+        value, key = copy.deepcopy(value), check_key(key)
+        self._write(session_id, epoch, op, lambda data: data.__setitem__(key, value))
 
-    async def incr(self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op_id: str | None = None) -> int:
+    async def incr(self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op: Op | None = None) -> int:
+        check_key(key)
+
         def apply(data: dict[str, Any]) -> int:
             current = data.get(key, 0)
             if not isinstance(current, int):
@@ -109,10 +123,10 @@ class InMemorySessionStore(SessionStore):
             data[key] = current + by
             return data[key]
 
-        return self._write(session_id, epoch, op_id, apply)
+        return self._write(session_id, epoch, op, apply)
 
-    async def append(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op_id: str | None = None) -> int:
-        value = copy.deepcopy(value)
+    async def append(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> int:
+        value, key = copy.deepcopy(value), check_key(key)
 
         def apply(data: dict[str, Any]) -> int:
             current = data.setdefault(key, [])
@@ -121,12 +135,12 @@ class InMemorySessionStore(SessionStore):
             current.append(value)
             return len(current)
 
-        return self._write(session_id, epoch, op_id, apply)
+        return self._write(session_id, epoch, op, apply)
 
     async def items(self, session_id: str) -> dict[str, Any]:
         return copy.deepcopy(self._live(session_id))
 
-    async def copy(self, source_id: str, target_id: str, *, epoch: int | None = None, op_id: str | None = None) -> int:
+    async def copy(self, source_id: str, target_id: str, *, epoch: int | None = None, op: Op | None = None) -> int:
         self._expire()
         source = copy.deepcopy(self._sessions.get(source_id, {}))
 
@@ -134,7 +148,7 @@ class InMemorySessionStore(SessionStore):
             data.update(source)
             return len(source)
 
-        return self._write(target_id, epoch, op_id, apply)
+        return self._write(target_id, epoch, op, apply)
 
     async def touch(self, session_id: str) -> None:
         self._live(session_id)
@@ -165,16 +179,6 @@ class InMemorySessionStore(SessionStore):
     async def end_session(self, session_id: str) -> bool:
         self._expire()
         return self._records.pop(session_id, None) is not None
-
-    async def recall(self, session_id: str, op_id: str) -> Any | None:
-        done = self._ops.get((session_id, op_id))
-        if done is None or done[1] <= self._clock():
-            return None
-        return copy.deepcopy(done[0])
-
-    async def remember(self, session_id: str, op_id: str, value: Any) -> None:
-        self._ops.pop((session_id, op_id), None)
-        self._ops[(session_id, op_id)] = (copy.deepcopy(value), self._clock() + self.op_ttl_seconds)
 
     async def add_event(self, session_id: str, stream_id: str, message: str | None) -> str:
         self._expire()

@@ -3,18 +3,21 @@
 Layout, with the default prefix `mcp`:
 
 - `mcp:session:<id>`: one hash per session, a field per state entry, each
-  value JSON text. One key per session keeps memory per session small and
-  lets one command copy or read a whole session.
+  value JSON text, and beside them the session's record for adoption (a
+  field per record entry, named ".<entry>", and ".epoch", the ownership
+  epoch). One small key per session: Redis keeps a hash of short fields in
+  its compact listpack encoding, and one command reads, copies or expires
+  the whole session.
 - `mcp:sessions`: a sorted set of session ids scored by last-seen time (the
   Redis server's clock, so replicas never disagree). Counting live sessions
   trims and counts it: O(log n), never a SCAN.
-- `mcp:record:<id>`: what adoption needs (the client's initialize params,
-  the protocol version) and the ownership epoch.
-- `mcp:op:<id>:<op id>`: the result of an applied write, kept for the op TTL
-  so a retried call is applied once.
+- `mcp:op:<id>:<op id>`: "<digest> <result>" of an applied write, kept for
+  the op TTL so a retried call is applied once.
 - `mcp:events:<id>`: the session's event log for resumable SSE streams, a
-  Redis stream (entries `stream`, `message`), trimmed to the last
-  `max_events` entries on every add and expiring a TTL after the latest one.
+  list of "<position> <stream length> <stream><message>", trimmed to the
+  last `max_events` on every add and kept the event TTL after the latest.
+  A list, not a Redis stream: a stream preallocates a 4 KB node, ten times
+  what a short call's events take.
 
 Every operation is one Lua script: the change, the sliding TTL and the index
 update happen atomically in one round trip, so 200 concurrent increments end at
@@ -41,12 +44,16 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from session_store import (
+    DEFAULT_EVENT_TTL_SECONDS,
     DEFAULT_MAX_EVENTS,
     DEFAULT_OP_TTL_SECONDS,
     DEFAULT_TTL_SECONDS,
     Fenced,
+    Op,
+    OpReused,
     SessionStore,
     StoreUnavailable,
+    check_key,
     event_position,
     mint_event_id,
 )
@@ -55,14 +62,13 @@ T = TypeVar("T")
 
 RETRYABLE = (RedisConnectionError, RedisTimeoutError)
 
-# Shared by every script: slide the TTL of the session's state and record,
-# and index it as seen now (the Redis server's clock, so replicas agree).
-# KEYS[1] state hash, KEYS[2] index, KEYS[3] record; ARGV[1] id, ARGV[2] ttl.
+# Shared by every script: slide the TTL of the session's hash, and index it
+# as seen now (the Redis server's clock, so replicas agree).
+# KEYS[1] session hash, KEYS[2] index; ARGV[1] id, ARGV[2] ttl.
 _TOUCH = """
 local function touch()
   local now = redis.call('TIME')[1]
   redis.call('EXPIRE', KEYS[1], ARGV[2])
-  redis.call('EXPIRE', KEYS[3], ARGV[2])
   redis.call('ZADD', KEYS[2], now, ARGV[1])
   redis.call('EXPIRE', KEYS[2], ARGV[2])
 end
@@ -83,20 +89,25 @@ touch()
 """
 
 # Every write, in one script, in this order:
-#   1. an op already applied (KEYS[4] holds its result) is not applied again;
+#   1. an op already applied (KEYS[3] holds "<digest> <result>") is not
+#      applied again: the same call gets the result, another call an error;
 #   2. a writer whose epoch is no longer the session's is refused (fencing);
 #   3. the change and the op's result commit together, so a replica that dies
 #      right after cannot leave a change without its record.
-# ARGV[3] epoch or '', ARGV[4] op ttl, ARGV[5] '1' when KEYS[4] is an op key,
-# ARGV[6] the operation, ARGV[7..] its arguments; KEYS[5] a copy's source.
+# ARGV[3] epoch or '', ARGV[4] op ttl, ARGV[5] the op's digest or '' (no op),
+# ARGV[6] the operation, ARGV[7..] its arguments; KEYS[4] a copy's source.
 # Appends splice the new item (JSON text) into the stored JSON array, so
 # nothing is decoded and re-encoded on the way (cjson would round floats).
 _WRITE = _TOUCH + """
-if ARGV[5] == '1' then
-  local done = redis.call('GET', KEYS[4])
-  if done then return done end
+if ARGV[5] ~= '' then
+  local done = redis.call('GET', KEYS[3])
+  if done then
+    local digest, result = string.match(done, '^(%S*) (.*)$')
+    if digest ~= ARGV[5] then return redis.error_reply('OPREUSED the op id belongs to another call') end
+    return result
+  end
 end
-if ARGV[3] ~= '' and redis.call('HGET', KEYS[3], 'epoch') ~= ARGV[3] then
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], '.epoch') ~= ARGV[3] then
   return redis.error_reply('FENCED the session has a newer owner')
 end
 local op, result = ARGV[6], nil
@@ -118,31 +129,74 @@ elseif op == 'append' then
   redis.call('HSET', KEYS[1], ARGV[7], updated)
   result = tostring(#cjson.decode(updated))
 elseif op == 'copy' then
-  -- In chunks, so unpack() stays far below Lua's stack limit.
-  local flat = redis.call('HGETALL', KEYS[5])
-  for i = 1, #flat, 200 do
-    redis.call('HSET', KEYS[1], unpack(flat, i, math.min(i + 199, #flat)))
+  -- State only (the source's record stays its own), in chunks, so unpack()
+  -- stays far below Lua's stack limit.
+  local flat, state = redis.call('HGETALL', KEYS[4]), {}
+  for i = 1, #flat, 2 do
+    if string.sub(flat[i], 1, 1) ~= '.' then
+      state[#state + 1] = flat[i]
+      state[#state + 1] = flat[i + 1]
+    end
   end
-  result = tostring(#flat / 2)
+  for i = 1, #state, 200 do
+    redis.call('HSET', KEYS[1], unpack(state, i, math.min(i + 199, #state)))
+  end
+  result = tostring(#state / 2)
 else
   return redis.error_reply('ERR unknown operation ' .. op)
 end
-if ARGV[5] == '1' then redis.call('SET', KEYS[4], result, 'EX', ARGV[4]) end
+if ARGV[5] ~= '' then redis.call('SET', KEYS[3], ARGV[5] .. ' ' .. result, 'EX', ARGV[4]) end
 touch()
 return result
 """
 
+# The record, flattened as field, value, ... (fields ".<entry>", without
+# ".epoch"), read without reading the state.
+_RECORD = """
+local function record_fields()
+  local names = {}
+  for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if string.sub(name, 1, 1) == '.' and name ~= '.epoch' then names[#names + 1] = name end
+  end
+  return names
+end
+local function record()
+  local names, flat = record_fields(), {}
+  if #names == 0 then return flat end
+  local values = redis.call('HMGET', KEYS[1], unpack(names))
+  for i, name in ipairs(names) do
+    flat[#flat + 1] = name
+    flat[#flat + 1] = values[i]
+  end
+  return flat
+end
+"""
+
+# ARGV[3..]: the record, flattened as field, value, ...
 _OPEN = _TOUCH + """
-redis.call('HSET', KEYS[3], 'record', ARGV[3], 'epoch', 1)
+redis.call('HSET', KEYS[1], '.epoch', 1, unpack(ARGV, 3))
 touch()
 return 1
 """
 
-_ADOPT = _TOUCH + """
-if redis.call('EXISTS', KEYS[3]) == 0 then return nil end
-local epoch = redis.call('HINCRBY', KEYS[3], 'epoch', 1)
+# Reads only: nil when the session has no record.
+_READ_RECORD = _RECORD + """
+if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return nil end
+return record()
+"""
+
+_ADOPT = _TOUCH + _RECORD + """
+if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return nil end
+local epoch = redis.call('HINCRBY', KEYS[1], '.epoch', 1)
 touch()
-return {redis.call('HGET', KEYS[3], 'record'), epoch}
+return {epoch, record()}
+"""
+
+_END = _RECORD + """
+if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
+local names = record_fields()
+redis.call('HDEL', KEYS[1], '.epoch', unpack(names))
+return 1
 """
 
 # Trim what fell out of the TTL, then count what is left.
@@ -152,42 +206,54 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', horizon)
 return redis.call('ZCARD', KEYS[1])
 """
 
-# Append an event, trim the log to its last ARGV[1] entries (exactly, so the
-# bound is the bound) and slide its TTL, in one round trip. KEYS[1] the
-# session's event log; ARGV[2] ttl, ARGV[3] stream id, ARGV[4] the message
-# (absent for a priming event).
+# Positions are "<ms>-<n>": the Redis server's clock, and a count within the
+# millisecond, never going back even if the clock does, so a position from an
+# expired log cannot name an event of a later one.
+# KEYS[1] the session's event log; ARGV[1] max events, ARGV[2] ttl,
+# ARGV[3] stream id, ARGV[4] the message ('' for a priming event).
 _ADD_EVENT = """
-local id
-if ARGV[4] then
-  id = redis.call('XADD', KEYS[1], 'MAXLEN', '=', ARGV[1], '*', 'stream', ARGV[3], 'message', ARGV[4])
-else
-  id = redis.call('XADD', KEYS[1], 'MAXLEN', '=', ARGV[1], '*', 'stream', ARGV[3])
+local t = redis.call('TIME')
+local ms, n = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), 0
+local last = redis.call('LINDEX', KEYS[1], -1)
+if last then
+  local last_ms, last_n = string.match(last, '^(%d+)-(%d+) ')
+  if tonumber(last_ms) >= ms then ms, n = tonumber(last_ms), tonumber(last_n) + 1 end
 end
+local position = string.format('%.0f-%.0f', ms, n)
+redis.call('RPUSH', KEYS[1], position .. ' ' .. #ARGV[3] .. ' ' .. ARGV[3] .. ARGV[4])
+redis.call('LTRIM', KEYS[1], -tonumber(ARGV[1]), -1)
 redis.call('EXPIRE', KEYS[1], ARGV[2])
-return id
+return position
 """
 
-# The stream of entry ARGV[1] and that stream's later entries, from this one
-# session's log only; nil when the entry is not there (expired, trimmed, never).
+# The stream of the event at position ARGV[1] and that stream's later events,
+# from this one session's log only; nil when the event is not there.
 _EVENTS_AFTER = """
-local function field(entry, name)
-  local fields = entry[2]
-  for i = 1, #fields, 2 do
-    if fields[i] == name then return fields[i + 1] end
-  end
-  return false
-end
-local found = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
-if #found == 0 then return false end
-local stream = field(found[1], 'stream')
-local events = {}
-for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+')) do
-  if field(entry, 'stream') == stream then
-    events[#events + 1] = {entry[1], field(entry, 'message')}
+local found, events = nil, {}
+for _, entry in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+  local position, length, from = string.match(entry, '^(%S+) (%d+) ()')
+  length = tonumber(length)
+  local stream = string.sub(entry, from, from + length - 1)
+  if found then
+    if stream == found then
+      local message = string.sub(entry, from + length)
+      events[#events + 1] = {position, message ~= '' and message or false}
+    end
+  elseif position == ARGV[1] then
+    found = stream
   end
 end
-return {stream, events}
+if not found then return false end
+return {found, events}
 """
+
+
+def _flat_record(record: dict[str, Any]) -> list[str]:
+    return [item for name, value in record.items() for item in (f".{name}", json.dumps(value, separators=(",", ":")))]
+
+
+def _record_of(flat: list[str]) -> dict[str, Any]:
+    return {flat[i][1:]: json.loads(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
 class RedisSessionStore(SessionStore):
@@ -197,13 +263,17 @@ class RedisSessionStore(SessionStore):
         *,
         ttl_seconds: int = DEFAULT_TTL_SECONDS,
         op_ttl_seconds: int = DEFAULT_OP_TTL_SECONDS,
+        event_ttl_seconds: int = DEFAULT_EVENT_TTL_SECONDS,
         max_events: int = DEFAULT_MAX_EVENTS,
         prefix: str = "mcp",
         timeout_seconds: float = 2.0,
         read_attempts: int = 3,
         max_connections: int = 64,
     ) -> None:
-        super().__init__(ttl_seconds=ttl_seconds, op_ttl_seconds=op_ttl_seconds, max_events=max_events)
+        super().__init__(
+            ttl_seconds=ttl_seconds, op_ttl_seconds=op_ttl_seconds, event_ttl_seconds=event_ttl_seconds,
+            max_events=max_events,
+        )
         self._prefix = prefix
         self._index = f"{prefix}:sessions"
         self._timeout = timeout_seconds
@@ -223,14 +293,12 @@ class RedisSessionStore(SessionStore):
         register = self._redis.register_script
         self._get, self._items, self._touch = register(_GET), register(_ITEMS), register(_TOUCH_ONLY)
         self._write_script, self._count = register(_WRITE), register(_COUNT)
-        self._open, self._adopt = register(_OPEN), register(_ADOPT)
+        self._open, self._read_record = register(_OPEN), register(_READ_RECORD)
+        self._adopt, self._end = register(_ADOPT), register(_END)
         self._add_event, self._events_after = register(_ADD_EVENT), register(_EVENTS_AFTER)
 
     def _keys(self, session_id: str) -> list[str]:
-        return [f"{self._prefix}:session:{session_id}", self._index, f"{self._prefix}:record:{session_id}"]
-
-    def _op_key(self, session_id: str, op_id: str) -> str:
-        return f"{self._prefix}:op:{session_id}:{op_id}"
+        return [f"{self._prefix}:session:{session_id}", self._index]
 
     async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
         """Once, no retry: for writes, which a retry after a timeout could apply twice."""
@@ -242,6 +310,8 @@ class RedisSessionStore(SessionStore):
             message = str(exc)
             if message.startswith("FENCED"):
                 raise Fenced(message) from exc
+            if message.startswith("OPREUSED"):
+                raise OpReused(message) from exc
             if "WRONGTYPE" in message or "not an integer" in message:
                 raise TypeError(message) from exc
             raise
@@ -259,40 +329,41 @@ class RedisSessionStore(SessionStore):
         raise AssertionError("unreachable: stamina either returns or raises")
 
     async def _write(
-        self, session_id: str, op: str, *args: Any, epoch: int | None, op_id: str | None, source: str | None = None
+        self, session_id: str, operation: str, *args: Any, epoch: int | None, op: Op | None, source: str | None = None
     ) -> Any:
         keys = self._keys(session_id)
-        keys.append(self._op_key(session_id, op_id) if op_id is not None else keys[0])
+        keys.append(f"{self._prefix}:op:{session_id}:{op.id}" if op is not None else keys[0])
         if source is not None:
             keys.append(f"{self._prefix}:session:{source}")
         argv = [session_id, self.ttl_seconds, "" if epoch is None else epoch, self.op_ttl_seconds,
-                "1" if op_id is not None else "", op, *args]
-        # With an op id the script replays instead of applying twice, so even a
+                "" if op is None else op.digest, operation, *args]
+        # With an op the script replays instead of applying twice, so even a
         # write whose reply was lost to a timeout is safe to send again.
         def once() -> Awaitable[Any]:
             return self._write_script(keys=keys, args=argv)
 
-        return json.loads(await self._call(lambda: self._read(once)) if op_id is not None else await self._call(once))
+        return json.loads(await self._call(lambda: self._read(once)) if op is not None else await self._call(once))
 
     async def get(self, session_id: str, key: str) -> Any | None:
-        raw = await self._read(lambda: self._get(keys=self._keys(session_id), args=[session_id, self.ttl_seconds, key]))
+        args = [session_id, self.ttl_seconds, check_key(key)]
+        raw = await self._read(lambda: self._get(keys=self._keys(session_id), args=args))
         return None if raw is None else json.loads(raw)
 
-    async def set(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op_id: str | None = None) -> None:
-        await self._write(session_id, "set", key, json.dumps(value), epoch=epoch, op_id=op_id)
+    async def set(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> None:
+        await self._write(session_id, "set", check_key(key), json.dumps(value), epoch=epoch, op=op)
 
-    async def incr(self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op_id: str | None = None) -> int:
-        return await self._write(session_id, "incr", key, by, epoch=epoch, op_id=op_id)
+    async def incr(self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op: Op | None = None) -> int:
+        return await self._write(session_id, "incr", check_key(key), by, epoch=epoch, op=op)
 
-    async def append(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op_id: str | None = None) -> int:
-        return await self._write(session_id, "append", key, json.dumps(value), epoch=epoch, op_id=op_id)
+    async def append(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> int:
+        return await self._write(session_id, "append", check_key(key), json.dumps(value), epoch=epoch, op=op)
 
     async def items(self, session_id: str) -> dict[str, Any]:
         flat = await self._read(lambda: self._items(keys=self._keys(session_id), args=[session_id, self.ttl_seconds]))
-        return {flat[i]: json.loads(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return {flat[i]: json.loads(flat[i + 1]) for i in range(0, len(flat), 2) if not flat[i].startswith(".")}
 
-    async def copy(self, source_id: str, target_id: str, *, epoch: int | None = None, op_id: str | None = None) -> int:
-        return await self._write(target_id, "copy", epoch=epoch, op_id=op_id, source=source_id)
+    async def copy(self, source_id: str, target_id: str, *, epoch: int | None = None, op: Op | None = None) -> int:
+        return await self._write(target_id, "copy", epoch=epoch, op=op, source=source_id)
 
     async def touch(self, session_id: str) -> None:
         await self._read(lambda: self._touch(keys=self._keys(session_id), args=[session_id, self.ttl_seconds]))
@@ -301,34 +372,26 @@ class RedisSessionStore(SessionStore):
         return int(await self._read(lambda: self._count(keys=[self._index], args=[self.ttl_seconds])))
 
     async def open_session(self, session_id: str, record: dict[str, Any]) -> int:
-        args = [session_id, self.ttl_seconds, json.dumps(record)]
+        args = [session_id, self.ttl_seconds, *_flat_record(record)]
         return int(await self._read(lambda: self._open(keys=self._keys(session_id), args=args)))
 
     async def session_record(self, session_id: str) -> dict[str, Any] | None:
-        raw = await self._read(lambda: self._redis.hget(self._keys(session_id)[2], "record"))
-        return None if raw is None else json.loads(raw)
+        flat = await self._read(lambda: self._read_record(keys=self._keys(session_id)[:1]))
+        return None if flat is None else _record_of(flat)
 
     async def adopt_session(self, session_id: str) -> tuple[dict[str, Any], int] | None:
         # Not retried: each call advances the epoch.
         found = await self._call(lambda: self._adopt(keys=self._keys(session_id), args=[session_id, self.ttl_seconds]))
-        return None if found is None else (json.loads(found[0]), int(found[1]))
+        return None if found is None else (_record_of(found[1]), int(found[0]))
 
     async def end_session(self, session_id: str) -> bool:
-        return bool(await self._read(lambda: self._redis.delete(self._keys(session_id)[2])))
-
-    async def recall(self, session_id: str, op_id: str) -> Any | None:
-        raw = await self._read(lambda: self._redis.get(self._op_key(session_id, op_id)))
-        return None if raw is None else json.loads(raw)
-
-    async def remember(self, session_id: str, op_id: str, value: Any) -> None:
-        key, raw = self._op_key(session_id, op_id), json.dumps(value)
-        await self._read(lambda: self._redis.set(key, raw, ex=self.op_ttl_seconds))
+        return bool(await self._read(lambda: self._end(keys=self._keys(session_id)[:1])))
 
     def _events_key(self, session_id: str) -> str:
         return f"{self._prefix}:events:{session_id}"
 
     async def add_event(self, session_id: str, stream_id: str, message: str | None) -> str:
-        args = [self.max_events, self.ttl_seconds, stream_id, *([] if message is None else [message])]
+        args = [self.max_events, self.event_ttl_seconds, stream_id, message or ""]
         # Once, never retried: a retry after a lost reply would log the event
         # twice, and a resumed stream would deliver it twice.
         position = await self._call(lambda: self._add_event(keys=[self._events_key(session_id)], args=args))

@@ -79,14 +79,15 @@ async def test_an_id_the_store_does_not_know_is_404_on_every_replica(stack: Stac
     for replica in stack.config.replica_names():
         response = await direct(stack, http, replica, unknown).post("tools/call", {"name": "get_counter"})
         assert response.status_code == 404
-    assert redis_cli(stack, "EXISTS", f"mcp:record:{unknown}") == "0"
+    assert redis_cli(stack, "EXISTS", f"mcp:session:{unknown}") == "0"
 
 
 async def test_delete_ends_the_session_everywhere(stack: Stack, raw: RawSession, http: httpx2.AsyncClient) -> None:
     await raw.call("increment_counter")
     response = await http.delete(raw.url, headers=raw.headers())
     assert response.status_code == 200
-    assert redis_cli(stack, "EXISTS", f"mcp:record:{raw.session_id}") == "0"
+    assert redis_cli(stack, "HEXISTS", f"mcp:session:{raw.session_id}", ".epoch") == "0"
+    assert redis_cli(stack, "HEXISTS", f"mcp:session:{raw.session_id}", ".client") == "0"
     for replica in stack.config.replica_names():
         response = await direct(stack, http, replica, raw.session_id).post("tools/call", {"name": "get_counter"})
         assert response.status_code == 404, replica
@@ -95,15 +96,14 @@ async def test_delete_ends_the_session_everywhere(stack: Stack, raw: RawSession,
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("record", "not json at all"), ("record", "[1, 2]"), ("record", '{"protocol_version": "2025-11-25"}'),
-     ("record", '{"client_params": {"x": 1}, "protocol_version": "2025-11-25"}'),
-     ("record", '{"client_params": {}, "protocol_version": "1999-01-01"}')],
+    [(".client", "not json at all"), (".client", "[1, 2]"), (".capabilities", '"none"'),
+     (".version", '"1999-01-01"'), (".version", "2025-11-25")],
 )
 async def test_a_corrupt_or_unsupported_record_is_404_not_5xx(
     stack: Stack, raw: RawSession, http: httpx2.AsyncClient, field: str, value: str
 ) -> None:
     owner = (await raw.call("get_counter"))["instance"]
-    redis_cli(stack, "HSET", f"mcp:record:{raw.session_id}", field, value)
+    redis_cli(stack, "HSET", f"mcp:session:{raw.session_id}", field, value)
     other = next(name for name in stack.config.replica_names() if name != owner)
     response = await direct(stack, http, other, raw.session_id).post("tools/call", {"name": "get_counter"})
     assert response.status_code == 404

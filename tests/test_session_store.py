@@ -15,7 +15,17 @@ from collections.abc import AsyncIterator, Awaitable
 import pytest
 
 from conftest import free_ports
-from session_store import Fenced, Session, SessionStore, StoreUnavailable, is_event_id, is_session_id, mint_event_id
+from session_store import (
+    Fenced,
+    Op,
+    OpReused,
+    Session,
+    SessionStore,
+    StoreUnavailable,
+    is_event_id,
+    is_session_id,
+    mint_event_id,
+)
 from stack import Stack
 from stores.memory_store import InMemorySessionStore
 from stores.redis_store import RedisSessionStore
@@ -164,7 +174,7 @@ async def test_session_wrapper_binds_one_session(store: SessionStore) -> None:
     assert await other.items() == {"x": 1, "counter": 1, "notes": ["n"]}
 
 
-RECORD = {"client_params": {"clientInfo": {"name": "c", "version": "1"}}, "protocol_version": "2025-11-25"}
+RECORD = {"client": {"name": "c", "version": "1"}, "capabilities": {}, "version": "2025-11-25"}
 
 
 async def test_a_recorded_session_can_be_adopted_with_a_higher_epoch(store: SessionStore) -> None:
@@ -220,27 +230,27 @@ async def test_writes_to_an_ended_session_are_fenced(store: SessionStore) -> Non
 
 async def test_a_repeated_op_is_applied_once_and_replays_its_result(store: SessionStore) -> None:
     sid = new_id()
-    assert await store.incr(sid, "counter", op_id="call-1:1") == 1
-    assert await store.incr(sid, "counter", op_id="call-1:1") == 1
-    assert await store.append(sid, "notes", "a", op_id="call-2:1") == 1
-    assert await store.append(sid, "notes", "a", op_id="call-2:1") == 1
-    await store.set(sid, "x", 1, op_id="call-3:1")
-    await store.set(sid, "x", 2, op_id="call-3:1")
+    assert await store.incr(sid, "counter", op=Op("call-1:1", "d")) == 1
+    assert await store.incr(sid, "counter", op=Op("call-1:1", "d")) == 1
+    assert await store.append(sid, "notes", "a", op=Op("call-2:1", "d")) == 1
+    assert await store.append(sid, "notes", "a", op=Op("call-2:1", "d")) == 1
+    await store.set(sid, "x", 1, op=Op("call-3:1", "d"))
+    await store.set(sid, "x", 2, op=Op("call-3:1", "d"))
     assert await store.items(sid) == {"counter": 1, "notes": ["a"], "x": 1}
-    assert await store.incr(sid, "counter", op_id="call-4:1") == 2
+    assert await store.incr(sid, "counter", op=Op("call-4:1", "d")) == 2
 
 
 async def test_concurrent_repeats_of_one_op_apply_once(store: SessionStore) -> None:
     sid = new_id()
-    results = await asyncio.gather(*(store.incr(sid, "counter", op_id="same") for _ in range(50)))
+    results = await asyncio.gather(*(store.incr(sid, "counter", op=Op("same", "d")) for _ in range(50)))
     assert set(results) == {1}
     assert await store.get(sid, "counter") == 1
 
 
 async def test_op_ids_belong_to_one_session(store: SessionStore) -> None:
     a, b = new_id(), new_id()
-    assert await store.incr(a, "counter", op_id="k") == 1
-    assert await store.incr(b, "counter", op_id="k") == 1
+    assert await store.incr(a, "counter", op=Op("k", "d")) == 1
+    assert await store.incr(b, "counter", op=Op("k", "d")) == 1
     assert await store.get(b, "counter") == 1
 
 
@@ -248,24 +258,52 @@ async def test_a_replayed_op_is_not_fenced(store: SessionStore) -> None:
     """A retry of a write that did apply returns its result even after adoption moved on."""
     sid = new_id()
     first = await store.open_session(sid, RECORD)
-    assert await store.incr(sid, "counter", epoch=first, op_id="k") == 1
+    assert await store.incr(sid, "counter", epoch=first, op=Op("k", "d")) == 1
     await store.adopt_session(sid)
-    assert await store.incr(sid, "counter", epoch=first, op_id="k") == 1
+    assert await store.incr(sid, "counter", epoch=first, op=Op("k", "d")) == 1
 
 
-async def test_remember_and_recall(store: SessionStore) -> None:
+async def test_an_op_id_sent_for_another_call_is_refused_and_applies_nothing(store: SessionStore) -> None:
     sid = new_id()
-    assert await store.recall(sid, "call") is None
-    await store.remember(sid, "call", {"digest": "d", "result": [1, "x"]})
-    assert await store.recall(sid, "call") == {"digest": "d", "result": [1, "x"]}
-    assert await store.recall(new_id(), "call") is None
+    assert await store.append(sid, "notes", "first", op=Op("k:1", "digest-a")) == 1
+    for other_call in (
+        store.append(sid, "notes", "second", op=Op("k:1", "digest-b")),
+        store.incr(sid, "counter", op=Op("k:1", "digest-b")),
+    ):
+        with pytest.raises(OpReused):
+            await other_call
+    assert await store.items(sid) == {"notes": ["first"]}
+    assert await store.append(sid, "notes", "first", op=Op("k:1", "digest-a")) == 1
+
+
+@pytest.mark.parametrize("key", ["", ".epoch", ".client"])
+async def test_keys_starting_with_a_dot_belong_to_the_store(store: SessionStore, key: str) -> None:
+    sid = new_id()
+    await store.open_session(sid, RECORD)
+    for misuse in (store.get(sid, key), store.set(sid, key, 1), store.incr(sid, key), store.append(sid, key, 1)):
+        with pytest.raises(ValueError):
+            await misuse
+    assert await store.items(sid) == {}
+    assert await store.session_record(sid) == RECORD
+
+
+async def test_copy_and_items_carry_state_never_the_record(store: SessionStore) -> None:
+    source, target = new_id(), new_id()
+    await store.open_session(source, RECORD)
+    await store.incr(source, "counter")
+    target_record = {**RECORD, "client": {"name": "other", "version": "2"}}
+    epoch = await store.open_session(target, target_record)
+    assert await store.copy(source, target, epoch=epoch) == 1
+    assert await store.items(target) == {"counter": 1}
+    assert await store.session_record(target) == target_record
+    assert await store.adopt_session(target) == (target_record, epoch + 1)
 
 
 async def test_session_wrapper_numbers_the_writes_of_a_call(store: SessionStore) -> None:
     sid = new_id()
     epoch = await store.open_session(sid, RECORD)
     for _ in range(2):  # the same call, retried: every write replays
-        session = Session(store, sid, epoch=epoch, op_prefix="call-7")
+        session = Session(store, sid, epoch=epoch, call=("call-7", "digest"))
         assert await session.incr("counter") == 1
         assert await session.incr("counter") == 2
     assert await store.get(sid, "counter") == 2
@@ -305,20 +343,26 @@ async def test_redis_store_expires_idle_sessions(redis_stack: Stack) -> None:
 async def test_redis_store_keeps_one_key_per_session_with_the_ttl(redis_stack: Stack) -> None:
     prefix = f"t{new_id()[:8]}"
     store = RedisSessionStore(redis_stack.config.redis_url, prefix=prefix, ttl_seconds=600)
+    cli = ["redis-cli", "-p", str(redis_stack.config.redis_port)]
+
+    def redis(*args: str) -> str:
+        return subprocess.run([*cli, *args], capture_output=True, text=True, check=True).stdout.strip()
+
     try:
         sid = new_id()
-        await store.incr(sid, "counter")
-        await store.append(sid, "notes", "a")
-        cli = ["redis-cli", "-p", str(redis_stack.config.redis_port)]
-        keys = subprocess.run([*cli, "--scan", "--pattern", f"{prefix}:*"], capture_output=True, text=True).stdout.split()
-        assert sorted(keys) == sorted([f"{prefix}:session:{sid}", f"{prefix}:sessions"])
         await store.open_session(sid, RECORD)
-        await store.incr(sid, "counter", op_id="k")
-        record_ttl = subprocess.run([*cli, "TTL", f"{prefix}:record:{sid}"], capture_output=True, text=True).stdout
-        op_ttl = subprocess.run([*cli, "TTL", f"{prefix}:op:{sid}:k"], capture_output=True, text=True).stdout
-        assert 590 <= int(record_ttl) <= 600 and 0 < int(op_ttl) <= store.op_ttl_seconds
-        ttl = int(subprocess.run([*cli, "TTL", f"{prefix}:session:{sid}"], capture_output=True, text=True).stdout)
-        assert 590 <= ttl <= 600
+        await store.incr(sid, "counter")
+        for note in ("one", "two", "three"):
+            await store.append(sid, "notes", note)
+        assert sorted(redis("--scan", "--pattern", f"{prefix}:*").split()) == sorted(
+            [f"{prefix}:session:{sid}", f"{prefix}:sessions"]
+        )
+        # The record sits beside the state, and the whole session stays in
+        # Redis's compact encoding: the point of one small field per entry.
+        assert redis("OBJECT", "ENCODING", f"{prefix}:session:{sid}") == "listpack"
+        assert 590 <= int(redis("TTL", f"{prefix}:session:{sid}")) <= 600
+        await store.incr(sid, "counter", op=Op("k", "d"))
+        assert 0 < int(redis("TTL", f"{prefix}:op:{sid}:k")) <= store.op_ttl_seconds
     finally:
         await store.aclose()
 
@@ -358,7 +402,7 @@ async def test_redis_store_retries_a_write_with_an_op_id_whose_reply_was_lost(re
                 redis_stack.signal("redis", signal.SIGCONT)
             return await task
 
-        assert await paused_for(0.7, store.incr(sid, "counter", op_id="k")) == 2
+        assert await paused_for(0.7, store.incr(sid, "counter", op=Op("k", "d"))) == 2
         assert await store.get(sid, "counter") == 2
         with pytest.raises(StoreUnavailable):
             await paused_for(0.7, store.incr(sid, "counter"))
@@ -479,7 +523,7 @@ def test_event_ids_have_one_form() -> None:
 
 async def test_memory_store_expires_event_logs_a_ttl_after_the_latest_event() -> None:
     clock = FakeClock()
-    store = InMemorySessionStore(ttl_seconds=60, clock=clock)
+    store = InMemorySessionStore(event_ttl_seconds=60, clock=clock)
     sid = new_id()
     first = await store.add_event(sid, "s", "1")
     clock.now += 45
@@ -490,9 +534,9 @@ async def test_memory_store_expires_event_logs_a_ttl_after_the_latest_event() ->
     assert await store.events_after(sid, first) is None
 
 
-async def test_redis_store_keeps_a_sessions_events_in_one_stream_with_the_ttl(redis_stack: Stack) -> None:
+async def test_redis_store_keeps_a_sessions_events_in_one_list_with_the_event_ttl(redis_stack: Stack) -> None:
     prefix = f"t{new_id()[:8]}"
-    store = RedisSessionStore(redis_stack.config.redis_url, prefix=prefix, ttl_seconds=600)
+    store = RedisSessionStore(redis_stack.config.redis_url, prefix=prefix, event_ttl_seconds=600)
     try:
         sid = new_id()
         await store.add_event(sid, "s", None)
@@ -500,14 +544,14 @@ async def test_redis_store_keeps_a_sessions_events_in_one_stream_with_the_ttl(re
         cli = ["redis-cli", "-p", str(redis_stack.config.redis_port)]
         keys = subprocess.run([*cli, "--scan", "--pattern", f"{prefix}:*"], capture_output=True, text=True).stdout.split()
         assert keys == [f"{prefix}:events:{sid}"]
-        assert subprocess.run([*cli, "TYPE", keys[0]], capture_output=True, text=True).stdout.strip() == "stream"
+        assert subprocess.run([*cli, "TYPE", keys[0]], capture_output=True, text=True).stdout.strip() == "list"
         assert 590 <= int(subprocess.run([*cli, "TTL", keys[0]], capture_output=True, text=True).stdout) <= 600
     finally:
         await store.aclose()
 
 
 async def test_redis_store_expires_event_logs(redis_stack: Stack) -> None:
-    store = RedisSessionStore(redis_stack.config.redis_url, prefix=f"t{new_id()[:8]}", ttl_seconds=1)
+    store = RedisSessionStore(redis_stack.config.redis_url, prefix=f"t{new_id()[:8]}", event_ttl_seconds=1)
     try:
         sid = new_id()
         first = await store.add_event(sid, "s", None)
