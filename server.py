@@ -287,7 +287,7 @@ app = drain.middleware(app, path="/mcp")
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO"), format=f"%(asctime)s {INSTANCE_ID} %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO").upper(), format=f"%(asctime)s {INSTANCE_ID} %(levelname)s %(name)s: %(message)s")
     config = uvicorn.Config(
         app,
         host=os.environ.get("HOST", "127.0.0.1"),
