@@ -118,8 +118,7 @@ mcp = FastMCP(
 )
 
 
-# Read-only tools may simply run again, so they skip the idempotency records
-# (two store round trips) that writes need.
+# Told to clients: a read-only tool changes nothing, so calling it again is always safe.
 READ_ONLY = {"readOnlyHint": True}
 
 

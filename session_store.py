@@ -24,7 +24,8 @@ you got it right.
   (`Fenced`). With `op` (an `Op`: which write of which call), the write applies
   at most once: a repeat returns the recorded result, the record commits
   together with the change, and the same op id sent for a different call is
-  refused (`OpReused`). Op records are kept for `op_ttl_seconds`.
+  refused (`OpReused`). A call's op records are kept for `op_ttl_seconds`
+  after its latest write.
 - **Session events**, for SSE streams that resume on any replica
   (`resumable_streams.py`): `add_event` appends a stream's message to the
   session's event log and names it; `events_after` answers a `Last-Event-ID`
@@ -66,9 +67,9 @@ def is_session_id(value: object) -> bool:
 
 
 # Event ids: "<n>-<m>.<tag>". "<n>-<m>" orders an event within its session's
-# log (a Redis stream entry id; the in-memory store counts). The tag, hashed
-# from the session id, tells sessions apart: Redis mints entry ids from its
-# clock per key, so two sessions' logs can hold the same "<n>-<m>", and an id
+# log (Redis: its clock in ms and a count within the ms; the in-memory store
+# counts from its clock). The tag, hashed from the session id, tells sessions
+# apart: two sessions' logs can hold the same "<n>-<m>", and an id
 # from one session must never name an event of another. Clients send ids back
 # (Last-Event-ID), so an id is checked against this form before any store
 # sees it; both numbers must fit in 64 bits, as Redis requires.
@@ -109,13 +110,14 @@ def check_key(key: str) -> str:
 class Op:
     """One write of one call, so a retried call applies each of its writes once.
 
-    `id` names the write (the call's idempotency key and the write's number in
-    the call); `digest` says what the call was (tool and arguments), so the
-    same key sent with a different call is refused instead of replayed.
+    `call` is the call's idempotency key; `digest` says what the call was
+    (tool and arguments), so the same key sent with a different call is
+    refused instead of replayed; `write` names the write within the call.
     """
 
-    id: str
+    call: str
     digest: str
+    write: str = "1"
 
 
 class StoreUnavailable(Exception):
@@ -242,7 +244,8 @@ class Session:
     `epoch` is this replica's ownership epoch of the session (None where there
     is no owner to fence, as for sessionless handles); `call` is the call being
     served, as (idempotency key, digest), so each write of a retried call is
-    applied only once.
+    applied only once. A retry runs the tool again, so its writes are matched
+    to the first run's by what they do: the n-th write of an operation to a key.
     """
 
     def __init__(
@@ -252,15 +255,17 @@ class Session:
         self.id = session_id
         self.epoch = epoch
         self._call = call
-        self._writes = 0
+        self._writes: dict[tuple[str, str], int] = {}
 
-    def _safe(self) -> dict[str, Any]:
+    def _safe(self, operation: str, key: str) -> dict[str, Any]:
         op = None
         if self._call is not None:
-            # Numbered, so a tool that writes twice replays both writes in order.
-            self._writes += 1
-            key, digest = self._call
-            op = Op(f"{key}:{self._writes}", digest)
+            # Named by what the write does, not only its place in the call: a
+            # retry that skips a write (say, after a read that now differs)
+            # still finds the records of the writes it does make.
+            n = self._writes[operation, key] = self._writes.get((operation, key), 0) + 1
+            call_key, digest = self._call
+            op = Op(call_key, digest, f"{operation}:{key}:{n}")
         return {"epoch": self.epoch, "op": op}
 
     async def get(self, key: str, default: Any = None) -> Any:
@@ -268,19 +273,19 @@ class Session:
         return default if value is None else value
 
     async def set(self, key: str, value: Any) -> None:
-        await self.store.set(self.id, key, value, **self._safe())
+        await self.store.set(self.id, key, value, **self._safe("set", key))
 
     async def incr(self, key: str, by: int = 1) -> int:
-        return await self.store.incr(self.id, key, by, **self._safe())
+        return await self.store.incr(self.id, key, by, **self._safe("incr", key))
 
     async def append(self, key: str, value: Any) -> int:
-        return await self.store.append(self.id, key, value, **self._safe())
+        return await self.store.append(self.id, key, value, **self._safe("append", key))
 
     async def items(self) -> dict[str, Any]:
         return await self.store.items(self.id)
 
     async def copy_from(self, other_id: str) -> int:
-        return await self.store.copy(other_id, self.id, **self._safe())
+        return await self.store.copy(other_id, self.id, **self._safe("copy", other_id))
 
     async def touch(self) -> None:
         await self.store.touch(self.id)

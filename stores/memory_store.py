@@ -12,7 +12,7 @@ import itertools
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from session_store import (
@@ -32,11 +32,11 @@ from session_store import (
 
 @dataclass
 class _EventLog:
-    """One session's events as (number, stream, message), numbered from 1 without gaps."""
+    """One session's events as (number, stream, message), numbered without gaps."""
 
     entries: deque[tuple[int, str, str | None]]
+    numbers: itertools.count
     added_at: float = 0.0
-    numbers: itertools.count = field(default_factory=lambda: itertools.count(1))
 
 
 class InMemorySessionStore(SessionStore):
@@ -59,9 +59,9 @@ class InMemorySessionStore(SessionStore):
         self._sessions: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._seen: dict[str, float] = {}
         self._records: dict[str, tuple[dict[str, Any], int]] = {}
-        # (digest, result, expiry), kept in expiry order (one TTL for all), so
-        # expiry pops from the front too.
-        self._ops: OrderedDict[tuple[str, str], tuple[str, Any, float]] = OrderedDict()
+        # Per (session, call): (digest, {write: result}, expiry), kept in expiry
+        # order (one TTL for all), so expiry pops from the front too.
+        self._ops: OrderedDict[tuple[str, str], tuple[str, dict[str, Any], float]] = OrderedDict()
         # Ordered by latest add, oldest first: expiry pops from the front.
         self._events: OrderedDict[str, _EventLog] = OrderedDict()
 
@@ -92,18 +92,22 @@ class InMemorySessionStore(SessionStore):
         """The one path every write takes: replay, fence, apply, record."""
         self._expire()
         if op is not None:
-            done = self._ops.get((session_id, op.id))
-            if done is not None and done[2] > self._clock():
+            done = self._ops.get((session_id, op.call))
+            if done is not None:
                 if done[0] != op.digest:
-                    raise OpReused(op.id)
-                return copy.deepcopy(done[1])
+                    raise OpReused(op.call)
+                if op.write in done[1]:
+                    return copy.deepcopy(done[1][op.write])
         if epoch is not None:
             record = self._records.get(session_id)
             if record is None or record[1] != epoch:
                 raise Fenced(session_id)
         result = apply(self._live(session_id))
         if op is not None:
-            self._ops[(session_id, op.id)] = (op.digest, copy.deepcopy(result), self._clock() + self.op_ttl_seconds)
+            # Re-inserted last: the call's records expire the op TTL after its latest write.
+            _, results, _ = self._ops.pop((session_id, op.call), (op.digest, {}, 0.0))
+            results[op.write] = copy.deepcopy(result)
+            self._ops[(session_id, op.call)] = (op.digest, results, self._clock() + self.op_ttl_seconds)
         return result
 
     async def get(self, session_id: str, key: str) -> Any | None:
@@ -182,7 +186,11 @@ class InMemorySessionStore(SessionStore):
 
     async def add_event(self, session_id: str, stream_id: str, message: str | None) -> str:
         self._expire()
-        log = self._events.pop(session_id, None) or _EventLog(deque(maxlen=self.max_events))
+        # A new log numbers on from the clock, so an id from an expired log
+        # never names one of its events (the Redis store does the same).
+        log = self._events.pop(session_id, None) or _EventLog(
+            deque(maxlen=self.max_events), numbers=itertools.count(int(self._clock() * 1_000_000))
+        )
         self._events[session_id] = log  # re-inserted last: the latest add
         log.added_at = self._clock()
         number = next(log.numbers)

@@ -11,8 +11,9 @@ Layout, with the default prefix `mcp`:
 - `mcp:sessions`: a sorted set of session ids scored by last-seen time (the
   Redis server's clock, so replicas never disagree). Counting live sessions
   trims and counts it: O(log n), never a SCAN.
-- `mcp:op:<id>:<op id>`: "<digest> <result>" of an applied write, kept for
-  the op TTL so a retried call is applied once.
+- `mcp:op:<id>:<call>`: one hash per keyed call, the call's digest
+  (`.digest`) and the result of each write it applied, kept the op TTL
+  after its latest write, so a retried call applies each write once.
 - `mcp:events:<id>`: the session's event log for resumable SSE streams, a
   list of "<position> <stream length> <stream><message>", trimmed to the
   last `max_events` on every add and kept the event TTL after the latest.
@@ -89,44 +90,47 @@ touch()
 """
 
 # Every write, in one script, in this order:
-#   1. an op already applied (KEYS[3] holds "<digest> <result>") is not
-#      applied again: the same call gets the result, another call an error;
+#   1. an op already applied (KEYS[3], the call's records, holds its result)
+#      is not applied again, and a call whose digest is not the recorded
+#      one (the same key sent with another call) is refused;
 #   2. a writer whose epoch is no longer the session's is refused (fencing);
 #   3. the change and the op's result commit together, so a replica that dies
 #      right after cannot leave a change without its record.
 # ARGV[3] epoch or '', ARGV[4] op ttl, ARGV[5] the op's digest or '' (no op),
-# ARGV[6] the operation, ARGV[7..] its arguments; KEYS[4] a copy's source.
+# ARGV[6] the write's name in the call, ARGV[7] the operation, ARGV[8..] its
+# arguments; KEYS[4] a copy's source.
 # Appends splice the new item (JSON text) into the stored JSON array, so
 # nothing is decoded and re-encoded on the way (cjson would round floats).
 _WRITE = _TOUCH + """
 if ARGV[5] ~= '' then
-  local done = redis.call('GET', KEYS[3])
-  if done then
-    local digest, result = string.match(done, '^(%S*) (.*)$')
-    if digest ~= ARGV[5] then return redis.error_reply('OPREUSED the op id belongs to another call') end
-    return result
+  local recorded = redis.call('HGET', KEYS[3], '.digest')
+  if recorded and recorded ~= ARGV[5] then
+    return redis.error_reply('OPREUSED the idempotency key belongs to another call')
   end
+  local done = redis.call('HGET', KEYS[3], ARGV[6])
+  if done then return done end
 end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], '.epoch') ~= ARGV[3] then
   return redis.error_reply('FENCED the session has a newer owner')
 end
-local op, result = ARGV[6], nil
+local op, result = ARGV[7], nil
 if op == 'set' then
-  redis.call('HSET', KEYS[1], ARGV[7], ARGV[8])
+  redis.call('HSET', KEYS[1], ARGV[8], ARGV[9])
   result = 'null'
 elseif op == 'incr' then
-  result = tostring(redis.call('HINCRBY', KEYS[1], ARGV[7], ARGV[8]))
+  -- Not tostring(): Lua prints numbers with 14 significant digits.
+  result = string.format('%.0f', redis.call('HINCRBY', KEYS[1], ARGV[8], ARGV[9]))
 elseif op == 'append' then
-  local current = redis.call('HGET', KEYS[1], ARGV[7])
+  local current = redis.call('HGET', KEYS[1], ARGV[8])
   local updated
   if not current or current == '[]' then
-    updated = '[' .. ARGV[8] .. ']'
+    updated = '[' .. ARGV[9] .. ']'
   elseif string.sub(current, 1, 1) == '[' then
-    updated = string.sub(current, 1, -2) .. ',' .. ARGV[8] .. ']'
+    updated = string.sub(current, 1, -2) .. ',' .. ARGV[9] .. ']'
   else
     return redis.error_reply('WRONGTYPE entry does not hold a list')
   end
-  redis.call('HSET', KEYS[1], ARGV[7], updated)
+  redis.call('HSET', KEYS[1], ARGV[8], updated)
   result = tostring(#cjson.decode(updated))
 elseif op == 'copy' then
   -- State only (the source's record stays its own), in chunks, so unpack()
@@ -145,7 +149,10 @@ elseif op == 'copy' then
 else
   return redis.error_reply('ERR unknown operation ' .. op)
 end
-if ARGV[5] ~= '' then redis.call('SET', KEYS[3], ARGV[5] .. ' ' .. result, 'EX', ARGV[4]) end
+if ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[3], '.digest', ARGV[5], ARGV[6], result)
+  redis.call('EXPIRE', KEYS[3], ARGV[4])
+end
 touch()
 return result
 """
@@ -339,11 +346,11 @@ class RedisSessionStore(SessionStore):
         self, session_id: str, operation: str, *args: Any, epoch: int | None, op: Op | None, source: str | None = None
     ) -> Any:
         keys = self._keys(session_id)
-        keys.append(f"{self._prefix}:op:{session_id}:{op.id}" if op is not None else keys[0])
+        keys.append(f"{self._prefix}:op:{session_id}:{op.call}" if op is not None else keys[0])
         if source is not None:
             keys.append(f"{self._prefix}:session:{source}")
         argv = [session_id, self.ttl_seconds, "" if epoch is None else epoch, self.op_ttl_seconds,
-                "" if op is None else op.digest, operation, *args]
+                "" if op is None else op.digest, "" if op is None else op.write, operation, *args]
         # With an op the script replays instead of applying twice, so even a
         # write whose reply was lost to a timeout is safe to send again.
         def once() -> Awaitable[Any]:

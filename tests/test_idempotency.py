@@ -1,4 +1,4 @@
-"""Idempotency keys: a repeated call is applied once and answered with the recorded result."""
+"""Idempotency keys: a repeated call is applied once and answered as the first run was."""
 
 from __future__ import annotations
 

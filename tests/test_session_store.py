@@ -263,12 +263,12 @@ async def test_a_replayed_op_is_not_fenced(store: SessionStore) -> None:
     assert await store.incr(sid, "counter", epoch=first, op=Op("k", "d")) == 1
 
 
-async def test_an_op_id_sent_for_another_call_is_refused_and_applies_nothing(store: SessionStore) -> None:
+async def test_a_call_key_sent_with_another_call_is_refused_and_applies_nothing(store: SessionStore) -> None:
     sid = new_id()
     assert await store.append(sid, "notes", "first", op=Op("k:1", "digest-a")) == 1
     for other_call in (
         store.append(sid, "notes", "second", op=Op("k:1", "digest-b")),
-        store.incr(sid, "counter", op=Op("k:1", "digest-b")),
+        store.incr(sid, "counter", op=Op("k:1", "digest-b", write="a write the first call never made")),
     ):
         with pytest.raises(OpReused):
             await other_call
@@ -307,6 +307,23 @@ async def test_session_wrapper_numbers_the_writes_of_a_call(store: SessionStore)
         assert await session.incr("counter") == 1
         assert await session.incr("counter") == 2
     assert await store.get(sid, "counter") == 2
+
+
+async def test_a_retry_that_skips_a_write_still_replays_the_others(store: SessionStore) -> None:
+    """First run: set then incr. The retry reads differently and skips the set: its incr must still replay."""
+    sid = new_id()
+    first = Session(store, sid, call=("call-8", "digest"))
+    await first.set("flag", True)
+    assert await first.incr("counter") == 1
+    retry = Session(store, sid, call=("call-8", "digest"))
+    assert await retry.incr("counter") == 1
+    assert await store.items(sid) == {"flag": True, "counter": 1}
+
+
+async def test_counters_stay_exact_integers_past_the_14_digits_lua_prints(store: SessionStore) -> None:
+    sid = new_id()
+    assert await store.incr(sid, "counter", 123_456_789_012_345) == 123_456_789_012_345
+    assert await store.incr(sid, "counter") == 123_456_789_012_346
 
 
 async def test_memory_store_expires_idle_sessions() -> None:
@@ -532,6 +549,10 @@ async def test_memory_store_expires_event_logs_a_ttl_after_the_latest_event() ->
     assert await store.events_after(sid, first) == ("s", [(second, "2")])
     clock.now += 31
     assert await store.events_after(sid, first) is None
+    # A new log after the old one expired: the old ids name none of its events.
+    fresh = [await store.add_event(sid, "t", str(i)) for i in range(3)]
+    assert first not in fresh and second not in fresh
+    assert await store.events_after(sid, second) is None
 
 
 async def test_redis_store_keeps_a_sessions_events_in_one_list_with_the_event_ttl(redis_stack: Stack) -> None:
