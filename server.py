@@ -40,6 +40,7 @@ from session_adoption import SESSION_MOVED, AdoptSessions, Ownership, RecordSess
 from session_handles import SessionHandle, create_handle, session_era_id, session_id_for
 from session_store import (
     DEFAULT_EVENT_TTL_SECONDS,
+    DEFAULT_OP_TTL_SECONDS,
     DEFAULT_TTL_SECONDS,
     Fenced,
     OpReused,
@@ -52,6 +53,7 @@ from session_store import (
 INSTANCE_ID = os.environ.get("INSTANCE_ID", "mcp-server-1")
 SESSION_TTL_SECONDS = int(os.environ.get("SESSION_TTL_SECONDS", DEFAULT_TTL_SECONDS))
 EVENT_TTL_SECONDS = int(os.environ.get("EVENT_TTL_SECONDS", DEFAULT_EVENT_TTL_SECONDS))
+OP_TTL_SECONDS = int(os.environ.get("OP_TTL_SECONDS", DEFAULT_OP_TTL_SECONDS))
 REDIS_URL = os.environ.get("REDIS_URL", "")
 
 # Seconds analyze_data spends per item, so its progress stream is observable.
@@ -65,13 +67,14 @@ log = logging.getLogger("mcp-ha")
 
 
 def make_store() -> SessionStore:
+    ttls = {"ttl_seconds": SESSION_TTL_SECONDS, "event_ttl_seconds": EVENT_TTL_SECONDS, "op_ttl_seconds": OP_TTL_SECONDS}
     if REDIS_URL:
         from stores.redis_store import RedisSessionStore
 
-        return RedisSessionStore(REDIS_URL, ttl_seconds=SESSION_TTL_SECONDS, event_ttl_seconds=EVENT_TTL_SECONDS)
+        return RedisSessionStore(REDIS_URL, **ttls)
     from stores.memory_store import InMemorySessionStore
 
-    return InMemorySessionStore(ttl_seconds=SESSION_TTL_SECONDS, event_ttl_seconds=EVENT_TTL_SECONDS)
+    return InMemorySessionStore(**ttls)
 
 
 store = make_store()
