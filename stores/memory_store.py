@@ -16,10 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from session_store import (
-    DEFAULT_EVENT_TTL_SECONDS,
-    DEFAULT_MAX_EVENTS,
-    DEFAULT_OP_TTL_SECONDS,
-    DEFAULT_TTL_SECONDS,
     Fenced,
     Op,
     OpReused,
@@ -40,19 +36,9 @@ class _EventLog:
 
 
 class InMemorySessionStore(SessionStore):
-    def __init__(
-        self,
-        *,
-        ttl_seconds: int = DEFAULT_TTL_SECONDS,
-        op_ttl_seconds: int = DEFAULT_OP_TTL_SECONDS,
-        event_ttl_seconds: int = DEFAULT_EVENT_TTL_SECONDS,
-        max_events: int = DEFAULT_MAX_EVENTS,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        super().__init__(
-            ttl_seconds=ttl_seconds, op_ttl_seconds=op_ttl_seconds, event_ttl_seconds=event_ttl_seconds,
-            max_events=max_events,
-        )
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, **limits: int) -> None:
+        """`limits`: SessionStore's TTLs and max_events."""
+        super().__init__(**limits)
         self._clock = clock
         # Ordered by last touch, oldest first, so expiry pops from the front
         # and counting costs the number of sessions that expired, not all of them.

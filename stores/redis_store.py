@@ -45,10 +45,6 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from session_store import (
-    DEFAULT_EVENT_TTL_SECONDS,
-    DEFAULT_MAX_EVENTS,
-    DEFAULT_OP_TTL_SECONDS,
-    DEFAULT_TTL_SECONDS,
     Fenced,
     Op,
     OpReused,
@@ -268,19 +264,14 @@ class RedisSessionStore(SessionStore):
         self,
         url: str,
         *,
-        ttl_seconds: int = DEFAULT_TTL_SECONDS,
-        op_ttl_seconds: int = DEFAULT_OP_TTL_SECONDS,
-        event_ttl_seconds: int = DEFAULT_EVENT_TTL_SECONDS,
-        max_events: int = DEFAULT_MAX_EVENTS,
         prefix: str = "mcp",
         timeout_seconds: float = 2.0,
         read_attempts: int = 3,
         max_connections: int = 64,
+        **limits: int,
     ) -> None:
-        super().__init__(
-            ttl_seconds=ttl_seconds, op_ttl_seconds=op_ttl_seconds, event_ttl_seconds=event_ttl_seconds,
-            max_events=max_events,
-        )
+        """`limits`: SessionStore's TTLs and max_events."""
+        super().__init__(**limits)
         self._prefix = prefix
         self._index = f"{prefix}:sessions"
         self._timeout = timeout_seconds
