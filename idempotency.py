@@ -9,15 +9,17 @@ HAProxy's own retries and redispatches, so those apply once too).
 For a call with a key, this middleware sets `current_call` to the key and a
 digest of the call (tool and arguments) while the tool runs. Every store
 write the tool makes through a `Session` then carries an op (`Op`: the key,
-the write's number in the call, the digest), and the store commits each
-write together with its op record, in one Lua script. So:
+the digest, and the write's name: its operation, state key and count), and
+the store commits each write together with its op record, in one Lua
+script. So:
 
 - a repeat of the call, wherever it lands (after a replica was killed
   mid-call, or after HAProxy re-sent it), runs the tool again, but each of its
   writes replays the recorded result instead of applying twice, and the tool
   answers as the first run did;
-- a repeat whose tool or arguments differ is refused with a JSON-RPC error
-  (its digest does not match the recorded one), and nothing is applied;
+- a repeat whose tool or arguments differ is refused: its digest does not
+  match the recorded one, the store raises `OpReused` and applies nothing,
+  and server.py's `StoreErrors` answers with a JSON-RPC error (`KEY_REUSED`);
 - records are kept per session (the session the write goes to), so a key
   only ever matches calls of the same session.
 
@@ -34,13 +36,10 @@ import json
 from contextvars import ContextVar
 from typing import Any
 
-from fastmcp.exceptions import ToolError
 from fastmcp.server.dependencies import get_http_request
 from fastmcp.server.middleware import Middleware, MiddlewareContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
-
-from session_store import OpReused
 
 IDEMPOTENCY_KEY = "io.github.mcp-ha-kit/idempotency-key"
 REQUEST_ID_HEADER = "x-request-id"
@@ -48,6 +47,7 @@ MAX_KEY_LENGTH = 200
 
 # The call being served, as (idempotency key, digest), for `Session` writes; None without a key.
 current_call: ContextVar[tuple[str, str] | None] = ContextVar("current_call", default=None)
+# Told to the client (JSON-RPC -32602) when a write finds its key recorded for another call (`OpReused`).
 KEY_REUSED = "This idempotency key was already used for a different call"
 
 
@@ -79,10 +79,5 @@ class IdempotentCalls(Middleware):
         token = current_call.set((key, _digest(context.message.name, context.message.arguments)))
         try:
             return await call_next(context)
-        except (ToolError, OpReused) as exc:
-            # Raised in a tool, FastMCP has already wrapped it; the cause says why.
-            if isinstance(exc, OpReused) or isinstance(exc.__cause__, OpReused):
-                raise MCPError(INVALID_PARAMS, KEY_REUSED) from exc
-            raise
         finally:
             current_call.reset(token)

@@ -28,13 +28,15 @@ import uvicorn
 from fastmcp import Context, FastMCP
 from fastmcp.exceptions import ResourceError, ToolError
 from fastmcp.server.middleware import Middleware, MiddlewareContext
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
 from pydantic import Field
 from starlette.middleware import Middleware as StarletteMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from drain import Drain, DrainingServer
-from idempotency import IdempotentCalls, current_call
+from idempotency import KEY_REUSED, IdempotentCalls, current_call
 from resumable_streams import CheckResumption
 from session_adoption import SESSION_MOVED, AdoptSessions, Ownership, RecordSessions
 from session_handles import SessionHandle, create_handle, session_era_id, session_id_for
@@ -82,12 +84,13 @@ started_at = time.monotonic()
 
 
 class StoreErrors(Middleware):
-    """A store outage, or a write fenced off by adoption, is a clear tool error, never a traceback."""
+    """A store outage, a write fenced off by adoption or a reused idempotency key is a
+    clear error, never a traceback."""
 
     async def on_call_tool(self, context: MiddlewareContext, call_next):
         try:
             return await call_next(context)
-        except (ToolError, StoreUnavailable, Fenced) as exc:
+        except (ToolError, StoreUnavailable, Fenced, OpReused) as exc:
             # Raised in a tool, FastMCP has already wrapped it; the cause says why.
             cause = exc.__cause__ if isinstance(exc, ToolError) else exc
             if isinstance(cause, StoreUnavailable):
@@ -99,6 +102,8 @@ class StoreErrors(Middleware):
                 log.info("write fenced off during %s: the session has a newer owner", context.message.name)
                 ownership.lost(context.fastmcp_context.session_id)
                 raise ToolError(SESSION_MOVED) from cause
+            if isinstance(cause, OpReused):
+                raise MCPError(INVALID_PARAMS, KEY_REUSED) from cause
             raise
 
 
