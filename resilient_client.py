@@ -12,9 +12,11 @@ It wraps FastMCP's `Client` in session (2025-11-25, "legacy") mode and adds:
   `idempotency.py`), the same on each retry of that call: the server applies
   the call at most once and answers a repeat with the recorded result;
 - **retries on transport failures only**: the connection broke, the call timed
-  out, the proxy answered 502/503/504, the session is gone (404), or the
-  server said the session moved mid-call (nothing applied). A tool's own error
-  is its answer, never retried. Backoff is exponential with jitter, bounded by
+  out, the proxy answered 502/503/504, the session is gone (404), the
+  server said the session moved mid-call (nothing applied), or its session
+  store was unavailable (a Redis failover or outage; the key makes a repeat
+  safe whether or not the call was applied). A tool's own error is its
+  answer, never retried. Backoff is exponential with jitter, bounded by
   attempts and by total time (stamina);
 - **the same session after a failure**: it reconnects with the same
   `mcp-session-id`, and the replica that gets the next request adopts the
@@ -41,6 +43,7 @@ from mcp.shared.exceptions import MCPError
 
 from idempotency import IDEMPOTENCY_KEY
 from session_adoption import SESSION_MOVED
+from session_store import STORE_UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +183,8 @@ class ResilientClient:
                 return TransientFailure(f"HTTP {self._last_status}")
         if isinstance(exc, RuntimeError) and ("not connected" in str(exc) or "failed to connect" in str(exc)):
             return TransientFailure(repr(exc))
-        if isinstance(exc, ToolError) and str(exc) == SESSION_MOVED:
-            return TransientFailure(SESSION_MOVED)  # nothing was applied: safe to call again
+        if isinstance(exc, ToolError) and str(exc) in (SESSION_MOVED, STORE_UNAVAILABLE):
+            return TransientFailure(str(exc))
         return exc
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:

@@ -3,7 +3,7 @@
 No tool keeps state in this process. Each one works through a `Session` bound
 to the caller's MCP session id (or, for sessionless clients, the handle
 `create_session` gave them), backed by the store chosen once at start-up
-(Redis when REDIS_URL is set, in-memory otherwise). Every result carries
+(Redis when REDIS_URL or REDIS_SENTINELS is set, in-memory otherwise). Every result carries
 `instance`, so routing is visible from the client.
 
 The availability patterns are wired in here, each from its own module:
@@ -45,6 +45,7 @@ from session_store import (
     DEFAULT_OP_TTL_SECONDS,
     DEFAULT_TTL_SECONDS,
     Fenced,
+    STORE_UNAVAILABLE,
     OpReused,
     Session,
     SessionStore,
@@ -57,23 +58,44 @@ SESSION_TTL_SECONDS = int(os.environ.get("SESSION_TTL_SECONDS", DEFAULT_TTL_SECO
 EVENT_TTL_SECONDS = int(os.environ.get("EVENT_TTL_SECONDS", DEFAULT_EVENT_TTL_SECONDS))
 OP_TTL_SECONDS = int(os.environ.get("OP_TTL_SECONDS", DEFAULT_OP_TTL_SECONDS))
 REDIS_URL = os.environ.get("REDIS_URL", "")
+REDIS_SENTINELS = os.environ.get("REDIS_SENTINELS", "")
+REDIS_MASTER_NAME = os.environ.get("REDIS_MASTER_NAME", "mymaster")
+REDIS_WAIT_REPLICAS = int(os.environ.get("REDIS_WAIT_REPLICAS", "0"))
+REDIS_RETRY_SECONDS = float(os.environ.get("REDIS_RETRY_SECONDS", "4"))
 
 # Seconds analyze_data spends per item, so its progress stream is observable.
 ANALYZE_STEP_SECONDS = 0.05
 WATCH_POLL_SECONDS = 0.5
 WATCH_MAX_SECONDS = 30
 HEALTH_PING_SECONDS = 1.0
-STORE_UNAVAILABLE = "Session store unavailable; try again shortly."
 
 log = logging.getLogger("mcp-ha")
 
 
+def sentinel_addresses(raw: str) -> list[tuple[str, int]]:
+    """REDIS_SENTINELS, "host:port,host:port", as (host, port) pairs."""
+    addresses = []
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise SystemExit(f"REDIS_SENTINELS={raw!r}: expected host:port[,host:port...], got {item!r}")
+        addresses.append((host, int(port)))
+    return addresses
+
+
 def make_store() -> SessionStore:
     ttls = {"ttl_seconds": SESSION_TTL_SECONDS, "event_ttl_seconds": EVENT_TTL_SECONDS, "op_ttl_seconds": OP_TTL_SECONDS}
-    if REDIS_URL:
+    if REDIS_URL or REDIS_SENTINELS:
         from stores.redis_store import RedisSessionStore
 
-        return RedisSessionStore(REDIS_URL, **ttls)
+        return RedisSessionStore(
+            None if REDIS_SENTINELS else REDIS_URL,
+            sentinels=sentinel_addresses(REDIS_SENTINELS),
+            master_name=REDIS_MASTER_NAME,
+            wait_replicas=REDIS_WAIT_REPLICAS,
+            retry_seconds=REDIS_RETRY_SECONDS,
+            **ttls,
+        )
     from stores.memory_store import InMemorySessionStore
 
     return InMemorySessionStore(**ttls)
@@ -265,15 +287,41 @@ async def session_summary(session_id: str) -> dict:
     }
 
 
+class StoreHealth:
+    """Whether the store has been unreachable for longer than a call would wait for it.
+
+    A call retries the store for REDIS_RETRY_SECONDS (long enough for a
+    Sentinel failover), so a replica that cannot reach Redis for a moment
+    can still answer; failing /health at once would take every replica out
+    of HAProxy together and turn a short failover into 503s for everyone.
+    """
+
+    def __init__(self, *, grace_seconds: float) -> None:
+        self.grace_seconds = grace_seconds
+        self.unreachable_since: float | None = None
+
+    async def check(self) -> bool:
+        try:
+            reachable = await asyncio.wait_for(store.ping(), HEALTH_PING_SECONDS)
+        except TimeoutError:
+            reachable = False
+        now = time.monotonic()
+        if reachable:
+            self.unreachable_since = None
+            return True
+        if self.unreachable_since is None:
+            self.unreachable_since = now
+        return now - self.unreachable_since < self.grace_seconds
+
+
+store_health = StoreHealth(grace_seconds=REDIS_RETRY_SECONDS if (REDIS_URL or REDIS_SENTINELS) else 0.0)
+
+
 @mcp.custom_route("/health", methods=["GET"])
 async def health(request: Request) -> JSONResponse:
     if not drain.health_checked():
         return JSONResponse({"status": "draining", "instance": INSTANCE_ID}, status_code=503)
-    try:
-        reachable = await asyncio.wait_for(store.ping(), HEALTH_PING_SECONDS)
-    except TimeoutError:
-        reachable = False
-    if reachable:
+    if await store_health.check():
         return JSONResponse({"status": "ok", "instance": INSTANCE_ID})
     return JSONResponse({"status": "degraded", "instance": INSTANCE_ID, "store": "unreachable"}, status_code=503)
 

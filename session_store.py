@@ -124,6 +124,11 @@ class StoreUnavailable(Exception):
     """The store could not be reached; the operation may not have happened."""
 
 
+# What a client is told when the store is unavailable: a keyed call may be sent
+# again (its op replays if it did happen), so clients retry on this message.
+STORE_UNAVAILABLE = "Session store unavailable; try again shortly."
+
+
 class Fenced(Exception):
     """Another replica adopted the session (or it ended): this write was not applied."""
 

@@ -25,23 +25,34 @@ update happen atomically in one round trip, so 200 concurrent increments end at
 exactly 200 and no reader sees half a copy.
 
 Retries: redis-py's own retry is switched off, because retrying a write
-after a timeout can apply it twice. Reads, which are safe to repeat, are
-retried by stamina on the connection errors named below, bounded in attempts
-and in time.
+after a timeout can apply it twice. Reads, and writes that carry an op (which
+the script replays instead of applying twice), are retried by stamina on the
+connection errors named below, bounded in attempts and in time. The time
+bound (`retry_seconds`) is meant to outlast a Sentinel failover, so a call
+caught by one waits for the new primary instead of failing.
+
+High availability of Redis itself: given `sentinels`, the store asks them
+for the current primary of `master_name` whenever it connects, so after a
+failover it reconnects to the new primary without a replica restart.
+Replication is asynchronous, so a failover can lose the primary's last
+writes; with `wait_replicas=N` every state write is acknowledged only once
+N replicas have it (Redis WAIT), and otherwise fails with StoreUnavailable,
+which a retry with the same op replays.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as redis
 import stamina
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from session_store import (
@@ -259,35 +270,57 @@ def _record_of(flat: list[str]) -> dict[str, Any]:
     return {flat[i][1:]: json.loads(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
+class _BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
+    """Sentinel's discovery of the primary, with the same bounded, queueing pool as without Sentinel."""
+
+
 class RedisSessionStore(SessionStore):
     def __init__(
         self,
-        url: str,
+        url: str | None = None,
         *,
+        sentinels: Sequence[tuple[str, int]] = (),
+        master_name: str = "mymaster",
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
         prefix: str = "mcp",
         timeout_seconds: float = 2.0,
-        read_attempts: int = 3,
+        retry_attempts: int = 20,
+        retry_seconds: float = 4.0,
         max_connections: int = 64,
         **limits: int,
     ) -> None:
-        """`limits`: SessionStore's TTLs and max_events."""
+        """Either `url` (one Redis) or `sentinels` (host, port pairs) with `master_name`.
+
+        `limits`: SessionStore's TTLs and max_events.
+        """
         super().__init__(**limits)
+        if bool(url) == bool(sentinels):
+            raise ValueError("give either a Redis url or sentinels, not both")
         self._prefix = prefix
         self._index = f"{prefix}:sessions"
         self._timeout = timeout_seconds
-        self._read_attempts = read_attempts
+        self._retry_attempts = retry_attempts
+        self._retry_seconds = retry_seconds
+        self._wait_replicas = wait_replicas
+        self._wait_timeout_ms = wait_timeout_ms
         # A bounded pool that makes a burst of calls queue for a connection
         # (up to the timeout) instead of failing or opening one per call.
-        pool = redis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=timeout_seconds,
-            decode_responses=True,
-            socket_timeout=timeout_seconds,
-            socket_connect_timeout=timeout_seconds,
-            retry=Retry(NoBackoff(), 0),
-        )
-        self._redis = redis.Redis.from_pool(pool)
+        options = {
+            "max_connections": max_connections,
+            "timeout": timeout_seconds,
+            "decode_responses": True,
+            "socket_timeout": timeout_seconds,
+            "socket_connect_timeout": timeout_seconds,
+            "retry": Retry(NoBackoff(), 0),
+        }
+        self._sentinel: Sentinel | None = None
+        if sentinels:
+            self._sentinel = sentinel = Sentinel(list(sentinels), sentinel_kwargs={
+                "socket_timeout": timeout_seconds, "socket_connect_timeout": timeout_seconds, "retry": Retry(NoBackoff(), 0)})
+            self._redis = sentinel.master_for(master_name, connection_pool_class=_BlockingSentinelPool, **options)
+        else:
+            self._redis = redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **options))
         register = self._redis.register_script
         self._get, self._items, self._touch = register(_GET), register(_ITEMS), register(_TOUCH_ONLY)
         self._write_script, self._count = register(_WRITE), register(_COUNT)
@@ -321,11 +354,12 @@ class RedisSessionStore(SessionStore):
             # every call cost ~6% of a replica's CPU (py-spy, increment_counter load).
             return await call()
         except RETRYABLE as exc:
-            if self._read_attempts <= 1:
+            if self._retry_attempts <= 1:
                 raise StoreUnavailable(f"redis: {exc}") from exc
         try:
             async for attempt in stamina.retry_context(
-                on=RETRYABLE, attempts=self._read_attempts - 1, timeout=self._timeout * 2, wait_initial=0.05
+                on=RETRYABLE, attempts=self._retry_attempts - 1, timeout=self._retry_seconds,
+                wait_initial=0.05, wait_max=0.5,
             ):
                 with attempt:
                     return await call()
@@ -345,9 +379,32 @@ class RedisSessionStore(SessionStore):
         # With an op the script replays instead of applying twice, so even a
         # write whose reply was lost to a timeout is safe to send again.
         def once() -> Awaitable[Any]:
+            if self._wait_replicas:
+                return self._write_and_wait(keys, argv)
             return self._write_script(keys=keys, args=argv)
 
         return json.loads(await self._call(lambda: self._read(once)) if op is not None else await self._call(once))
+
+    async def _write_and_wait(self, keys: list[str], argv: list[Any]) -> Any:
+        """The write script and WAIT on one connection, so WAIT covers this write."""
+        for _ in range(2):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.evalsha(self._write_script.sha, len(keys), *keys, *argv)
+                pipe.wait(self._wait_replicas, self._wait_timeout_ms)
+                result, acknowledged = await pipe.execute(raise_on_error=False)
+            if not isinstance(result, NoScriptError):
+                break
+            # A primary that was a replica until a failover has no scripts cached.
+            await self._redis.script_load(_WRITE)
+        if isinstance(result, Exception):
+            raise result
+        if isinstance(acknowledged, Exception):
+            raise acknowledged
+        if acknowledged < self._wait_replicas:
+            raise StoreUnavailable(
+                f"redis: the write reached the primary but {acknowledged} of {self._wait_replicas} replica(s) "
+                f"acknowledged it within {self._wait_timeout_ms} ms; it may not survive a failover")
+        return result
 
     async def get(self, session_id: str, key: str) -> Any | None:
         args = [session_id, self.ttl_seconds, check_key(key)]
@@ -420,3 +477,5 @@ class RedisSessionStore(SessionStore):
 
     async def aclose(self) -> None:
         await self._redis.aclose()
+        if self._sentinel is not None:
+            await self._sentinel.aclose()

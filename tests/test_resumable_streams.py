@@ -156,7 +156,7 @@ async def test_resuming_an_unknown_session_is_404(raw: RawSession, mcp_url: str)
 async def unreachable_store_app() -> AsyncIterator[str]:
     """CheckResumption in front of an app that answers 200, with Redis on a port nobody listens on."""
     closed_port, port = free_ports(2)
-    store = RedisSessionStore(f"redis://127.0.0.1:{closed_port}/0", timeout_seconds=0.3)
+    store = RedisSessionStore(f"redis://127.0.0.1:{closed_port}/0", timeout_seconds=0.3, retry_seconds=0.3)
     app = CheckResumption(PlainTextResponse("resumed"), store=store, path="/mcp")
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())

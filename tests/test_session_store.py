@@ -387,7 +387,7 @@ async def test_redis_store_keeps_one_key_per_session_with_the_ttl(redis_stack: S
 @pytest.mark.timeout(20)  # a hang fails the test instead of stalling the suite
 async def test_redis_store_unreachable_raises_store_unavailable() -> None:
     (closed_port,) = free_ports(1)
-    store = RedisSessionStore(f"redis://127.0.0.1:{closed_port}/0", timeout_seconds=0.5)
+    store = RedisSessionStore(f"redis://127.0.0.1:{closed_port}/0", timeout_seconds=0.5, retry_seconds=0.5)
     try:
         assert await store.ping() is False
         with pytest.raises(StoreUnavailable):
@@ -517,7 +517,7 @@ async def test_unknown_event_ids_find_nothing(store: SessionStore) -> None:
 async def test_malformed_event_ids_never_reach_redis() -> None:
     """Asked of an unreachable Redis, a malformed or foreign id is answered at once; a well-formed one is not."""
     (closed_port,) = free_ports(1)
-    store = RedisSessionStore(f"redis://127.0.0.1:{closed_port}/0", timeout_seconds=0.5)
+    store = RedisSessionStore(f"redis://127.0.0.1:{closed_port}/0", timeout_seconds=0.5, retry_seconds=0.5)
     sid = new_id()
     try:
         for bad in ("*", "1-0", "99999999999999999999-0.01234567", mint_event_id(new_id(), "1-0")):
