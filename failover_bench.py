@@ -10,6 +10,15 @@ Scenarios (one replica is "the faulted one": the one serving most plain sessions
     rolling      restart every replica, one after another (SIGTERM: each drains)
     restart-all  stop every replica at once, then start them all again
 
+and Redis faults (the faulted one is Redis's primary):
+
+    redis-kill     SIGKILL the primary; with Sentinel (--redis sentinel) a replica is
+                   promoted; the old primary is started again once that happened
+                   (or after ~3 s without Sentinel)
+    redis-restart  restart the primary (SIGTERM: it writes its AOF out, then starts
+                   and reloads it)
+    redis-outage   stop every Redis server for 10 s, then start them again
+
 Each scenario runs, through HAProxy, `--sessions` sessions of each kind of
 client, each calling `increment_counter` in a loop:
 
@@ -58,7 +67,9 @@ from rich.table import Table
 from resilient_client import ResilientClient
 from stack import Stack, StackConfig, StackError, running_stack
 
-SCENARIOS = ("kill", "pause", "rolling", "restart-all")
+REPLICA_SCENARIOS = ("kill", "pause", "rolling", "restart-all")
+REDIS_SCENARIOS = ("redis-kill", "redis-restart", "redis-outage")
+SCENARIOS = REPLICA_SCENARIOS + REDIS_SCENARIOS
 
 PROTOCOL = "2025-11-25"
 PLAIN_CALL_TIMEOUT = 5.0
@@ -76,6 +87,8 @@ GUARD_SLACK_SECONDS = 1.0
 
 KILL_DOWN_SECONDS = 3.0
 PAUSE_SECONDS = 4.0
+REDIS_OUTAGE_SECONDS = 10.0
+PROMOTION_TIMEOUT_SECONDS = 30.0
 TAIL_SECONDS = 1.5
 # However a scenario goes, its load stops this long after it was due to.
 OVERRUN_CAP_SECONDS = 60.0
@@ -356,6 +369,8 @@ class ScenarioReport:
     sessionless: ClientReport
     healthy_after: bool
     backends_after: dict[str, str]
+    redis_mode: str = "single"
+    wait_replicas: int = 0  # the replicas' REDIS_WAIT_REPLICAS
 
     @property
     def clients(self) -> list[ClientReport]:
@@ -429,6 +444,8 @@ def _start_all(stack: Stack, names: list[str]) -> None:
 
 def heal(stack: Stack) -> None:
     """Every replica running and UP in HAProxy again, whatever a scenario left behind."""
+    for name in stack.config.redis_names():
+        stack.start(name)
     replicas = stack.config.replica_names()
     for name in replicas:
         if stack.state(name) == "paused":
@@ -437,11 +454,44 @@ def heal(stack: Stack) -> None:
     stack.wait_healthy("haproxy")
 
 
+def _promoted(stack: Stack, old: str) -> bool:
+    """Whether the sentinels name a primary other than `old`; False until they do (bounded)."""
+    deadline = time.monotonic() + PROMOTION_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if stack.redis_primary() not in (old, None):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 async def _inject(stack: Stack, scenario: str, replica: str, status: RunStatus) -> float:
     """Apply the fault and undo it; the monotonic time the fault struck."""
     replicas = stack.config.replica_names()
     struck = time.monotonic()
-    if scenario == "kill":
+    if scenario == "redis-kill":
+        status.set_phase(f"SIGKILL {replica}")
+        stack.signal(replica, signal.SIGKILL)
+        if stack.config.redis_mode == "sentinel":
+            status.set_phase("waiting for the sentinels to promote a replica")
+            if not await asyncio.to_thread(_promoted, stack, replica):
+                raise StackError(f"no replica was promoted within {PROMOTION_TIMEOUT_SECONDS:.0f} s of killing {replica}")
+        else:
+            await asyncio.sleep(KILL_DOWN_SECONDS)
+        status.set_phase(f"starting {replica}")
+        await asyncio.to_thread(stack.start, replica)
+    elif scenario == "redis-restart":
+        status.set_phase(f"restarting {replica}")
+        await asyncio.to_thread(stack.restart, replica)
+    elif scenario == "redis-outage":
+        servers = [n for n in stack.config.redis_names() if not n.startswith("sentinel-")]
+        status.set_phase(f"stopping {', '.join(servers)} for {REDIS_OUTAGE_SECONDS:.0f} s")
+        await asyncio.to_thread(stack.stop, *servers)
+        await asyncio.sleep(REDIS_OUTAGE_SECONDS)
+        status.set_phase(f"starting {', '.join(servers)}")
+        # The primary first (the one the sentinels still name), so the other finds it.
+        for name in sorted(servers, key=lambda n: n != replica):
+            await asyncio.to_thread(stack.start, name)
+    elif scenario == "kill":
         status.set_phase(f"SIGKILL {replica}")
         stack.signal(replica, signal.SIGKILL)
         await asyncio.sleep(KILL_DOWN_SECONDS)
@@ -593,6 +643,8 @@ async def run_scenario(stack: Stack, scenario: str, *, sessions: int = 5, durati
         serving.pop(None, None)
         replicas = stack.config.replica_names()
         replica = max(replicas, key=lambda n: (serving.get(n, 0), -replicas.index(n)))
+        if scenario in REDIS_SCENARIOS:
+            replica = stack.redis_primary() or stack.config.redis_names()[0]
         in_flight = [r for r in plain_runs if r.in_flight]
         in_flight_on_replica = sum(r.instance_at(struck) == replica for r in in_flight)
         try:
@@ -625,10 +677,12 @@ async def run_scenario(stack: Stack, scenario: str, *, sessions: int = 5, durati
         status.set_phase("closing sessions")
         await _close_all([c.aclose for c in clients])
 
-    mark_down = _first(timeline, struck, lambda s: not s.startswith("UP"), replica)
+    # Redis faults take no replica out on purpose: a replica rides out a failover (see server.StoreHealth).
+    mark_down = None if scenario in REDIS_SCENARIOS else _first(timeline, struck, lambda s: not s.startswith("UP"), replica)
     back_up = _first(timeline, mark_down, lambda s: s.startswith("UP"), replica) if mark_down else None
     backends_after = await asyncio.to_thread(stack.backend_status)
-    healthy = all(stack.state(n) == "running" for n in replicas) and backends_after == dict.fromkeys(replicas, "UP")
+    healthy = (all(stack.state(svc.name) == "running" for svc in stack.services())
+               and backends_after == dict.fromkeys(replicas, "UP"))
     common = {"replica": replica, "struck": struck, "over": over, "load_start": load_start, "load_end": load_end,
               "detected": mark_down}
     status.set_phase("done")
@@ -646,6 +700,8 @@ async def run_scenario(stack: Stack, scenario: str, *, sessions: int = 5, durati
         **{kind: _client_report(kind, [r for r in runs if r.kind == kind], **common) for kind in KINDS},
         healthy_after=healthy,
         backends_after=backends_after,
+        redis_mode=stack.config.redis_mode,
+        wait_replicas=stack.config.redis_wait_replicas,
     )
 
 
@@ -661,10 +717,15 @@ def check_targets(report: ScenarioReport) -> list[str]:
         if not ok:
             missed.append(f"{s}: {what}")
 
+    # Killing Redis's primary can lose what it had not yet passed on to a replica, unless every write
+    # waited for one (REDIS_WAIT_REPLICAS): then nothing acknowledged may be lost. Any other fault here
+    # stops Redis with SIGTERM, after which it has written its AOF out.
+    loss_allowed = s == "redis-kill" and report.wait_replicas == 0
     for c in report.clients:
         k = c.kind
         need(c.unreadable == 0, f"{k}: the final counter of {c.unreadable} session(s) could not be read")
-        need(c.lost == 0, f"{k}: {c.lost} acknowledged increment(s) lost (final {c.final}, acknowledged {c.acknowledged})")
+        need(c.lost == 0 or loss_allowed,
+             f"{k}: {c.lost} acknowledged increment(s) lost (final {c.final}, acknowledged {c.acknowledged})")
         need(c.duplicated == 0, f"{k}: {c.duplicated} increment(s) applied twice (final {c.final}, "
                                 f"acknowledged {c.acknowledged}, failed {c.failed})")
         need(c.overran == 0, f"{k}: {c.overran} call(s) neither returned nor raised within their timeout")
@@ -673,6 +734,10 @@ def check_targets(report: ScenarioReport) -> list[str]:
 
     r = report.resilient
     need(r.failed == 0, f"resilient: {r.failed} failed call(s) (target 0): {'; '.join(r.errors)}")
+    need(report.healthy_after, f"the stack was not whole afterwards: {report.backends_after}")
+    if s in REDIS_SCENARIOS:
+        # Reported, not targets: how long calls wait depends on how long Redis is gone.
+        return missed
     need(r.longest_call_s <= TARGET_LONGEST_CALL, f"resilient: a call took {r.longest_call_s:.2f} s (target ≤ {TARGET_LONGEST_CALL:.0f} s)")
 
     p = report.plain
@@ -696,7 +761,6 @@ def check_targets(report: ScenarioReport) -> list[str]:
         for c in unretried:
             need(c.failed == 0,
                  f"{c.kind}: {c.failed} failed call(s) in a rolling restart (target 0): {'; '.join(c.errors)}")
-    need(report.healthy_after, f"the stack was not whole afterwards: {report.backends_after}")
     return missed
 
 
@@ -818,9 +882,13 @@ def report_json(reports: list[ScenarioReport]) -> dict:
               help="Also write the reports to this file as JSON.")
 @click.option("--own-stack", is_flag=True,
               help="Start a stack of its own on free loopback ports, and stop it at the end.")
+@click.option("--redis", "redis_mode", type=click.Choice(["single", "sentinel"]), default="single", show_default=True,
+              help="With --own-stack: one Redis, or a primary, a replica and three sentinels.")
+@click.option("--wait-replicas", type=click.IntRange(0, 1), default=0, show_default=True,
+              help="With --own-stack: the replicas' REDIS_WAIT_REPLICAS (1 needs --redis sentinel).")
 @click.option("-v", "--verbose", is_flag=True, help="Log each phase and every client retry.")
 def main(scenario: str, sessions: int, duration: float, fault_at: float, json_path: Path | None,
-         own_stack: bool, verbose: bool) -> None:
+         own_stack: bool, redis_mode: str, wait_replicas: int, verbose: bool) -> None:
     """Inject replica faults under steady load and measure what clients see."""
     # Retries and broken connections are the point of the run, not news: the table counts them.
     logging.basicConfig(level=logging.INFO if verbose else logging.CRITICAL,
@@ -831,7 +899,8 @@ def main(scenario: str, sessions: int, duration: float, fault_at: float, json_pa
     try:
         if own_stack:
             state_dir = Path(tempfile.mkdtemp(prefix="failover-bench-"))
-            stack = Stack(StackConfig.on_free_ports(state_dir))
+            stack = Stack(StackConfig.on_free_ports(state_dir, redis_mode=redis_mode,
+                                                    redis_wait_replicas=wait_replicas))
             with console.status(f"starting a stack of its own in {state_dir}"):
                 stack.up()
         else:

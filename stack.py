@@ -1,6 +1,9 @@
 """The whole stack as plain local processes, with docker-compose-like verbs.
 
     python stack.py up -d            redis, mcp-server-1..3, haproxy; returns when all are healthy
+    python stack.py up -d --redis sentinel
+                                     redis-1 (primary at start), redis-2 (its replica) and
+                                     sentinel-1..3 instead of one redis
     python stack.py ps [--json]      each service's pid, address and state
     python stack.py stop|start|restart NAME...
     python stack.py kill [-s SIGNAL] NAME...
@@ -38,6 +41,8 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent
 STOP_GRACE_SECONDS = 15.0
+# The name the sentinels know the primary by (the replicas' REDIS_MASTER_NAME).
+SENTINEL_MASTER = "mymaster"
 HEALTH_TIMEOUT_SECONDS = 30.0
 
 INSTALL_HINT = {
@@ -70,9 +75,16 @@ class StackConfig:
     replica_ports: tuple[int, ...] = (8001, 8002, 8003)
     session_ttl_seconds: int = 1800
     python: str = sys.executable
+    # "single": one redis. "sentinel": redis-1 (primary at start, on
+    # redis_port), redis-2 (replica) and three sentinels electing a new primary.
+    redis_mode: str = "single"
+    redis_replica_port: int = 6381
+    sentinel_ports: tuple[int, ...] = (26380, 26381, 26382)
+    # Replicas' REDIS_WAIT_REPLICAS: how many Redis replicas acknowledge a write before a call does.
+    redis_wait_replicas: int = 0
 
     @classmethod
-    def from_env(cls) -> StackConfig:
+    def from_env(cls, *, redis_mode: str = "single") -> StackConfig:
         replicas = env_int("MCP_REPLICAS", 3)
         if not 1 <= replicas <= 9:
             raise StackError(f"MCP_REPLICAS={replicas}: between 1 and 9 replicas are supported")
@@ -84,14 +96,30 @@ class StackConfig:
             redis_port=env_int("REDIS_PORT", 6380),
             replica_ports=tuple(base + i for i in range(replicas)),
             session_ttl_seconds=env_int("SESSION_TTL_SECONDS", 1800),
+            redis_mode=redis_mode,
+            redis_replica_port=env_int("REDIS_REPLICA_PORT", 6381),
+            sentinel_ports=tuple(env_int("SENTINEL_BASE_PORT", 26380) + i for i in range(3)),
+            redis_wait_replicas=env_int("REDIS_WAIT_REPLICAS", 0),
         )
 
     @classmethod
-    def on_free_ports(cls, state_dir: Path, *, replicas: int = 3) -> StackConfig:
+    def on_free_ports(cls, state_dir: Path, *, replicas: int = 3, redis_mode: str = "single",
+                      redis_wait_replicas: int = 0) -> StackConfig:
         """A stack beside any other: for tests and benchmarks that start their own."""
-        http, stats, redis, *replica_ports = free_ports(3 + replicas)
+        http, stats, redis, redis_replica, *rest = free_ports(7 + replicas)
         return cls(state_dir=state_dir, http_port=http, stats_port=stats, redis_port=redis,
-                   replica_ports=tuple(replica_ports))
+                   replica_ports=tuple(rest[3:]), redis_mode=redis_mode, redis_replica_port=redis_replica,
+                   sentinel_ports=tuple(rest[:3]), redis_wait_replicas=redis_wait_replicas)
+
+    @property
+    def sentinels(self) -> str:
+        """The replicas' REDIS_SENTINELS."""
+        return ",".join(f"{self.host}:{port}" for port in self.sentinel_ports)
+
+    def redis_names(self) -> list[str]:
+        if self.redis_mode == "sentinel":
+            return ["redis-1", "redis-2", "sentinel-1", "sentinel-2", "sentinel-3"]
+        return ["redis"]
 
     @property
     def redis_url(self) -> str:
@@ -115,7 +143,8 @@ class StackConfig:
 
     @classmethod
     def from_json(cls, data: dict) -> StackConfig:
-        return cls(**{**data, "state_dir": Path(data["state_dir"]), "replica_ports": tuple(data["replica_ports"])})
+        return cls(**{**data, "state_dir": Path(data["state_dir"]), "replica_ports": tuple(data["replica_ports"]),
+                      "sentinel_ports": tuple(data["sentinel_ports"])})
 
 
 @dataclass
@@ -124,6 +153,10 @@ class Service:
     argv: list[str]
     port: int
     env: dict[str, str] = field(default_factory=dict)
+    # A config file written before the first start and kept afterwards:
+    # Sentinel rewrites its own, and the Redis servers' after a failover, so
+    # a restarted server keeps its current role.
+    config_file: tuple[Path, str] | None = None
 
     @property
     def binary(self) -> str:
@@ -204,6 +237,43 @@ def redis_pings(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
+def redis_command(host: str, port: int, *words: str, timeout: float = 1.0) -> object:
+    """One command's reply (str, int, list, None; an error reply as an Exception), or None if unreachable.
+
+    A few lines of RESP, so the stack needs no Redis client of its own.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(" ".join(words).encode() + b"\r\n")
+            return _resp(sock.makefile("rb"))
+    except (OSError, ValueError):
+        return None
+
+
+def _resp(reply: io.BufferedReader) -> object:
+    line = reply.readline().decode().rstrip("\r\n")
+    kind, rest = line[:1], line[1:]
+    if kind == "+":
+        return rest
+    if kind == "-":
+        return Exception(rest)
+    if kind == ":":
+        return int(rest)
+    if kind == "$":
+        return None if rest == "-1" else reply.read(int(rest) + 2)[:-2].decode()
+    if kind == "*":
+        return None if rest == "-1" else [_resp(reply) for _ in range(int(rest))]
+    raise ValueError(f"not a RESP reply: {line!r}")
+
+
+def redis_info(host: str, port: int, section: str) -> dict[str, str]:
+    """INFO `section` as a dict (empty if unreachable or still loading)."""
+    text = redis_command(host, port, "INFO", section)
+    if not isinstance(text, str):
+        return {}
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
 class Stack:
     """Start, stop and inspect the stack's processes. Safe to use from several commands in turn."""
 
@@ -213,25 +283,56 @@ class Stack:
         self.log_dir = config.state_dir / "logs"
 
     @classmethod
-    def load(cls) -> Stack:
+    def load(cls, *, redis_mode: str | None = None) -> Stack:
         """The stack recorded in STACK_DIR, or a fresh one configured from the environment."""
-        config = StackConfig.from_env()
+        config = StackConfig.from_env(redis_mode=redis_mode or "single")
         state_file = config.state_dir / "state.json"
         if state_file.exists():
             config = StackConfig.from_json(json.loads(state_file.read_text())["config"])
+            if redis_mode and redis_mode != config.redis_mode:
+                raise StackError(f"the stack in {config.state_dir} is up with --redis {config.redis_mode}; "
+                                 "stop it first (python stack.py down)")
         return cls(config)
 
     # -- what the stack is made of ------------------------------------------------
 
+    def _redis_services(self) -> list[Service]:
+        c = self.config
+        if c.redis_mode == "single":
+            return [Service(
+                "redis",
+                ["redis-server", "--bind", c.host, "--port", str(c.redis_port), "--dir", str(c.state_dir / "redis"),
+                 "--appendonly", "yes", "--save", "", "--protected-mode", "yes"],
+                c.redis_port,
+            )]
+        services = []
+        for name, port in (("redis-1", c.redis_port), ("redis-2", c.redis_replica_port)):
+            conf = c.state_dir / name / "redis.conf"
+            # AOF fsynced every second, as in compose; redis-2 starts as redis-1's replica. A replica
+            # (re)joining is sent the data at once, not after the default 5 s wait for others to join.
+            text = (f"bind {c.host}\nport {port}\ndir {conf.parent}\nprotected-mode yes\n"
+                    "appendonly yes\nappendfsync everysec\nsave \"\"\nrepl-diskless-sync-delay 0\n")
+            if name == "redis-2":
+                text += f"replicaof {c.host} {c.redis_port}\n"
+            services.append(Service(name, ["redis-server", str(conf)], port, config_file=(conf, text)))
+        for i, port in enumerate(c.sentinel_ports, start=1):
+            conf = c.state_dir / f"sentinel-{i}" / "sentinel.conf"
+            # Quorum 2 of 3; the primary counts as down after 1 s without an answer.
+            text = (f"bind {c.host}\nport {port}\ndir {conf.parent}\n"
+                    f"sentinel monitor {SENTINEL_MASTER} {c.host} {c.redis_port} 2\n"
+                    f"sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n"
+                    f"sentinel failover-timeout {SENTINEL_MASTER} 10000\n"
+                    f"sentinel parallel-syncs {SENTINEL_MASTER} 1\n")
+            services.append(Service(f"sentinel-{i}", ["redis-server", str(conf), "--sentinel"], port,
+                                    config_file=(conf, text)))
+        return services
+
     def services(self) -> list[Service]:
         c = self.config
-        redis_dir = c.state_dir / "redis"
-        redis = Service(
-            "redis",
-            ["redis-server", "--bind", c.host, "--port", str(c.redis_port), "--dir", str(redis_dir),
-             "--appendonly", "yes", "--save", "", "--protected-mode", "yes"],
-            c.redis_port,
-        )
+        if c.redis_mode == "sentinel":
+            store_env = {"REDIS_SENTINELS": c.sentinels, "REDIS_MASTER_NAME": SENTINEL_MASTER}
+        else:
+            store_env = {"REDIS_URL": c.redis_url}
         replicas = [
             Service(
                 name,
@@ -241,7 +342,8 @@ class Stack:
                     "INSTANCE_ID": name,
                     "HOST": c.host,
                     "PORT": str(port),
-                    "REDIS_URL": c.redis_url,
+                    **store_env,
+                    "REDIS_WAIT_REPLICAS": str(c.redis_wait_replicas),
                     "SESSION_TTL_SECONDS": str(c.session_ttl_seconds),
                 },
             )
@@ -255,7 +357,7 @@ class Stack:
         for i, port in enumerate(c.replica_ports, start=1):
             haproxy_env[f"MCP_SERVER_{i}"] = f"{c.host}:{port}"
         haproxy = Service("haproxy", ["haproxy", "-db", "-f", str(ROOT / "haproxy" / "haproxy.cfg")], c.http_port, haproxy_env)
-        return [redis, *replicas, haproxy]
+        return [*self._redis_services(), *replicas, haproxy]
 
     def service(self, name: str) -> Service:
         for svc in self.services():
@@ -312,8 +414,16 @@ class Stack:
 
     def healthy(self, name: str) -> bool:
         c = self.config
-        if name == "redis":
-            return redis_pings(c.host, c.redis_port)
+        if name.startswith("sentinel-"):
+            # It sees the primary up, and has found the other sentinels, so it can take part in a failover.
+            status = redis_info(c.host, self.service(name).port, "sentinel").get("master0", "")
+            return "status=ok" in status and f"sentinels={len(c.sentinel_ports)}" in status
+        if name.startswith("redis"):
+            port = self.service(name).port
+            if not redis_pings(c.host, port):
+                return False
+            replication = redis_info(c.host, port, "replication")
+            return replication.get("role") == "master" or replication.get("master_link_status") == "up"
         if name == "haproxy":
             return self.backends_up() == {n for n in c.replica_names() if self.pid(n)}
         return http_status(f"http://{c.host}:{self.service(name).port}/health") == 200
@@ -330,6 +440,18 @@ class Stack:
 
     def backends_up(self) -> set[str]:
         return {name for name, status in self.backend_status().items() if status.startswith("UP")}
+
+    def redis_primary(self) -> str | None:
+        """The Redis service that is the primary now: the sentinels' answer, or "redis" without them."""
+        c = self.config
+        if c.redis_mode == "single":
+            return "redis"
+        by_port = {self.service(n).port: n for n in ("redis-1", "redis-2")}
+        for port in c.sentinel_ports:
+            address = redis_command(c.host, port, "SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER)
+            if isinstance(address, list) and len(address) == 2:
+                return by_port.get(int(address[1]))
+        return None
 
     def wait_healthy(self, name: str, timeout: float = HEALTH_TIMEOUT_SECONDS) -> None:
         deadline = time.monotonic() + timeout
@@ -365,10 +487,15 @@ class Stack:
         svc = self.service(name)
         self._check_can_start(svc)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        (self.config.state_dir / "redis").mkdir(parents=True, exist_ok=True)
+        if name == "redis":
+            (self.config.state_dir / "redis").mkdir(parents=True, exist_ok=True)
+        if svc.config_file and not svc.config_file[0].exists():
+            svc.config_file[0].parent.mkdir(parents=True, exist_ok=True)
+            svc.config_file[0].write_text(svc.config_file[1])
+        argv = svc.argv + self._rejoin_args(name)
         log = open(self.log_dir / f"{name}.log", "ab")
         proc = subprocess.Popen(
-            svc.argv,
+            argv,
             cwd=ROOT,
             env={**os.environ, **svc.env},
             stdin=subprocess.DEVNULL,
@@ -381,10 +508,25 @@ class Stack:
         log.close()
         stat = _proc_stat(proc.pid)
         state = self._read()
-        state["processes"][name] = {"pid": proc.pid, "start_ticks": stat[1] if stat else "", "argv": svc.argv}
+        state["processes"][name] = {"pid": proc.pid, "start_ticks": stat[1] if stat else "", "argv": argv}
         self._write(state)
         if wait:
             self.wait_healthy(name)
+
+    def _rejoin_args(self, name: str) -> list[str]:
+        """A Redis server the sentinels no longer name as the primary starts as the new primary's replica.
+
+        Its config file may still say it is the primary (it was killed before
+        Sentinel could rewrite it); started as one, it would take writes nobody
+        reads until Sentinel demotes it, ~8 s later, and a replica-acknowledged
+        write (REDIS_WAIT_REPLICAS) would wait for it just as long.
+        """
+        if self.config.redis_mode != "sentinel" or name not in ("redis-1", "redis-2"):
+            return []
+        primary = self.redis_primary()
+        if primary in (None, name):
+            return []
+        return ["--replicaof", self.config.host, str(self.service(primary).port)]
 
     def signal(self, name: str, sig: signal.Signals) -> None:
         pid = self.pid(name)
@@ -412,20 +554,31 @@ class Stack:
         self._write(state)
 
     def up(self) -> None:
-        """Start what is not running: redis, then the replicas side by side, then haproxy."""
-        services = self.services()
-        self.start(services[0].name)
-        for svc in services[1:-1]:
-            self.start(svc.name, wait=False)
-        for svc in services[1:-1]:
-            self.wait_healthy(svc.name)
-        self.start(services[-1].name)
+        """Start what is not running: redis (and its sentinels), then the replicas side by side, then haproxy."""
+        redis = self.config.redis_names()
+        # The primary first, so its replica and the sentinels find it; the sentinels side by side, so
+        # each can find the others (healthy means it has).
+        for name in redis[:2]:
+            self.start(name)
+        for name in redis[2:]:
+            self.start(name, wait=False)
+        for name in redis[2:]:
+            self.wait_healthy(name)
+        replicas = self.config.replica_names()
+        for name in replicas:
+            self.start(name, wait=False)
+        for name in replicas:
+            self.wait_healthy(name)
+        self.start("haproxy")
 
     def down(self) -> None:
-        """Stop haproxy, then every replica side by side (each drains), then redis."""
+        """Stop haproxy, then every replica side by side (each drains), then the sentinels and redis."""
         self.stop("haproxy")
         self.stop(*self.config.replica_names())
-        self.stop("redis")
+        redis = self.config.redis_names()
+        self.stop(*redis[2:])
+        for name in reversed(redis[:2]):
+            self.stop(name)
         self.state_file.unlink(missing_ok=True)
 
     def restart(self, name: str) -> None:
@@ -484,7 +637,10 @@ def _print_urls(stack: Stack) -> None:
     console.print(f"MCP endpoint  {c.mcp_url}")
     console.print(f"health        http://{c.host}:{c.http_port}/health")
     console.print(f"HAProxy stats {c.stats_url}")
-    console.print(f"Redis         {c.redis_url}")
+    if c.redis_mode == "sentinel":
+        console.print(f"Redis         Sentinel {c.sentinels}, primary {SENTINEL_MASTER!r}")
+    else:
+        console.print(f"Redis         {c.redis_url}")
 
 
 @click.group()
@@ -494,9 +650,12 @@ def cli() -> None:
 
 @cli.command()
 @click.option("-d", "--detach", is_flag=True, help="Return once healthy and leave the stack running.")
-def up(detach: bool) -> None:
+@click.option("--redis", "redis_mode", type=click.Choice(["single", "sentinel"]), default=None,
+              help="One redis (default), or a primary, a replica and three sentinels. "
+                   "A stack that is already up keeps its own.")
+def up(detach: bool, redis_mode: str | None) -> None:
     """Start every service not already running; returns when all are healthy."""
-    stack = Stack.load()
+    stack = Stack.load(redis_mode=redis_mode)
 
     def action() -> None:
         with console.status("starting redis, the replicas and haproxy"):
