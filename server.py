@@ -290,10 +290,12 @@ async def session_summary(session_id: str) -> dict:
 class StoreHealth:
     """Whether the store has been unreachable for longer than a call would wait for it.
 
-    A call retries the store for REDIS_RETRY_SECONDS (long enough for a
-    Sentinel failover), so a replica that cannot reach Redis for a moment
-    can still answer; failing /health at once would take every replica out
-    of HAProxy together and turn a short failover into 503s for everyone.
+    Calls retry the store for up to REDIS_RETRY_SECONDS from the start of an
+    outage (long enough for a Sentinel failover), so a replica that cannot
+    reach Redis for a moment can still answer; failing /health at once would
+    take every replica out of HAProxy together and turn a short failover into
+    503s for everyone. By the time it fails, no call is still waiting on the
+    store, so HAProxy taking the replica out cuts none.
     """
 
     def __init__(self, *, grace_seconds: float) -> None:

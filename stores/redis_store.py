@@ -29,7 +29,11 @@ after a timeout can apply it twice. Reads, and writes that carry an op (which
 the script replays instead of applying twice), are retried by stamina on the
 connection errors named below, bounded in attempts and in time. The time
 bound (`retry_seconds`) is meant to outlast a Sentinel failover, so a call
-caught by one waits for the new primary instead of failing.
+caught by one waits for the new primary instead of failing. It counts from
+the first failure of the outage, not from each call's start: once Redis has
+been gone that long, every call fails at once, and none is still waiting
+when the replica's health check gives up on Redis (server.py) and HAProxy
+cuts what is left on it.
 
 High availability of Redis itself: given `sentinels`, the store asks them
 for the current primary of `master_name` whenever it connects, so after a
@@ -43,6 +47,7 @@ which a retry with the same op replays.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -302,6 +307,8 @@ class RedisSessionStore(SessionStore):
         self._timeout = timeout_seconds
         self._retry_attempts = retry_attempts
         self._retry_seconds = retry_seconds
+        # When the current outage began, as calls saw it; None while Redis answers.
+        self._failing_since: float | None = None
         self._wait_replicas = wait_replicas
         self._wait_timeout_ms = wait_timeout_ms
         # A bounded pool that makes a burst of calls queue for a connection
@@ -352,17 +359,24 @@ class RedisSessionStore(SessionStore):
         try:
             # The first attempt outside stamina: setting up its retry context on
             # every call cost ~6% of a replica's CPU (py-spy, increment_counter load).
-            return await call()
+            result = await call()
+            self._failing_since = None
+            return result
         except RETRYABLE as exc:
-            if self._retry_attempts <= 1:
+            now = time.monotonic()
+            if self._failing_since is None:
+                self._failing_since = now
+            budget = self._failing_since + self._retry_seconds - now
+            if self._retry_attempts <= 1 or budget <= 0:
                 raise StoreUnavailable(f"redis: {exc}") from exc
         try:
             async for attempt in stamina.retry_context(
-                on=RETRYABLE, attempts=self._retry_attempts - 1, timeout=self._retry_seconds,
-                wait_initial=0.05, wait_max=0.5,
+                on=RETRYABLE, attempts=self._retry_attempts - 1, timeout=budget, wait_initial=0.05, wait_max=0.5,
             ):
                 with attempt:
-                    return await call()
+                    result = await call()
+                    self._failing_since = None
+                    return result
         except RETRYABLE as exc:
             raise StoreUnavailable(f"redis: {exc}") from exc
         raise AssertionError("unreachable: stamina either returns or raises")

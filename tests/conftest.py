@@ -23,14 +23,14 @@ from mcp_http import RawSession  # noqa: E402
 from stack import Stack, StackConfig, free_ports  # noqa: E402,F401 (free_ports: for the tests)
 
 
-def stack_config(state_dir: Path, replicas: int = 3) -> StackConfig:
-    return StackConfig.on_free_ports(state_dir, replicas=replicas)
+def stack_config(state_dir: Path, replicas: int = 3, **options: object) -> StackConfig:
+    return StackConfig.on_free_ports(state_dir, replicas=replicas, **options)
 
 
 @contextlib.contextmanager
-def running_stack(state_dir: Path, replicas: int = 3) -> Iterator[Stack]:
+def running_stack(state_dir: Path, replicas: int = 3, **options: object) -> Iterator[Stack]:
     """A whole stack of its own on free ports, taken down afterwards however the tests went."""
-    s = Stack(stack_config(state_dir, replicas))
+    s = Stack(stack_config(state_dir, replicas, **options))
     try:
         s.up()
         yield s
@@ -54,6 +54,15 @@ def healed_stack(stack: Stack) -> Iterator[Stack]:
             stack.stop(name)
         stack.start(name)
     stack.wait_healthy("haproxy")
+
+
+@pytest.fixture(scope="session")
+def sentinel_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Redis with Sentinel (redis-1 primary at start, redis-2, sentinel-1..3), two replicas that wait
+    for a Redis replica's acknowledgement of every write, and haproxy."""
+    with running_stack(tmp_path_factory.mktemp("sentinel"), replicas=2, redis_mode="sentinel",
+                       redis_wait_replicas=1) as s:
+        yield s
 
 
 @pytest.fixture(scope="session")

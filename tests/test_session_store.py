@@ -1,7 +1,8 @@
 """The SessionStore contract: one suite, run against every store.
 
 A store for another backend passes this suite or it is not a SessionStore.
-The Redis store runs against a real redis-server.
+The Redis store runs against a real redis-server, and again through Sentinel
+with every write waiting for a Redis replica's acknowledgement.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 
@@ -43,14 +45,22 @@ class FakeClock:
         return self.now
 
 
-@pytest.fixture(params=["memory", "redis"])
+def sentinels_of(stack: Stack) -> list[tuple[str, int]]:
+    return [(stack.config.host, port) for port in stack.config.sentinel_ports]
+
+
+@pytest.fixture(params=["memory", "redis", "sentinel"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
     if request.param == "memory":
         yield InMemorySessionStore()
         return
-    redis_stack: Stack = request.getfixturevalue("redis_stack")
     # A prefix of its own per test keeps the tests' sessions and counts apart.
-    s = RedisSessionStore(redis_stack.config.redis_url, prefix=f"t{new_id()[:8]}")
+    prefix = f"t{new_id()[:8]}"
+    if request.param == "redis":
+        s = RedisSessionStore(request.getfixturevalue("redis_stack").config.redis_url, prefix=prefix)
+    else:
+        s = RedisSessionStore(sentinels=sentinels_of(request.getfixturevalue("sentinel_stack")), prefix=prefix,
+                              wait_replicas=1)
     yield s
     await s.aclose()
 
@@ -423,6 +433,75 @@ async def test_redis_store_retries_a_write_with_an_op_id_whose_reply_was_lost(re
         assert await store.get(sid, "counter") == 2
         with pytest.raises(StoreUnavailable):
             await paused_for(0.7, store.incr(sid, "counter"))
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.timeout(20)
+async def test_once_redis_has_been_gone_the_retry_window_calls_fail_at_once() -> None:
+    """The window counts from the outage's first failure: later calls do not each wait it out again."""
+    (closed_port,) = free_ports(1)
+    store = RedisSessionStore(f"redis://127.0.0.1:{closed_port}/0", timeout_seconds=0.5, retry_seconds=1.0)
+    try:
+        durations = []
+        for _ in range(2):
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                await store.get(new_id(), "counter")
+            durations.append(time.monotonic() - started)
+        assert durations[1] < durations[0] / 4, durations
+    finally:
+        await store.aclose()
+
+
+def test_a_redis_store_takes_a_url_or_sentinels_not_both() -> None:
+    with pytest.raises(ValueError):
+        RedisSessionStore()
+    with pytest.raises(ValueError):
+        RedisSessionStore("redis://127.0.0.1:1/0", sentinels=[("127.0.0.1", 1)])
+
+
+@pytest.mark.timeout(30)
+async def test_a_write_no_replica_acknowledged_fails_and_its_retry_applies_it_once(sentinel_stack: Stack) -> None:
+    """WAIT: with the Redis replica paused, a write reaches only the primary, so the call is not acknowledged.
+
+    The write did happen there; sent again with the same op once the replica is back, it is
+    replayed (counted once), and now acknowledged.
+    """
+    store = RedisSessionStore(sentinels=sentinels_of(sentinel_stack), prefix=f"t{new_id()[:8]}",
+                              wait_replicas=1, wait_timeout_ms=300)
+    sid = new_id()
+    primary = sentinel_stack.redis_primary()
+    replica = next(n for n in ("redis-1", "redis-2") if n != primary)
+    try:
+        assert await store.incr(sid, "counter", op=Op("a", "d")) == 1
+        sentinel_stack.signal(replica, signal.SIGSTOP)
+        try:
+            with pytest.raises(StoreUnavailable, match="0 of 1 replica"):
+                await store.incr(sid, "counter", op=Op("b", "d"))
+        finally:
+            sentinel_stack.signal(replica, signal.SIGCONT)
+        assert await store.incr(sid, "counter", op=Op("b", "d")) == 2
+        assert await store.get(sid, "counter") == 2
+        # Without waiting, the same paused replica holds nothing up.
+        fast = RedisSessionStore(sentinels=sentinels_of(sentinel_stack), prefix=store._prefix)
+        sentinel_stack.signal(replica, signal.SIGSTOP)
+        try:
+            assert await fast.incr(sid, "counter") == 3
+        finally:
+            sentinel_stack.signal(replica, signal.SIGCONT)
+            await fast.aclose()
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.timeout(30)
+async def test_a_burst_through_sentinel_queues_for_the_bounded_pool(sentinel_stack: Stack) -> None:
+    store = RedisSessionStore(sentinels=sentinels_of(sentinel_stack), prefix=f"t{new_id()[:8]}", max_connections=4)
+    sid = new_id()
+    try:
+        await asyncio.gather(*(store.incr(sid, "counter") for _ in range(200)))
+        assert await store.get(sid, "counter") == 200
     finally:
         await store.aclose()
 
