@@ -24,6 +24,11 @@ Sections, each in one run:
                  rest (once the records kept for retries and stream
                  resumption have expired; the bench deletes them instead of
                  waiting).
+    durability   what waiting for a Redis replica's acknowledgement of every
+                 write (REDIS_WAIT_REPLICAS=1) costs: keyed increments straight
+                 through the store, with and without it, interleaved, on a
+                 primary and replica of the bench's own; and that cost as a
+                 share of a tool call's p50 through HAProxy.
 
 Clients are raw HTTP (httpx2, keep-alive), not FastMCP's Client, so the client's
 own overhead stays small. `--generation session` speaks session-era MCP
@@ -65,7 +70,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from session_store import Op
 from stack import ROOT, Stack, StackConfig, StackError, free_ports, http_status, running_stack
+from stores.redis_store import RedisSessionStore
 
 SESSION_PROTOCOL = "2025-11-25"
 SESSIONLESS_PROTOCOL = "2026-07-28"
@@ -536,9 +543,16 @@ class Plan:
     def memory_sessions(self) -> int:
         return 100 if self.quick else 1000
 
+    @property
+    def durability(self) -> tuple[int, float]:
+        """Rounds, and seconds per round of each setting."""
+        return (2, 1.0) if self.quick else (4, 2.0)
+
     def planned_seconds(self, setups: int) -> float:
         rounds, seconds = self.hop
-        return (setups * self.duration + 2 * rounds * seconds + (len(self.scale_levels) + 1) * self.scale_seconds)
+        wait_rounds, wait_seconds = self.durability
+        return (setups * self.duration + 2 * rounds * seconds + (len(self.scale_levels) + 1) * self.scale_seconds
+                + 2 * wait_rounds * wait_seconds)
 
 
 def replica_url(stack: Stack, index: int = 0) -> str:
@@ -707,6 +721,65 @@ async def section_memory(stack: Stack, plan: Plan, progress: Progress, task) -> 
     }
 
 
+async def _keyed_increments(store: RedisSessionStore, sessions: int, seconds: float, samples: Samples) -> None:
+    """`sessions` sessions incrementing back to back, each write keyed like a call through HAProxy."""
+    async def one(sid: str) -> None:
+        deadline = time.perf_counter() + seconds
+        for _ in range(MAX_CALLS_PER_ROUND):
+            if time.perf_counter() >= deadline:
+                return
+            started = time.perf_counter()
+            try:
+                await store.incr(sid, "counter", op=Op(uuid.uuid4().hex, "bench"))
+            except Exception as exc:  # counted, and then the figures are not reported as a result
+                samples.add_error(f"incr: {type(exc).__name__}: {exc}"[:200])
+                continue
+            samples.latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(uuid.uuid4().hex) for _ in range(sessions)))
+    samples.seconds += time.perf_counter() - started
+
+
+async def section_durability(plan: Plan, call_p50_ms: float | None, state_dir: Path, progress: Progress,
+                             task) -> dict:
+    """Keyed increments on a primary with one replica, with and without REDIS_WAIT_REPLICAS=1."""
+    pair = Stack(StackConfig.on_free_ports(state_dir, replicas=0, redis_mode="sentinel"))
+    stores: dict[str, RedisSessionStore] = {}
+    samples = {"no_wait": Samples(), "wait_1": Samples()}
+    rounds, seconds = plan.durability
+    try:
+        progress.update(task, description="durability: starting a Redis primary and its replica")
+        for name in ("redis-1", "redis-2"):
+            await asyncio.to_thread(pair.start, name)
+        url = pair.config.redis_url
+        stores = {"no_wait": RedisSessionStore(url, prefix="bench"),
+                  "wait_1": RedisSessionStore(url, prefix="bench", wait_replicas=1)}
+        for name, store in stores.items():
+            await _keyed_increments(store, plan.sessions, 0.3, Samples())  # warm connections and scripts
+        for r in range(rounds):
+            for name in (("no_wait", "wait_1") if r % 2 == 0 else ("wait_1", "no_wait")):
+                progress.update(task, description=f"durability: round {r + 1}/{rounds}, {name}")
+                await _keyed_increments(stores[name], plan.sessions, seconds, samples[name])
+                progress.advance(task, seconds)
+    finally:
+        for store in stores.values():
+            await store.aclose()
+        await asyncio.to_thread(pair.down)
+    out = {name: s.stats() for name, s in samples.items()}
+    added = (None if out["wait_1"]["p50_ms"] is None or out["no_wait"]["p50_ms"] is None
+             else round(out["wait_1"]["p50_ms"] - out["no_wait"]["p50_ms"], 3))
+    return {
+        **out,
+        "throughput_ratio": _ratio(out["wait_1"]["calls_per_s"], out["no_wait"]["calls_per_s"]),
+        "write_p50_added_ms": added,
+        "share_of_call_p50": None if added is None or not call_p50_ms else round(added / call_p50_ms, 4),
+        "note": f"{plan.sessions} sessions of keyed store.incr back to back on a loopback primary and replica; "
+                "share_of_call_p50: the added write latency over the p50 of a tool call through HAProxy "
+                "(throughput section)",
+    }
+
+
 def _forget_transient(port: int, sids: list[str | None]) -> None:
     wanted = {sid for sid in sids if sid}
     keys = [k for k in scan(port, "mcp:op:*") if k.split(":")[2] in wanted]
@@ -756,7 +829,8 @@ def measured_errors(report: dict) -> list[str]:
     out = []
     groups = {**{f"throughput/{k}": v for k, v in report["throughput"]["setups"].items()},
               "proxy_hop/haproxy": report["proxy_hop"]["haproxy"], "proxy_hop/direct": report["proxy_hop"]["direct"],
-              **{f"scale/{lv['sessions_in_store']}": lv for lv in report["scale"]["levels"]}}
+              **{f"scale/{lv['sessions_in_store']}": lv for lv in report["scale"]["levels"]},
+              "durability/no_wait": report["durability"]["no_wait"], "durability/wait_1": report["durability"]["wait_1"]}
     for name, stats in groups.items():
         if stats["errors"] or not stats["ok"]:
             sample = stats["error_samples"][0] if stats["error_samples"] else "no call succeeded"
@@ -821,6 +895,21 @@ def results_tables(report: dict) -> list[Table]:
     t.add_row("used_memory delta / session, right after the calls (no client buffers)", f"{m['used_memory_delta_per_session']:.0f}")
     t.add_row("used_memory delta / session, at rest (no client buffers)", f"{m['used_memory_at_rest_per_session']:.0f}")
     tables.append(t)
+
+    d = report["durability"]
+    t = Table(title="Durability: a keyed write, with and without a replica's acknowledgement (WAIT)",
+              title_justify="left")
+    for col in ("REDIS_WAIT_REPLICAS", "writes", "errors", "writes/s", "p50 ms", "p95 ms", "p99 ms"):
+        t.add_column(col, justify="left" if col == "REDIS_WAIT_REPLICAS" else "right")
+    for name, label in (("no_wait", "0"), ("wait_1", "1")):
+        s = d[name]
+        t.add_row(label, str(s["calls"]), str(s["errors"]), f"{s['calls_per_s']:.0f}", _ms(s["p50_ms"]),
+                  _ms(s["p95_ms"]), _ms(s["p99_ms"]))
+    share = "-" if d["share_of_call_p50"] is None else f"{d['share_of_call_p50']:.1%}"
+    t.caption = (f"throughput ratio {d['throughput_ratio']}; p50 added {_ms(d['write_p50_added_ms'])} ms per write, "
+                 f"{share} of a tool call's p50 through HAProxy")
+    t.caption_justify = "left"
+    tables.append(t)
     return tables
 
 
@@ -876,7 +965,7 @@ async def check_compare(url: str) -> None:
     await close_setup(setup)
 
 
-async def run(stack: Stack, plan: Plan, log_dir: Path) -> dict:
+async def run(stack: Stack, plan: Plan, log_dir: Path, state_dir: Path) -> dict:
     floor = Floor(stack, len(stack.config.replica_ports), log_dir)
     setups = 4 if plan.compare else 3
     try:
@@ -893,11 +982,14 @@ async def run(stack: Stack, plan: Plan, log_dir: Path) -> dict:
             # 100,000 filled sessions go, which would show up here as negative bytes.
             memory = await section_memory(stack, plan, progress, task)
             scale = await section_scale(stack, plan, progress, task)
+            durability = await section_durability(plan, throughput["setups"]["haproxy"]["p50_ms"], state_dir,
+                                                  progress, task)
             progress.update(task, description="done", completed=progress.tasks[0].total)
     finally:
         await asyncio.to_thread(floor.stop)
         await asyncio.to_thread(forget_floor_keys, stack.config.redis_port)
-    return {"throughput": throughput, "proxy_hop": hop, "scale": scale, "memory": memory, "_latencies": latencies}
+    return {"throughput": throughput, "proxy_hop": hop, "scale": scale, "memory": memory, "durability": durability,
+            "_latencies": latencies}
 
 
 @click.command()
@@ -935,7 +1027,7 @@ def main(mix: str, sessions: int, duration: float | None, generation: str, compa
                 stack.up()
         else:
             stack = running_stack()
-        report = asyncio.run(run(stack, plan, state_dir / "floor-logs"))
+        report = asyncio.run(run(stack, plan, state_dir / "floor-logs", state_dir / "durability"))
     except (BenchError, StackError) as exc:
         click.echo(f"error: {exc}", err=True)
         if own_stack and stack is not None:
@@ -964,7 +1056,7 @@ def main(mix: str, sessions: int, duration: float | None, generation: str, compa
     report["ok"] = not errors
     report["seconds"] = round(time.monotonic() - started, 1)
     report = {k: report[k] for k in ("ok", "errors", "config", "targets", "throughput", "proxy_hop", "scale",
-                                     "memory", "seconds")}
+                                     "memory", "durability", "seconds")}
 
     for table in results_tables(report):
         console.print(table)

@@ -62,6 +62,10 @@ def test_every_section_is_there_with_sane_values(report: dict) -> None:
     assert 0 < memory["resident"] <= 288
     assert memory["memory_usage_per_key"]["events"] > 0 and memory["memory_usage_per_key"]["op_keys"] == 4
     assert 0 < memory["used_memory_at_rest_per_session"] < memory["used_memory_delta_per_session"]
+    durability = report["durability"]
+    sane(durability["no_wait"])
+    sane(durability["wait_1"])
+    assert durability["throughput_ratio"] is not None and durability["share_of_call_p50"] is not None
     assert len(report["targets"]) == 4 and all(isinstance(t["holds"], bool) for t in report["targets"])
 
 
