@@ -11,6 +11,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -269,3 +270,66 @@ def test_the_image_holds_every_module_the_server_imports():
     imported = set(result.stdout.split())
     assert "server.py" in imported and "drain.py" in imported
     assert imported <= copied, f"imported by server.py but not copied into the image: {imported - copied}"
+
+
+# -- docker-compose.sentinel.yaml ---------------------------------------------------------
+
+SENTINELS = ["sentinel-1", "sentinel-2", "sentinel-3"]
+
+
+@pytest.fixture(scope="module")
+def sentinel_file() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.sentinel.yaml").read_text())
+
+
+def sentinel_conf(svc: dict) -> str:
+    """The sentinel.conf a sentinel service writes before it starts."""
+    script = svc["command"][-1]
+    return script.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+
+
+def test_the_sentinel_file_adds_a_replica_and_three_sentinels_watching_the_primary(sentinel_file: dict) -> None:
+    services = sentinel_file["services"]
+    assert set(services) >= {"redis", "redis-2", *SENTINELS}
+    assert services["redis-2"]["command"][-3:] == ["--replicaof", "redis", "6379"]
+    for name in SENTINELS:
+        conf = sentinel_conf(services[name]).splitlines()
+        assert "sentinel monitor mymaster redis 6379 2" in conf
+        assert "sentinel resolve-hostnames yes" in conf  # compose names, not addresses that change
+        assert set(services[name]["depends_on"]) == {"redis", "redis-2"}
+
+
+def test_with_the_sentinel_file_the_replicas_ask_the_sentinels(compose: dict, sentinel_file: dict) -> None:
+    for name in REPLICAS:
+        env = {**environment(service(compose, name)), **environment(sentinel_file["services"][name])}
+        assert env["INSTANCE_ID"] == name  # the base file's settings are kept
+        assert env["REDIS_URL"] == "" and env["REDIS_MASTER_NAME"] == "mymaster"
+        assert env["REDIS_SENTINELS"] == ",".join(f"{name}:26379" for name in SENTINELS)
+        assert set(sentinel_file["services"][name]["depends_on"]) == set(SENTINELS)
+
+
+@pytest.mark.timeout(60)
+def test_the_sentinel_config_compose_writes_runs_in_a_real_sentinel(sentinel_file: dict, redis_stack, tmp_path: Path) -> None:
+    """The directives themselves, on redis-server --sentinel here, pointed at a real primary on loopback."""
+    from conftest import free_ports
+    from stack import redis_info
+
+    (port,) = free_ports(1)
+    conf = sentinel_conf(sentinel_file["services"]["sentinel-1"])
+    conf = conf.replace("port 26379", f"bind 127.0.0.1\nport {port}\ndir {tmp_path}")
+    conf = conf.replace("mymaster redis 6379", f"mymaster 127.0.0.1 {redis_stack.config.redis_port}")
+    (tmp_path / "sentinel.conf").write_text(conf + "\n")
+    with open(tmp_path / "sentinel.log", "wb") as log:
+        proc = subprocess.Popen(["redis-server", str(tmp_path / "sentinel.conf"), "--sentinel"], stdout=log,
+                                stderr=subprocess.STDOUT)
+    try:
+        status = ""
+        for _ in range(100):
+            status = redis_info("127.0.0.1", port, "sentinel").get("master0", "")
+            if "status=ok" in status:
+                break
+            time.sleep(0.1)
+        assert "name=mymaster,status=ok" in status, (tmp_path / "sentinel.log").read_text()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
