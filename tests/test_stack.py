@@ -152,3 +152,22 @@ def test_a_recycled_pid_is_never_signalled(tmp_path: Path) -> None:
     finally:
         bystander.send_signal(signal.SIGKILL)
         bystander.wait()
+
+
+def test_a_sentinel_stack_has_a_primary_a_replica_and_three_sentinels(sentinel_stack: Stack) -> None:
+    rows = ps_json(sentinel_stack)
+    assert list(rows) == ["redis-1", "redis-2", "sentinel-1", "sentinel-2", "sentinel-3",
+                          "mcp-server-1", "mcp-server-2", "haproxy"]
+    assert all(row["state"] == "running" for row in rows.values())
+    assert sentinel_stack.redis_primary() in ("redis-1", "redis-2")
+    for name in ("mcp-server-1", "mcp-server-2"):
+        env = sentinel_stack.service(name).env
+        assert "REDIS_URL" not in env and env["REDIS_SENTINELS"] == sentinel_stack.config.sentinels
+        assert env["REDIS_WAIT_REPLICAS"] == "1"
+
+
+def test_up_refuses_to_switch_a_running_stack_to_another_redis_mode(sentinel_stack: Stack) -> None:
+    result = cli(sentinel_stack, "up", "-d", "--redis", "single")
+    assert result.returncode != 0
+    assert "is up with --redis sentinel" in result.stderr and "stack.py down" in result.stderr
+    assert all(row["state"] == "running" for row in ps_json(sentinel_stack).values())
