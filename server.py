@@ -8,8 +8,8 @@ to the caller's MCP session id (or, for sessionless clients, the handle
 
 The availability patterns are wired in here, each from its own module:
 session handles for sessionless clients (`session_handles.py`), session
-adoption (`session_adoption.py`), idempotency keys (`idempotency.py`) and
-graceful drain (`drain.py`).
+adoption (`session_adoption.py`), idempotency keys (`idempotency.py`),
+graceful drain (`drain.py`) and metrics at `/metrics` (`metrics.py`).
 
 Run one replica with `python server.py` (settings from the environment; see
 the README's table) or mount `app` in any ASGI server.
@@ -35,6 +35,7 @@ from starlette.middleware import Middleware as StarletteMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+import metrics
 from drain import Drain, DrainingServer
 from idempotency import KEY_REUSED, IdempotentCalls, current_call
 from resumable_streams import CheckResumption
@@ -73,10 +74,10 @@ def make_store() -> SessionStore:
     if REDIS_URL:
         from stores.redis_store import RedisSessionStore
 
-        return RedisSessionStore(REDIS_URL, **ttls)
+        return metrics.MeteredStore(RedisSessionStore(REDIS_URL, **ttls))
     from stores.memory_store import InMemorySessionStore
 
-    return InMemorySessionStore(**ttls)
+    return metrics.MeteredStore(InMemorySessionStore(**ttls))
 
 
 store = make_store()
@@ -121,7 +122,7 @@ drain = Drain()
 # Unexpected errors reach the client as "Error calling tool", without internals.
 mcp = FastMCP(
     "mcp-ha-kit",
-    middleware=[StoreErrors(), IdempotentCalls(), RecordSessions(store, ownership)],
+    middleware=[metrics.ToolMetrics(), StoreErrors(), IdempotentCalls(), RecordSessions(store, ownership)],
     mask_error_details=True,
 )
 
@@ -244,6 +245,8 @@ async def resume_session(old_session_id: str, ctx: Context, session_id: SessionH
     # without going near the store: it is data, never a pattern.
     copied = await session.copy_from(old_session_id) if is_session_id(old_session_id) else 0
     log.info("resumed %d entries from a previous session", copied)
+    if copied:
+        metrics.SESSIONS_RESUMED.inc()
     return {"status": "resumed", "keys_copied": copied, "instance": INSTANCE_ID}
 
 
@@ -278,6 +281,9 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": "degraded", "instance": INSTANCE_ID, "store": "unreachable"}, status_code=503)
 
 
+mcp.custom_route("/metrics", methods=["GET"])(metrics.endpoint)
+
+
 app = mcp.http_app(
     path="/mcp",
     middleware=[
@@ -290,6 +296,7 @@ app = mcp.http_app(
     # state; if the session comes back sooner, adoption serves it again.
     session_idle_timeout=SESSION_TTL_SECONDS,
 )
+metrics.watch_sessions(app, "/mcp")
 app = drain.middleware(app, path="/mcp")
 
 
