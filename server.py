@@ -36,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 import metrics
+import structured_logs
 from drain import Drain, DrainingServer
 from idempotency import KEY_REUSED, IdempotentCalls, current_call
 from resumable_streams import CheckResumption
@@ -301,9 +302,14 @@ app = drain.middleware(app, path="/mcp")
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO").upper(), format=f"%(asctime)s {INSTANCE_ID} %(levelname)s %(name)s: %(message)s")
+    log_config = structured_logs.configure(
+        log_format=os.environ.get("LOG_FORMAT", "json").lower(),
+        instance=INSTANCE_ID,
+        level=os.environ.get("LOG_LEVEL", "INFO").upper(),
+    )
     config = uvicorn.Config(
-        app,
+        structured_logs.RequestIds(app),
+        log_config=log_config,
         host=os.environ.get("HOST", "127.0.0.1"),
         port=int(os.environ.get("PORT", "8000")),
         loop="uvloop",
