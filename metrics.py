@@ -16,7 +16,9 @@ What is counted, and where:
 - `resume_session` calls that copied state (`server.py`), and SSE streams
   resumed from the store (`resumable_streams.py`);
 - store operations: latency by operation, errors by kind (`MeteredStore`, a
-  wrapper around any `SessionStore`, so the stores stay unaware of it).
+  wrapper around any `SessionStore`, so the stores stay unaware of it);
+- writes replayed from their op record (`IDEMPOTENT_REPLAYS`): stays 0 for
+  now, since a store answers a replay exactly like the write it replays.
 
 Labels only ever take values from fixed sets (tool names registered on the
 server, operation names of the store contract), never from requests, so a
@@ -149,15 +151,15 @@ class ToolMetrics(Middleware):
         self._series: dict[str, _ToolSeries] | None = None
         self._other = _ToolSeries(OTHER_TOOL)
 
-    async def _series_of(self, context: MiddlewareContext) -> _ToolSeries:
-        if self._series is None:
-            # The server's tools, listed once: a name outside them is counted as OTHER_TOOL.
-            tools = await context.fastmcp_context.fastmcp.list_tools(run_middleware=False)
-            self._series = {tool.name: _ToolSeries(tool.name) for tool in tools}
-        return self._series.get(context.message.name, self._other)
+    async def _list_tools(self, context: MiddlewareContext) -> dict[str, _ToolSeries]:
+        # The server's tools, listed once: a name outside them is counted as OTHER_TOOL.
+        tools = await context.fastmcp_context.fastmcp.list_tools(run_middleware=False)
+        self._series = {tool.name: _ToolSeries(tool.name) for tool in tools}
+        return self._series
 
     async def on_call_tool(self, context: MiddlewareContext, call_next):
-        series = await self._series_of(context)
+        by_name = self._series if self._series is not None else await self._list_tools(context)
+        series = by_name.get(context.message.name, self._other)
         start = time.perf_counter()
         try:
             result = await call_next(context)
