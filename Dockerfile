@@ -26,7 +26,7 @@ WORKDIR /app
 COPY --from=build /app/.venv /app/.venv
 # Owned by root and read-only to the server: a compromised replica can't
 # rewrite its own code.
-COPY server.py session_store.py session_handles.py session_adoption.py resumable_streams.py sdk_sessions.py idempotency.py drain.py ./
+COPY server.py session_store.py session_handles.py session_adoption.py resumable_streams.py sdk_sessions.py idempotency.py drain.py metrics.py structured_logs.py ./
 COPY stores/ ./stores/
 ENV HOST=0.0.0.0 PORT=8000 PATH=/app/.venv/bin:$PATH PYTHONUNBUFFERED=1
 USER 10001:10001

@@ -54,6 +54,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+import metrics
 from session_store import SessionStore, StoreUnavailable, is_event_id, is_session_id
 
 log = logging.getLogger(__name__)
@@ -166,4 +167,5 @@ class CheckResumption:
                     return await _error(503, UNAVAILABLE)(scope, receive, send)
                 if found is None:
                     return await _error(404, UNKNOWN)(scope, receive, send)
+                metrics.STREAMS_RESUMED.inc()
         await self.app(scope, receive, send)

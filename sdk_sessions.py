@@ -4,7 +4,8 @@ The SDK (mcp 2.3.0) keeps streamable-HTTP sessions in a dict on its
 `StreamableHTTPSessionManager` and answers 404 for any id it did not create
 itself. Adoption needs three things it does not offer publicly:
 
-- to know whether this replica holds a session (`_server_instances`);
+- to know whether this replica holds a session, and how many it holds
+  (`_server_instances`; the count is a metric, `metrics.py`);
 - to create a session under an id it did not mint, already initialized with
   the client's stored params (a transport registered under that id, and a
   connection built like `serve_loop` builds it but marked initialized), and
@@ -45,6 +46,11 @@ def session_manager(app: Starlette, path: str) -> StreamableHTTPSessionManager |
 
 def holds(manager: StreamableHTTPSessionManager, session_id: str) -> bool:
     return session_id in manager._server_instances
+
+
+def held_count(manager: StreamableHTTPSessionManager) -> int:
+    """How many sessions this replica holds a transport for (opened here or adopted)."""
+    return len(manager._server_instances)
 
 
 def bind_event_store(manager: StreamableHTTPSessionManager, session_id: str, event_store: EventStore) -> None:

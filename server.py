@@ -8,8 +8,8 @@ to the caller's MCP session id (or, for sessionless clients, the handle
 
 The availability patterns are wired in here, each from its own module:
 session handles for sessionless clients (`session_handles.py`), session
-adoption (`session_adoption.py`), idempotency keys (`idempotency.py`) and
-graceful drain (`drain.py`).
+adoption (`session_adoption.py`), idempotency keys (`idempotency.py`),
+graceful drain (`drain.py`) and metrics at `/metrics` (`metrics.py`).
 
 Run one replica with `python server.py` (settings from the environment; see
 the README's table) or mount `app` in any ASGI server.
@@ -35,6 +35,8 @@ from starlette.middleware import Middleware as StarletteMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+import metrics
+import structured_logs
 from drain import Drain, DrainingServer
 from idempotency import KEY_REUSED, IdempotentCalls, current_call
 from resumable_streams import CheckResumption
@@ -84,21 +86,22 @@ def sentinel_addresses(raw: str) -> list[tuple[str, int]]:
 
 
 def make_store() -> SessionStore:
-    ttls = {"ttl_seconds": SESSION_TTL_SECONDS, "event_ttl_seconds": EVENT_TTL_SECONDS, "op_ttl_seconds": OP_TTL_SECONDS}
+    ttls = {"ttl_seconds": SESSION_TTL_SECONDS, "event_ttl_seconds": EVENT_TTL_SECONDS, "op_ttl_seconds": OP_TTL_SECONDS,
+            "on_replay": metrics.count_replay}
     if REDIS_URL or REDIS_SENTINELS:
         from stores.redis_store import RedisSessionStore
 
-        return RedisSessionStore(
+        return metrics.MeteredStore(RedisSessionStore(
             None if REDIS_SENTINELS else REDIS_URL,
             sentinels=sentinel_addresses(REDIS_SENTINELS),
             master_name=REDIS_MASTER_NAME,
             wait_replicas=REDIS_WAIT_REPLICAS,
             retry_seconds=REDIS_RETRY_SECONDS,
             **ttls,
-        )
+        ))
     from stores.memory_store import InMemorySessionStore
 
-    return InMemorySessionStore(**ttls)
+    return metrics.MeteredStore(InMemorySessionStore(**ttls))
 
 
 store = make_store()
@@ -143,7 +146,7 @@ drain = Drain()
 # Unexpected errors reach the client as "Error calling tool", without internals.
 mcp = FastMCP(
     "mcp-ha-kit",
-    middleware=[StoreErrors(), IdempotentCalls(), RecordSessions(store, ownership)],
+    middleware=[metrics.ToolMetrics(), StoreErrors(), IdempotentCalls(), RecordSessions(store, ownership)],
     mask_error_details=True,
 )
 
@@ -266,6 +269,8 @@ async def resume_session(old_session_id: str, ctx: Context, session_id: SessionH
     # without going near the store: it is data, never a pattern.
     copied = await session.copy_from(old_session_id) if is_session_id(old_session_id) else 0
     log.info("resumed %d entries from a previous session", copied)
+    if copied:
+        metrics.SESSIONS_RESUMED.inc()
     return {"status": "resumed", "keys_copied": copied, "instance": INSTANCE_ID}
 
 
@@ -328,6 +333,9 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": "degraded", "instance": INSTANCE_ID, "store": "unreachable"}, status_code=503)
 
 
+mcp.custom_route("/metrics", methods=["GET"])(metrics.endpoint)
+
+
 app = mcp.http_app(
     path="/mcp",
     middleware=[
@@ -340,13 +348,19 @@ app = mcp.http_app(
     # state; if the session comes back sooner, adoption serves it again.
     session_idle_timeout=SESSION_TTL_SECONDS,
 )
+metrics.watch_sessions(app, "/mcp")
 app = drain.middleware(app, path="/mcp")
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO").upper(), format=f"%(asctime)s {INSTANCE_ID} %(levelname)s %(name)s: %(message)s")
+    log_config = structured_logs.configure(
+        log_format=os.environ.get("LOG_FORMAT", "json").lower(),
+        instance=INSTANCE_ID,
+        level=os.environ.get("LOG_LEVEL", "INFO").upper(),
+    )
     config = uvicorn.Config(
-        app,
+        structured_logs.RequestIds(app),
+        log_config=log_config,
         host=os.environ.get("HOST", "127.0.0.1"),
         port=int(os.environ.get("PORT", "8000")),
         loop="uvloop",

@@ -43,6 +43,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+import metrics
 import sdk_sessions
 from resumable_streams import SessionEvents, resumes_stream
 from session_store import SessionStore, StoreUnavailable, is_session_id
@@ -195,6 +196,7 @@ class AdoptSessions:
             self.ownership.epochs[session_id] = epoch
             self.ownership.stale.discard(session_id)
             log.info("adopted session %s at epoch %d", session_id, epoch)
+            metrics.SESSIONS_ADOPTED.inc()
             return True
 
     async def _end(self, manager: Any, session_id: str) -> bool:

@@ -43,6 +43,7 @@ import hashlib
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 DEFAULT_TTL_SECONDS = 30 * 60
@@ -147,7 +148,9 @@ class SessionStore(ABC):
         op_ttl_seconds: int = DEFAULT_OP_TTL_SECONDS,
         event_ttl_seconds: int = DEFAULT_EVENT_TTL_SECONDS,
         max_events: int = DEFAULT_MAX_EVENTS,
+        on_replay: Callable[[Op], None] | None = None,
     ) -> None:
+        """`on_replay` is told of each write answered from its op record instead of applied (metrics)."""
         if min(ttl_seconds, op_ttl_seconds, event_ttl_seconds) <= 0:
             raise ValueError("TTLs must be positive")
         if max_events <= 0:
@@ -156,6 +159,12 @@ class SessionStore(ABC):
         self.op_ttl_seconds = op_ttl_seconds
         self.event_ttl_seconds = event_ttl_seconds
         self.max_events = max_events
+        self._on_replay = on_replay
+
+    def replayed(self, op: Op) -> None:
+        """For stores: `op` was already applied, and its recorded result is the answer."""
+        if self._on_replay is not None:
+            self._on_replay(op)
 
     # -- state ---------------------------------------------------------------------
 

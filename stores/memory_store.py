@@ -83,6 +83,7 @@ class InMemorySessionStore(SessionStore):
                 if done[0] != op.digest:
                     raise OpReused(op.call)
                 if op.write in done[1]:
+                    self.replayed(op)
                     return copy.deepcopy(done[1][op.write])
         if epoch is not None:
             record = self._records.get(session_id)

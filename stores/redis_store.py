@@ -101,7 +101,7 @@ _TOUCH_ONLY = _TOUCH + """
 touch()
 """
 
-# Every write, in one script, in this order:
+# Every write, in one script, in this order (answering {result, replayed}):
 #   1. an op already applied (KEYS[3], the call's records, holds its result)
 #      is not applied again, and a call whose digest is not the recorded
 #      one (the same key sent with another call) is refused;
@@ -120,7 +120,7 @@ if ARGV[5] ~= '' then
     return redis.error_reply('OPREUSED the idempotency key belongs to another call')
   end
   local done = redis.call('HGET', KEYS[3], ARGV[6])
-  if done then return done end
+  if done then return {done, 1} end
 end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], '.epoch') ~= ARGV[3] then
   return redis.error_reply('FENCED the session has a newer owner')
@@ -166,7 +166,7 @@ if ARGV[5] ~= '' then
   redis.call('EXPIRE', KEYS[3], ARGV[4])
 end
 touch()
-return result
+return {result, 0}
 """
 
 # The record, flattened as field, value, ... (fields ".<entry>", without
@@ -293,11 +293,11 @@ class RedisSessionStore(SessionStore):
         retry_attempts: int = 20,
         retry_seconds: float = 4.0,
         max_connections: int = 64,
-        **limits: int,
+        **limits: Any,
     ) -> None:
         """Either `url` (one Redis) or `sentinels` (host, port pairs) with `master_name`.
 
-        `limits`: SessionStore's TTLs and max_events.
+        `limits`: SessionStore's TTLs, max_events and on_replay.
         """
         super().__init__(**limits)
         if bool(url) == bool(sentinels):
@@ -397,7 +397,10 @@ class RedisSessionStore(SessionStore):
                 return self._write_and_wait(keys, argv)
             return self._write_script(keys=keys, args=argv)
 
-        return json.loads(await self._call(lambda: self._read(once)) if op is not None else await self._call(once))
+        result, replayed = await self._call(lambda: self._read(once)) if op is not None else await self._call(once)
+        if replayed:
+            self.replayed(op)
+        return json.loads(result)
 
     async def _write_and_wait(self, keys: list[str], argv: list[Any]) -> Any:
         """The write script and WAIT on one connection, so WAIT covers this write."""

@@ -85,12 +85,14 @@ async def test_a_session_adopted_under_a_foreign_id_is_served_initialized(probe_
     manager = sdk_sessions.session_manager(app, "/mcp")
     session_id = uuid.uuid4().hex
     assert not sdk_sessions.holds(manager, session_id)
+    held_before = sdk_sessions.held_count(manager)
 
     client_params = {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
     store = InMemorySessionStore()
     await sdk_sessions.adopt(manager, session_id, client_params=client_params, protocol_version=PROTOCOL,
                              event_store=SessionEvents(store, session_id))
     assert sdk_sessions.holds(manager, session_id)
+    assert sdk_sessions.held_count(manager) == held_before + 1, "held_count no longer counts the SDK's transports"
 
     headers = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": PROTOCOL,
                "mcp-session-id": session_id}
@@ -106,6 +108,7 @@ async def test_a_session_adopted_under_a_foreign_id_is_served_initialized(probe_
         # Ending it (DELETE) makes the SDK forget it, as for a session it created itself.
         assert (await http.delete(url, headers=headers)).status_code == 200
         assert not sdk_sessions.holds(manager, session_id)
+        assert sdk_sessions.held_count(manager) == held_before
         assert (await http.post(url, headers=headers, json=body)).status_code == 404
 
 

@@ -660,3 +660,22 @@ async def test_redis_store_expires_event_logs(redis_stack: Stack) -> None:
         assert await store.events_after(sid, first) is None
     finally:
         await store.aclose()
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+async def test_a_store_reports_each_write_it_replays(kind: str, request: pytest.FixtureRequest) -> None:
+    replays: list[Op] = []
+    if kind == "memory":
+        store: SessionStore = InMemorySessionStore(on_replay=replays.append)
+    else:
+        store = RedisSessionStore(request.getfixturevalue("redis_stack").config.redis_url,
+                                  prefix=f"t{new_id()[:8]}", on_replay=replays.append)
+    sid = new_id()
+    try:
+        assert await store.incr(sid, "counter", op=Op("k", "d")) == 1
+        assert replays == []
+        assert await store.incr(sid, "counter", op=Op("k", "d")) == 1
+        assert await store.incr(sid, "counter", op=Op("k", "d", write="2")) == 2  # another write of the call
+        assert replays == [Op("k", "d")]
+    finally:
+        await store.aclose()

@@ -1,0 +1,278 @@
+"""Pattern: metrics an operator can watch, at `GET /metrics` on every replica.
+
+Prometheus text, from prometheus-client's default registry, so what libraries
+export there lands on the same page: stamina's `stamina_retries_total` (the
+store's retries) and the process's CPU, memory and file descriptors. Each
+replica is scraped on its own address; through HAProxy a scrape would reach
+one replica at random, so the MCP frontend refuses `/metrics` and HAProxy
+serves its own on the stats port.
+
+What is counted, and where:
+
+- tool calls by tool and outcome, and their latency (`ToolMetrics`, FastMCP
+  middleware, outermost, so it sees what the client is answered);
+- sessions this replica holds a transport for (read from the SDK at scrape
+  time, `watch_sessions`), and sessions it adopted (`session_adoption.py`);
+- `resume_session` calls that copied state (`server.py`), and SSE streams
+  resumed from the store (`resumable_streams.py`);
+- store operations: latency by operation, errors by kind (`MeteredStore`, a
+  wrapper around any `SessionStore`, so the stores stay unaware of it);
+- writes replayed from their op record (`IDEMPOTENT_REPLAYS`), which a
+  store reports through its `on_replay` hook (`count_replay`).
+
+Labels only ever take values from fixed sets (tool names registered on the
+server, operation names of the store contract), never from requests, so a
+client cannot grow the page. On the hot path (~400 calls/s per stack) each
+call looks up prebuilt label children and does two increments; nothing is
+allocated per call beyond the timestamps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import stamina.instrumentation
+from fastmcp.server.middleware import Middleware, MiddlewareContext
+from mcp.shared.exceptions import MCPError
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+
+import sdk_sessions
+from session_store import Fenced, Op, OpReused, SessionStore, StoreUnavailable
+
+# From a 1 ms read to analyze_data's and watch_counter's 30 s.
+TOOL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# One Redis round trip is ~0.1-1 ms; a slow one near the client's timeout is what matters.
+STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# The tool label of a call naming no registered tool: one series for all of them.
+OTHER_TOOL = "(other)"
+
+TOOL_CALLS = Counter(
+    "mcp_tool_calls_total",
+    "Tool calls answered by this replica, by tool and outcome: ok; tool_error (an isError result: the "
+    "tool failed, the store was unreachable, the session moved, invalid arguments, unknown tool); "
+    "protocol_error (a JSON-RPC error: a malformed or reused idempotency key).",
+    ("tool", "outcome"),
+)
+TOOL_SECONDS = Histogram(
+    "mcp_tool_call_duration_seconds",
+    "Time from a tools/call reaching FastMCP's middleware to its answer, by tool, whatever the outcome.",
+    ("tool",),
+    buckets=TOOL_BUCKETS,
+)
+SESSIONS_HELD = Gauge(
+    "mcp_sessions_held",
+    "MCP sessions this replica holds a transport for now (opened here or adopted; forgotten when "
+    "ended or idle for the session TTL).",
+)
+SESSIONS_ADOPTED = Counter(
+    "mcp_sessions_adopted_total",
+    "Sessions this replica took over from the store (a new ownership epoch), usually because the "
+    "replica that held them died, drained or was taken out by HAProxy.",
+)
+SESSIONS_RESUMED = Counter(
+    "mcp_sessions_resumed_total",
+    "resume_session calls that copied a previous session's state into the caller's (a client that "
+    "lost its session for good and started a new one).",
+)
+STREAMS_RESUMED = Counter(
+    "mcp_streams_resumed_total",
+    "SSE streams resumed here with Last-Event-ID and answered from the session's event log in the store.",
+)
+IDEMPOTENT_REPLAYS = Counter(
+    "mcp_idempotent_replays_total",
+    "Writes of keyed tool calls that were already applied, answered from their op record instead of "
+    "applied again (a client's or HAProxy's retry).",
+)
+
+
+def count_replay(op: Op) -> None:
+    """A store's `on_replay` hook."""
+    IDEMPOTENT_REPLAYS.inc()
+
+STORE_SECONDS = Histogram(
+    "mcp_store_operation_duration_seconds",
+    "Time a SessionStore operation took, retries included, by operation, whatever the outcome.",
+    ("operation",),
+    buckets=STORE_BUCKETS,
+)
+STORE_ERRORS = Counter(
+    "mcp_store_errors_total",
+    "SessionStore operations that failed, by operation and kind: unavailable (the store could not be "
+    "reached), fenced (a write from a replica that no longer owns the session), op_reused (an "
+    "idempotency key sent with a different call).",
+    ("operation", "kind"),
+)
+
+# A `_created` sample per series would double the page, for what Prometheus
+# already infers from a counter's resets.
+disable_created_metrics()
+# stamina registers its retry counter in the default registry on first use;
+# creating it now puts it on the page from the first scrape.
+stamina.instrumentation.get_prometheus_counter()
+
+
+async def endpoint(request: Request) -> Response:
+    """GET /metrics: the Prometheus text format."""
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+def watch_sessions(app: Starlette, path: str = "/mcp") -> None:
+    """Report the sessions the MCP endpoint at `path` of `app` holds, read at each scrape."""
+
+    def held() -> int:
+        manager = sdk_sessions.session_manager(app, path)
+        return 0 if manager is None else sdk_sessions.held_count(manager)
+
+    SESSIONS_HELD.set_function(held)
+
+
+class _ToolSeries:
+    __slots__ = ("ok", "protocol_error", "seconds", "tool_error")
+
+    def __init__(self, tool: str) -> None:
+        self.ok = TOOL_CALLS.labels(tool, "ok")
+        self.tool_error = TOOL_CALLS.labels(tool, "tool_error")
+        self.protocol_error = TOOL_CALLS.labels(tool, "protocol_error")
+        self.seconds = TOOL_SECONDS.labels(tool)
+
+
+class ToolMetrics(Middleware):
+    """Counts and times every tools/call. Put it first in the server's middleware: it then
+    sees the outcome the client gets, after the other middleware translated errors."""
+
+    def __init__(self) -> None:
+        self._series: dict[str, _ToolSeries] | None = None
+        self._other = _ToolSeries(OTHER_TOOL)
+
+    async def _list_tools(self, context: MiddlewareContext) -> dict[str, _ToolSeries]:
+        # The server's tools, listed once: a name outside them is counted as OTHER_TOOL.
+        tools = await context.fastmcp_context.fastmcp.list_tools(run_middleware=False)
+        self._series = {tool.name: _ToolSeries(tool.name) for tool in tools}
+        return self._series
+
+    async def on_call_tool(self, context: MiddlewareContext, call_next):
+        by_name = self._series if self._series is not None else await self._list_tools(context)
+        series = by_name.get(context.message.name, self._other)
+        start = time.perf_counter()
+        try:
+            result = await call_next(context)
+        except MCPError:
+            series.protocol_error.inc()
+            raise
+        except Exception:
+            # FastMCP answers every other failure (the tool's own, an unknown tool,
+            # invalid arguments) with an isError result.
+            series.tool_error.inc()
+            raise
+        finally:
+            series.seconds.observe(time.perf_counter() - start)
+        series.ok.inc()
+        return result
+
+
+class _StoreSeries:
+    __slots__ = ("fenced", "op_reused", "seconds", "unavailable")
+
+    def __init__(self, operation: str) -> None:
+        self.seconds = STORE_SECONDS.labels(operation)
+        self.unavailable = STORE_ERRORS.labels(operation, "unavailable")
+        self.fenced = STORE_ERRORS.labels(operation, "fenced")
+        self.op_reused = STORE_ERRORS.labels(operation, "op_reused")
+
+
+async def _metered(series: _StoreSeries, operation: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    start = time.perf_counter()
+    try:
+        return await operation(*args, **kwargs)
+    except StoreUnavailable:
+        series.unavailable.inc()
+        raise
+    except Fenced:
+        series.fenced.inc()
+        raise
+    except OpReused:
+        series.op_reused.inc()
+        raise
+    finally:
+        series.seconds.observe(time.perf_counter() - start)
+
+
+class MeteredStore(SessionStore):
+    """Any `SessionStore`, its operations timed and their errors counted; otherwise the same store."""
+
+    def __init__(self, store: SessionStore) -> None:
+        super().__init__(
+            ttl_seconds=store.ttl_seconds,
+            op_ttl_seconds=store.op_ttl_seconds,
+            event_ttl_seconds=store.event_ttl_seconds,
+            max_events=store.max_events,
+        )
+        self.store = store
+        s = _StoreSeries
+        self._get, self._set, self._incr, self._append = s("get"), s("set"), s("incr"), s("append")
+        self._items, self._copy, self._touch, self._count = s("items"), s("copy"), s("touch"), s("count_sessions")
+        self._open, self._record = s("open_session"), s("session_record")
+        self._adopt, self._end = s("adopt_session"), s("end_session")
+        self._add_event, self._events_after = s("add_event"), s("events_after")
+
+    async def get(self, session_id: str, key: str) -> Any | None:
+        return await _metered(self._get, self.store.get, session_id, key)
+
+    async def set(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> None:
+        await _metered(self._set, self.store.set, session_id, key, value, epoch=epoch, op=op)
+
+    async def incr(self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op: Op | None = None) -> int:
+        return await _metered(self._incr, self.store.incr, session_id, key, by, epoch=epoch, op=op)
+
+    async def append(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> int:
+        return await _metered(self._append, self.store.append, session_id, key, value, epoch=epoch, op=op)
+
+    async def items(self, session_id: str) -> dict[str, Any]:
+        return await _metered(self._items, self.store.items, session_id)
+
+    async def copy(self, source_id: str, target_id: str, *, epoch: int | None = None, op: Op | None = None) -> int:
+        return await _metered(self._copy, self.store.copy, source_id, target_id, epoch=epoch, op=op)
+
+    async def touch(self, session_id: str) -> None:
+        await _metered(self._touch, self.store.touch, session_id)
+
+    async def count_sessions(self) -> int:
+        return await _metered(self._count, self.store.count_sessions)
+
+    async def open_session(self, session_id: str, record: dict[str, Any]) -> int:
+        return await _metered(self._open, self.store.open_session, session_id, record)
+
+    async def session_record(self, session_id: str) -> dict[str, Any] | None:
+        return await _metered(self._record, self.store.session_record, session_id)
+
+    async def adopt_session(self, session_id: str) -> tuple[dict[str, Any], int] | None:
+        return await _metered(self._adopt, self.store.adopt_session, session_id)
+
+    async def end_session(self, session_id: str) -> bool:
+        return await _metered(self._end, self.store.end_session, session_id)
+
+    async def add_event(self, session_id: str, stream_id: str, message: str | None) -> str:
+        return await _metered(self._add_event, self.store.add_event, session_id, stream_id, message)
+
+    async def events_after(self, session_id: str, event_id: str) -> tuple[str, list[tuple[str, str | None]]] | None:
+        return await _metered(self._events_after, self.store.events_after, session_id, event_id)
+
+    async def ping(self) -> bool:
+        # Health's own probe, every half second from HAProxy: its answer is the health check's.
+        return await self.store.ping()
+
+    async def aclose(self) -> None:
+        await self.store.aclose()

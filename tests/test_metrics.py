@@ -1,0 +1,168 @@
+"""/metrics on every replica and on HAProxy's stats port, read after real calls through HAProxy."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx2
+from prometheus_client.parser import text_string_to_metric_families
+
+from mcp_http import RawSession, last_jsonrpc_message
+from stack import Stack
+
+Samples = dict[tuple[str, frozenset], float]
+
+
+async def scrape(http: httpx2.AsyncClient, url: str) -> tuple[Samples, str]:
+    response = await http.get(url)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain"), response.headers["content-type"]
+    samples = {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+    return samples, response.text
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def replica_metrics(stack: Stack, replica: str) -> str:
+    return f"http://127.0.0.1:{stack.service(replica).port}/metrics"
+
+
+async def test_tool_calls_are_counted_by_tool_and_outcome_and_timed(
+    stack: Stack, raw: RawSession, http: httpx2.AsyncClient
+) -> None:
+    replica = (await raw.call("get_counter"))["instance"]  # the session sticks to it from here on
+    before, _ = await scrape(http, replica_metrics(stack, replica))
+
+    for _ in range(3):
+        assert (await raw.call("increment_counter"))["instance"] == replica
+    failed = await raw.post("tools/call", {"name": "get_counter", "arguments": {"session_id": "not-a-handle"}})
+    assert last_jsonrpc_message(failed)["result"]["isError"]
+    unknown = f"no_such_tool_{uuid.uuid4().hex}"
+    refused = await raw.post("tools/call", {"name": unknown, "arguments": {}})
+    assert last_jsonrpc_message(refused)["result"]["isError"]
+    invalid = await raw.post("tools/call", {"name": "analyze_data", "arguments": {"num_items": 5000}})
+    assert last_jsonrpc_message(invalid)["result"]["isError"]
+
+    after, text = await scrape(http, replica_metrics(stack, replica))
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("mcp_tool_calls_total", tool="increment_counter", outcome="ok") == 3
+    assert delta("mcp_tool_calls_total", tool="increment_counter", outcome="tool_error") == 0
+    assert delta("mcp_tool_calls_total", tool="get_counter", outcome="tool_error") == 1
+    assert delta("mcp_tool_calls_total", tool="get_counter", outcome="ok") == 0
+    assert delta("mcp_tool_call_duration_seconds_count", tool="increment_counter") == 3
+    assert 0 < delta("mcp_tool_call_duration_seconds_sum", tool="increment_counter") < 30
+    # A name the server does not have is one series for all such names: clients cannot grow the page.
+    assert delta("mcp_tool_calls_total", tool="(other)", outcome="tool_error") == 1
+    assert delta("mcp_tool_calls_total", tool="analyze_data", outcome="tool_error") == 1
+    assert unknown not in text
+    # Each increment is one store write, timed.
+    assert delta("mcp_store_operation_duration_seconds_count", operation="incr") == 3
+    assert value(after, "mcp_sessions_held") >= 1
+    # stamina's retry counter is served from the same registry.
+    assert "# TYPE stamina_retries_total counter" in text
+
+
+async def test_a_reused_idempotency_key_is_a_protocol_error_and_a_store_error(
+    stack: Stack, raw: RawSession, http: httpx2.AsyncClient
+) -> None:
+    replica = (await raw.call("get_counter"))["instance"]
+    before, _ = await scrape(http, replica_metrics(stack, replica))
+    meta = {"io.github.mcp-ha-kit/idempotency-key": uuid.uuid4().hex}
+    first = await raw.post("tools/call", {"name": "add_note", "arguments": {"note": "a"}, "_meta": meta})
+    assert "result" in last_jsonrpc_message(first)
+    reused = await raw.post("tools/call", {"name": "add_note", "arguments": {"note": "b"}, "_meta": meta})
+    assert last_jsonrpc_message(reused)["error"]["code"] == -32602
+    after, _ = await scrape(http, replica_metrics(stack, replica))
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("mcp_tool_calls_total", tool="add_note", outcome="ok") == 1
+    assert delta("mcp_tool_calls_total", tool="add_note", outcome="protocol_error") == 1
+    assert delta("mcp_store_errors_total", operation="append", kind="op_reused") == 1
+    assert delta("mcp_store_errors_total", operation="append", kind="fenced") == 0
+
+
+async def test_a_repeated_call_is_counted_as_a_replay_not_a_second_write(
+    stack: Stack, raw: RawSession, http: httpx2.AsyncClient
+) -> None:
+    replica = (await raw.call("get_counter"))["instance"]
+    before, _ = await scrape(http, replica_metrics(stack, replica))
+    meta = {"io.github.mcp-ha-kit/idempotency-key": uuid.uuid4().hex}
+    answers = []
+    for _ in range(2):
+        response = await raw.post("tools/call", {"name": "increment_counter", "arguments": {}, "_meta": meta})
+        answers.append(last_jsonrpc_message(response)["result"]["structuredContent"]["counter"])
+    assert answers == [1, 1]
+    after, _ = await scrape(http, replica_metrics(stack, replica))
+    assert value(after, "mcp_idempotent_replays_total") - value(before, "mcp_idempotent_replays_total") == 1
+
+
+async def test_resume_session_is_counted_only_when_it_copied_state(
+    stack: Stack, raw: RawSession, http: httpx2.AsyncClient, mcp_url: str
+) -> None:
+    await raw.call("increment_counter")
+    fresh = RawSession(http, mcp_url)
+    await fresh.initialize()
+    replica = (await fresh.call("get_counter"))["instance"]
+    before, _ = await scrape(http, replica_metrics(stack, replica))
+    assert (await fresh.call("resume_session", {"old_session_id": uuid.uuid4().hex}))["keys_copied"] == 0
+    assert (await fresh.call("resume_session", {"old_session_id": raw.session_id}))["keys_copied"] == 1
+    after, _ = await scrape(http, replica_metrics(stack, replica))
+    assert value(after, "mcp_sessions_resumed_total") - value(before, "mcp_sessions_resumed_total") == 1
+
+
+async def test_a_resumed_stream_is_counted(stack: Stack, raw: RawSession, http: httpx2.AsyncClient) -> None:
+    replica = (await raw.call("get_counter"))["instance"]
+    response = await raw.post("tools/call", {"name": "increment_counter", "arguments": {}})
+    priming = next(line[3:].strip() for line in response.text.splitlines() if line.startswith("id:"))
+    before, _ = await scrape(http, replica_metrics(stack, replica))
+    async with raw.resume(priming) as stream:
+        assert stream.response.status_code == 200
+        assert [event.message["result"]["structuredContent"]["counter"] async for event in stream if event.message] == [1]
+    async with raw.resume("1-1.00000000") as stream:  # no such event: 404, not counted
+        assert stream.response.status_code == 404
+    after, _ = await scrape(http, replica_metrics(stack, replica))
+    assert value(after, "mcp_streams_resumed_total") - value(before, "mcp_streams_resumed_total") == 1
+
+
+async def test_adopting_a_stopped_replicas_session_is_counted(
+    healed_stack: Stack, raw: RawSession, http: httpx2.AsyncClient
+) -> None:
+    owner = (await raw.call("increment_counter"))["instance"]
+    others = [name for name in healed_stack.config.replica_names() if name != owner]
+    before = {name: (await scrape(http, replica_metrics(healed_stack, name)))[0] for name in others}
+    healed_stack.stop(owner)
+    adopter = (await raw.call("increment_counter"))["instance"]
+    assert adopter in others
+    adopted = {
+        name: value((await scrape(http, replica_metrics(healed_stack, name)))[0], "mcp_sessions_adopted_total")
+        - value(before[name], "mcp_sessions_adopted_total")
+        for name in others
+    }
+    assert adopted == {name: 1 if name == adopter else 0 for name in others}
+
+
+async def test_haproxy_serves_its_metrics_on_the_stats_port_only(stack: Stack, http: httpx2.AsyncClient) -> None:
+    samples, _ = await scrape(http, f"http://127.0.0.1:{stack.config.stats_port}/metrics")
+    active = value(samples, "haproxy_backend_active_servers", proxy="mcp_servers")
+    assert active == len(stack.backends_up()) == len(stack.config.replica_names())
+    # Through the MCP frontend a scrape would reach one replica at random: refused.
+    assert (await http.get(stack.config.mcp_url.removesuffix("/mcp") + "/metrics")).status_code == 404
+
+
+async def test_metrics_answers_any_query_or_accept_header_without_a_5xx(stack: Stack, http: httpx2.AsyncClient) -> None:
+    url = replica_metrics(stack, stack.config.replica_names()[0])
+    for headers in ({"Accept": "application/openmetrics-text; version=1.0.0"}, {"Accept": "*/*;q=nonsense,,;"}):
+        assert (await http.get(url, headers=headers)).status_code == 200
+    assert (await http.get(url + "?name[]=%00&x=" + "y" * 5000)).status_code == 200
+    assert (await http.post(url)).status_code == 405
