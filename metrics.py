@@ -97,11 +97,6 @@ IDEMPOTENT_REPLAYS = Counter(
     "applied again (a client's or HAProxy's retry).",
 )
 
-
-def count_replay(op: Op) -> None:
-    """A store's `on_replay` hook."""
-    IDEMPOTENT_REPLAYS.inc()
-
 STORE_SECONDS = Histogram(
     "mcp_store_operation_duration_seconds",
     "Time a SessionStore operation took, retries included, by operation, whatever the outcome.",
@@ -122,6 +117,11 @@ disable_created_metrics()
 # stamina registers its retry counter in the default registry on first use;
 # creating it now puts it on the page from the first scrape.
 stamina.instrumentation.get_prometheus_counter()
+
+
+def count_replay(op: Op) -> None:
+    """A store's `on_replay` hook (server.make_store)."""
+    IDEMPOTENT_REPLAYS.inc()
 
 
 async def endpoint(request: Request) -> Response:

@@ -29,6 +29,10 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, frozenset(labels.items())), 0.0)
 
 
+def change(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    return value(after, name, **labels) - value(before, name, **labels)
+
+
 def replica_metrics(stack: Stack, replica: str) -> str:
     return f"http://127.0.0.1:{stack.service(replica).port}/metrics"
 
@@ -51,21 +55,18 @@ async def test_tool_calls_are_counted_by_tool_and_outcome_and_timed(
 
     after, text = await scrape(http, replica_metrics(stack, replica))
 
-    def delta(name: str, **labels: str) -> float:
-        return value(after, name, **labels) - value(before, name, **labels)
-
-    assert delta("mcp_tool_calls_total", tool="increment_counter", outcome="ok") == 3
-    assert delta("mcp_tool_calls_total", tool="increment_counter", outcome="tool_error") == 0
-    assert delta("mcp_tool_calls_total", tool="get_counter", outcome="tool_error") == 1
-    assert delta("mcp_tool_calls_total", tool="get_counter", outcome="ok") == 0
-    assert delta("mcp_tool_call_duration_seconds_count", tool="increment_counter") == 3
-    assert 0 < delta("mcp_tool_call_duration_seconds_sum", tool="increment_counter") < 30
+    assert change(before, after, "mcp_tool_calls_total", tool="increment_counter", outcome="ok") == 3
+    assert change(before, after, "mcp_tool_calls_total", tool="increment_counter", outcome="tool_error") == 0
+    assert change(before, after, "mcp_tool_calls_total", tool="get_counter", outcome="tool_error") == 1
+    assert change(before, after, "mcp_tool_calls_total", tool="get_counter", outcome="ok") == 0
+    assert change(before, after, "mcp_tool_call_duration_seconds_count", tool="increment_counter") == 3
+    assert 0 < change(before, after, "mcp_tool_call_duration_seconds_sum", tool="increment_counter") < 30
     # A name the server does not have is one series for all such names: clients cannot grow the page.
-    assert delta("mcp_tool_calls_total", tool="(other)", outcome="tool_error") == 1
-    assert delta("mcp_tool_calls_total", tool="analyze_data", outcome="tool_error") == 1
+    assert change(before, after, "mcp_tool_calls_total", tool="(other)", outcome="tool_error") == 1
+    assert change(before, after, "mcp_tool_calls_total", tool="analyze_data", outcome="tool_error") == 1
     assert unknown not in text
     # Each increment is one store write, timed.
-    assert delta("mcp_store_operation_duration_seconds_count", operation="incr") == 3
+    assert change(before, after, "mcp_store_operation_duration_seconds_count", operation="incr") == 3
     assert value(after, "mcp_sessions_held") >= 1
     # stamina's retry counter is served from the same registry.
     assert "# TYPE stamina_retries_total counter" in text
@@ -83,13 +84,10 @@ async def test_a_reused_idempotency_key_is_a_protocol_error_and_a_store_error(
     assert last_jsonrpc_message(reused)["error"]["code"] == -32602
     after, _ = await scrape(http, replica_metrics(stack, replica))
 
-    def delta(name: str, **labels: str) -> float:
-        return value(after, name, **labels) - value(before, name, **labels)
-
-    assert delta("mcp_tool_calls_total", tool="add_note", outcome="ok") == 1
-    assert delta("mcp_tool_calls_total", tool="add_note", outcome="protocol_error") == 1
-    assert delta("mcp_store_errors_total", operation="append", kind="op_reused") == 1
-    assert delta("mcp_store_errors_total", operation="append", kind="fenced") == 0
+    assert change(before, after, "mcp_tool_calls_total", tool="add_note", outcome="ok") == 1
+    assert change(before, after, "mcp_tool_calls_total", tool="add_note", outcome="protocol_error") == 1
+    assert change(before, after, "mcp_store_errors_total", operation="append", kind="op_reused") == 1
+    assert change(before, after, "mcp_store_errors_total", operation="append", kind="fenced") == 0
 
 
 async def test_a_repeated_call_is_counted_as_a_replay_not_a_second_write(
