@@ -341,8 +341,11 @@ class RedisSessionStore(SessionStore):
     async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
         """Once, no retry: for writes, which a retry after a timeout could apply twice."""
         try:
-            return await call()
+            result = await call()
+            self._failing_since = None
+            return result
         except RETRYABLE as exc:
+            self._outage_budget()
             raise StoreUnavailable(f"redis: {exc}") from exc
         except ResponseError as exc:
             message = str(exc)
@@ -354,6 +357,13 @@ class RedisSessionStore(SessionStore):
                 raise TypeError(message) from exc
             raise
 
+    def _outage_budget(self) -> float:
+        """Seconds calls may still retry in the current outage, which begins now if none is under way."""
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        return self._failing_since + self._retry_seconds - now
+
     async def _read(self, call: Callable[[], Awaitable[T]]) -> T:
         """Retried on connection errors: reads, and writes that are idempotent, are safe to repeat."""
         try:
@@ -363,10 +373,7 @@ class RedisSessionStore(SessionStore):
             self._failing_since = None
             return result
         except RETRYABLE as exc:
-            now = time.monotonic()
-            if self._failing_since is None:
-                self._failing_since = now
-            budget = self._failing_since + self._retry_seconds - now
+            budget = self._outage_budget()
             if self._retry_attempts <= 1 or budget <= 0:
                 raise StoreUnavailable(f"redis: {exc}") from exc
         try:
@@ -488,9 +495,13 @@ class RedisSessionStore(SessionStore):
 
     async def ping(self) -> bool:
         try:
-            return bool(await self._redis.ping())
+            await self._redis.ping()
         except (*RETRYABLE, OSError):
+            self._outage_budget()
             return False
+        # An outage can end with no call to notice: the next one gets the whole window again.
+        self._failing_since = None
+        return True
 
     async def aclose(self) -> None:
         await self._redis.aclose()

@@ -679,3 +679,29 @@ async def test_a_store_reports_each_write_it_replays(kind: str, request: pytest.
         assert replays == [Op("k", "d")]
     finally:
         await store.aclose()
+
+
+@pytest.mark.timeout(30)
+async def test_an_outage_that_ended_leaves_later_calls_their_whole_retry_window(redis_stack: Stack) -> None:
+    """A ping after Redis came back ends the outage, so a later blip is retried, not failed at once."""
+    store = RedisSessionStore(redis_stack.config.redis_url, prefix=f"t{new_id()[:8]}", timeout_seconds=0.3,
+                              retry_seconds=1.5)
+    sid = new_id()
+    try:
+        assert await store.ping()
+        redis_stack.signal("redis", signal.SIGSTOP)
+        try:
+            assert not await store.ping()  # the outage begins
+            await asyncio.sleep(1.6)  # longer than the window
+        finally:
+            redis_stack.signal("redis", signal.SIGCONT)
+        assert await store.ping()  # ...and ends
+        redis_stack.signal("redis", signal.SIGSTOP)
+        try:
+            later = asyncio.ensure_future(store.incr(sid, "counter", op=Op("k", "d")))
+            await asyncio.sleep(0.5)  # a blip shorter than the window
+        finally:
+            redis_stack.signal("redis", signal.SIGCONT)
+        assert await later == 1
+    finally:
+        await store.aclose()
