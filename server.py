@@ -34,6 +34,7 @@ from pydantic import Field
 from starlette.middleware import Middleware as StarletteMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import metrics
 import structured_logs
@@ -69,7 +70,9 @@ REDIS_RETRY_SECONDS = float(os.environ.get("REDIS_RETRY_SECONDS", "4"))
 ANALYZE_STEP_SECONDS = 0.05
 WATCH_POLL_SECONDS = 0.5
 WATCH_MAX_SECONDS = 30
-HEALTH_PING_SECONDS = 1.0
+# Under HAProxy's 800 ms check timeout, so a hung Redis is answered (and
+# forgiven, for a while: StoreHealth) before HAProxy counts the check failed.
+HEALTH_PING_SECONDS = 0.5
 
 log = logging.getLogger("mcp-ha")
 
@@ -293,19 +296,23 @@ async def session_summary(session_id: str) -> dict:
 
 
 class StoreHealth:
-    """Whether the store has been unreachable for longer than a call would wait for it.
+    """Whether this replica can serve, as far as its store goes; and what it does when it cannot.
 
     Calls retry the store for up to REDIS_RETRY_SECONDS from the start of an
     outage (long enough for a Sentinel failover), so a replica that cannot
-    reach Redis for a moment can still answer; failing /health at once would
-    take every replica out of HAProxy together and turn a short failover into
-    503s for everyone. By the time it fails, no call is still waiting on the
-    store, so HAProxy taking the replica out cuts none.
+    reach Redis for a moment still serves; failing /health at once would take
+    every replica out of HAProxy together and turn a short failover into 503s
+    for everyone. Once Redis has been gone longer, the replica sheds new
+    requests with a 503 that says why (HAProxy tries another replica), and
+    fails /health only when the calls it already took have answered: HAProxy
+    cuts whatever is still open on a replica it takes out (drain.py has the
+    same reason to do things in this order).
     """
 
     def __init__(self, *, grace_seconds: float) -> None:
         self.grace_seconds = grace_seconds
         self.unreachable_since: float | None = None
+        self.shedding = False
 
     async def check(self) -> bool:
         try:
@@ -315,12 +322,29 @@ class StoreHealth:
         now = time.monotonic()
         if reachable:
             self.unreachable_since = None
+            self.shedding = False
             return True
         if self.unreachable_since is None:
             self.unreachable_since = now
-        return now - self.unreachable_since < self.grace_seconds
+        if now - self.unreachable_since < self.grace_seconds:
+            return True
+        self.shedding = True
+        return drain.in_flight > 0
+
+    def middleware(self, app: ASGIApp, *, path: str) -> ASGIApp:
+        async def shed(scope: Scope, receive: Receive, send: Send) -> None:
+            if self.shedding and scope["type"] == "http" and scope["path"] == path:
+                return await STORE_GONE(scope, receive, send)
+            return await app(scope, receive, send)
+
+        return shed
 
 
+STORE_GONE = JSONResponse(
+    {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": STORE_UNAVAILABLE}},
+    status_code=503,
+    headers={"retry-after": "1"},
+)
 store_health = StoreHealth(grace_seconds=REDIS_RETRY_SECONDS if (REDIS_URL or REDIS_SENTINELS) else 0.0)
 
 
@@ -349,7 +373,7 @@ app = mcp.http_app(
     session_idle_timeout=SESSION_TTL_SECONDS,
 )
 metrics.watch_sessions(app, "/mcp")
-app = drain.middleware(app, path="/mcp")
+app = store_health.middleware(drain.middleware(app, path="/mcp"), path="/mcp")
 
 
 if __name__ == "__main__":

@@ -228,15 +228,6 @@ def http_status(url: str, timeout: float = 1.0) -> int | None:
         return None
 
 
-def redis_pings(host: str, port: int, timeout: float = 1.0) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
 def redis_command(host: str, port: int, *words: str, timeout: float = 1.0) -> object:
     """One command's reply (str, int, list, None; an error reply as an Exception), or None if unreachable.
 
@@ -420,7 +411,8 @@ class Stack:
             return "status=ok" in status and f"sentinels={len(c.sentinel_ports)}" in status
         if name.startswith("redis"):
             port = self.service(name).port
-            if not redis_pings(c.host, port):
+            # PING answers an error while the AOF is still loading: only PONG is ready.
+            if redis_command(c.host, port, "PING") != "PONG":
                 return False
             replication = redis_info(c.host, port, "replication")
             return replication.get("role") == "master" or replication.get("master_link_status") == "up"
@@ -523,10 +515,23 @@ class Stack:
         """
         if self.config.redis_mode != "sentinel" or name not in ("redis-1", "redis-2"):
             return []
-        primary = self.redis_primary()
-        if primary in (None, name):
+        # Sentinels not up yet (`up` starts them last): the primary when the stack went down.
+        primary = self.redis_primary() or self._last_primary()
+        if primary == name or self.pid(primary) is None:
             return []
         return ["--replicaof", self.config.host, str(self.service(primary).port)]
+
+    @property
+    def _last_primary_file(self) -> Path:
+        return self.config.state_dir / "redis-primary"
+
+    def _last_primary(self) -> str:
+        """The primary when the stack last went down (Sentinel may have moved it from redis-1)."""
+        try:
+            name = self._last_primary_file.read_text().strip()
+        except FileNotFoundError:
+            return "redis-1"
+        return name if name in ("redis-1", "redis-2") else "redis-1"
 
     def signal(self, name: str, sig: signal.Signals) -> None:
         pid = self.pid(name)
@@ -556,9 +561,12 @@ class Stack:
     def up(self) -> None:
         """Start what is not running: redis (and its sentinels), then the replicas side by side, then haproxy."""
         redis = self.config.redis_names()
+        servers = redis[:2]
+        if self.config.redis_mode == "sentinel" and self._last_primary() == "redis-2":
+            servers.reverse()
         # The primary first, so its replica and the sentinels find it; the sentinels side by side, so
         # each can find the others (healthy means it has).
-        for name in redis[:2]:
+        for name in servers:
             self.start(name)
         for name in redis[2:]:
             self.start(name, wait=False)
@@ -576,6 +584,10 @@ class Stack:
         self.stop("haproxy")
         self.stop(*self.config.replica_names())
         redis = self.config.redis_names()
+        if self.config.redis_mode == "sentinel":
+            primary = self.redis_primary()
+            if primary:
+                self._last_primary_file.write_text(primary)
         self.stop(*redis[2:])
         for name in reversed(redis[:2]):
             self.stop(name)

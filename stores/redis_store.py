@@ -39,14 +39,17 @@ High availability of Redis itself: given `sentinels`, the store asks them
 for the current primary of `master_name` whenever it connects, so after a
 failover it reconnects to the new primary without a replica restart.
 Replication is asynchronous, so a failover can lose the primary's last
-writes; with `wait_replicas=N` every state write is acknowledged only once
-N replicas have it (Redis WAIT), and otherwise fails with StoreUnavailable,
-which a retry with the same op replays.
+writes; with `wait_replicas=N` every state write, session record and
+adoption is acknowledged only once N replicas have it (Redis WAIT), and
+otherwise fails with StoreUnavailable, which a retry with the same op
+replays. Event logs and TTL touches are not waited for: losing one costs a
+stream resumption or a few seconds of TTL, not state.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -54,6 +57,7 @@ from typing import Any, TypeVar
 import redis.asyncio as redis
 import stamina
 from redis.asyncio.retry import Retry
+from redis.commands.core import AsyncScript
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -120,7 +124,12 @@ if ARGV[5] ~= '' then
     return redis.error_reply('OPREUSED the idempotency key belongs to another call')
   end
   local done = redis.call('HGET', KEYS[3], ARGV[6])
-  if done then return {done, 1} end
+  if done then
+    -- A write of its own, so a WAIT after this replay covers the write it
+    -- replays, which may have been made on another connection.
+    touch()
+    return {done, 1}
+  end
 end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], '.epoch') ~= ARGV[3] then
   return redis.error_reply('FENCED the session has a newer owner')
@@ -290,7 +299,7 @@ class RedisSessionStore(SessionStore):
         wait_timeout_ms: int = 1000,
         prefix: str = "mcp",
         timeout_seconds: float = 2.0,
-        retry_attempts: int = 20,
+        retry_attempts: int | None = None,
         retry_seconds: float = 4.0,
         max_connections: int = 64,
         **limits: Any,
@@ -301,11 +310,13 @@ class RedisSessionStore(SessionStore):
         """
         super().__init__(**limits)
         if bool(url) == bool(sentinels):
-            raise ValueError("give either a Redis url or sentinels, not both")
+            raise ValueError("give exactly one of a Redis url and sentinels")
+        if wait_replicas < 0:
+            raise ValueError("wait_replicas must be 0 or more")
         self._prefix = prefix
         self._index = f"{prefix}:sessions"
-        self._timeout = timeout_seconds
-        self._retry_attempts = retry_attempts
+        # Retries come at most every 0.5 s (wait_max below): enough of them to fill the window.
+        self._retry_attempts = retry_attempts if retry_attempts is not None else 5 + math.ceil(2 * retry_seconds)
         self._retry_seconds = retry_seconds
         # When the current outage began, as calls saw it; None while Redis answers.
         self._failing_since: float | None = None
@@ -400,30 +411,38 @@ class RedisSessionStore(SessionStore):
         # With an op the script replays instead of applying twice, so even a
         # write whose reply was lost to a timeout is safe to send again.
         def once() -> Awaitable[Any]:
-            if self._wait_replicas:
-                return self._write_and_wait(keys, argv)
-            return self._write_script(keys=keys, args=argv)
+            return self._durable(self._write_script, keys, argv)
 
         result, replayed = await self._call(lambda: self._read(once)) if op is not None else await self._call(once)
         if replayed:
             self.replayed(op)
         return json.loads(result)
 
-    async def _write_and_wait(self, keys: list[str], argv: list[Any]) -> Any:
-        """The write script and WAIT on one connection, so WAIT covers this write."""
-        for _ in range(2):
+    def _durable(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Awaitable[Any]:
+        """A script that changes what a failover must not lose: waited for when wait_replicas is set."""
+        if self._wait_replicas:
+            return self._waited(script, keys, args)
+        return script(keys=keys, args=args)
+
+    async def _waited(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        """The script and WAIT on one connection, so WAIT covers this write."""
+        for attempt in range(2):
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.evalsha(self._write_script.sha, len(keys), *keys, *argv)
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
                 pipe.wait(self._wait_replicas, self._wait_timeout_ms)
                 result, acknowledged = await pipe.execute(raise_on_error=False)
             if not isinstance(result, NoScriptError):
                 break
+            if attempt:
+                # Loaded on one server, run on another: a failover under way. Retried like one.
+                raise RedisConnectionError("redis: the script vanished again; the primary is changing")
             # A primary that was a replica until a failover has no scripts cached.
-            await self._redis.script_load(_WRITE)
+            await self._redis.script_load(script.script)
         if isinstance(result, Exception):
-            raise result
+            raise result  # FENCED, OPREUSED, ...: mapped by _call
         if isinstance(acknowledged, Exception):
-            raise acknowledged
+            # e.g. WAIT sent to a server demoted a moment ago: a failover, retried like one.
+            raise RedisConnectionError(f"redis: WAIT failed: {acknowledged}")
         if acknowledged < self._wait_replicas:
             raise StoreUnavailable(
                 f"redis: the write reached the primary but {acknowledged} of {self._wait_replicas} replica(s) "
@@ -459,7 +478,7 @@ class RedisSessionStore(SessionStore):
 
     async def open_session(self, session_id: str, record: dict[str, Any]) -> int:
         args = [session_id, self.ttl_seconds, *_flat_record(record)]
-        return int(await self._read(lambda: self._open(keys=self._keys(session_id), args=args)))
+        return int(await self._read(lambda: self._durable(self._open, self._keys(session_id), args)))
 
     async def session_record(self, session_id: str) -> dict[str, Any] | None:
         flat = await self._read(lambda: self._read_record(keys=self._keys(session_id)[:1]))
@@ -467,7 +486,8 @@ class RedisSessionStore(SessionStore):
 
     async def adopt_session(self, session_id: str) -> tuple[dict[str, Any], int] | None:
         # Not retried: each call advances the epoch.
-        found = await self._call(lambda: self._adopt(keys=self._keys(session_id), args=[session_id, self.ttl_seconds]))
+        args = [session_id, self.ttl_seconds]
+        found = await self._call(lambda: self._durable(self._adopt, self._keys(session_id), args))
         return None if found is None else (_record_of(found[1]), int(found[0]))
 
     async def end_session(self, session_id: str) -> bool:

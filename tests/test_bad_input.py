@@ -116,6 +116,14 @@ async def test_an_unreachable_store_gives_clear_errors_and_health_503_then_recov
 
     # For as long as a call would retry the store (a Sentinel failover), a replica stays in rotation...
     assert (await health_of(healed_stack.config.replica_ports[0])).status_code == 200
+    # ...and a call waits that long for Redis, then is told plainly that it is not there.
+    direct = RawSession(http, f"http://127.0.0.1:{healed_stack.service(replica).port}/mcp")
+    direct.session_id = raw.session_id
+    response = await direct.post("tools/call", {"name": "increment_counter", "arguments": {}})
+    assert response.status_code == 200
+    result = last_jsonrpc_message(response)["result"]
+    assert result["isError"] is True
+    assert result["content"][0]["text"] == "Session store unavailable; try again shortly."
     # ...and then says why it cannot serve.
     for name, port in zip(healed_stack.config.replica_names(), healed_stack.config.replica_ports):
         for _ in range(150):
@@ -126,14 +134,11 @@ async def test_an_unreachable_store_gives_clear_errors_and_health_503_then_recov
         assert health.status_code == 503
         assert health.json() == {"status": "degraded", "instance": name, "store": "unreachable"}
 
-    # Straight to the session's replica, which HAProxy has taken out by now: a clear tool error.
-    direct = RawSession(http, f"http://127.0.0.1:{healed_stack.service(replica).port}/mcp")
-    direct.session_id = raw.session_id
+    # Straight to the session's replica, which HAProxy has taken out by now: it sheds the call
+    # before any work, saying why.
     response = await direct.post("tools/call", {"name": "increment_counter", "arguments": {}})
-    assert response.status_code == 200
-    result = last_jsonrpc_message(response)["result"]
-    assert result["isError"] is True
-    assert result["content"][0]["text"] == "Session store unavailable; try again shortly."
+    assert response.status_code == 503
+    assert response.json()["error"]["message"] == "Session store unavailable; try again shortly."
     # Through HAProxy, once it has taken every replica out: its own 503, never a traceback.
     for _ in range(100):
         if not healed_stack.backends_up():

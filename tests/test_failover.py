@@ -216,9 +216,17 @@ async def test_redis_restart_and_a_10_s_outage_lose_nothing_and_heal_by_themselv
     assert [c.lost for c in report.clients] == [0, 0, 0]
     assert_counts_are_exact(report)
     # A call the outage caught is told so plainly: the store is unavailable, or HAProxy has no replica
-    # to offer (each failed its health check); never a 500 or an answer that is not MCP.
+    # to offer (each failed its health check); never a 500. The one exception: a request HAProxy is
+    # passing to a replica at the very instant it takes that replica out is cut (it must cut, to
+    # rescue calls stuck on a hung replica): at most one per replica here.
+    cut = 0
     for error in report.plain.errors:
-        assert "Session store unavailable" in error or "HTTP 503" in error or "TimeoutError" in error, error
+        count, _, message = error.partition("× ")
+        if "RemoteProtocolError" in message:
+            cut += int(count)
+            continue
+        assert "Session store unavailable" in message or "HTTP 503" in message or "TimeoutError" in message, error
+    assert cut <= len(fault_stack.config.replica_names()), report.plain.errors
     if scenario == "redis-outage":
         assert report.plain.failed > 0, "the outage did not reach the clients"
     assert report.plain.working_after == SESSIONS and report.resilient.working_after == SESSIONS

@@ -8,13 +8,14 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from conftest import free_ports, running_stack, stack_config
-from stack import Stack
+from stack import Stack, redis_info
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -171,3 +172,26 @@ def test_up_refuses_to_switch_a_running_stack_to_another_redis_mode(sentinel_sta
     assert result.returncode != 0
     assert "is up with --redis sentinel" in result.stderr and "stack.py down" in result.stderr
     assert all(row["state"] == "running" for row in ps_json(sentinel_stack).values())
+
+
+@pytest.mark.timeout(180)
+def test_a_sentinel_stack_comes_back_up_around_the_primary_it_went_down_with(tmp_path: Path) -> None:
+    """After a failover, down then up starts the promoted server as the primary and the other as its replica."""
+    stack = Stack(stack_config(tmp_path, replicas=1, redis_mode="sentinel", redis_wait_replicas=1))
+    try:
+        stack.up()
+        assert stack.redis_primary() == "redis-1"
+        stack.signal("redis-1", signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while stack.redis_primary() != "redis-2" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert stack.redis_primary() == "redis-2"
+        stack.start("redis-1")
+        stack.down()
+        stack.up()
+        assert stack.redis_primary() == "redis-2"
+        replication = redis_info(stack.config.host, stack.service("redis-1").port, "replication")
+        assert replication["role"] == "slave" and replication["master_link_status"] == "up"
+        assert replication["master_port"] == str(stack.service("redis-2").port)
+    finally:
+        stack.down()
