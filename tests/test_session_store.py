@@ -459,6 +459,8 @@ def test_a_redis_store_takes_a_url_or_sentinels_not_both() -> None:
         RedisSessionStore()
     with pytest.raises(ValueError):
         RedisSessionStore("redis://127.0.0.1:1/0", sentinels=[("127.0.0.1", 1)])
+    with pytest.raises(ValueError):
+        RedisSessionStore("redis://127.0.0.1:1/0", wait_replicas=-1)
 
 
 @pytest.mark.timeout(30)
@@ -475,10 +477,16 @@ async def test_a_write_no_replica_acknowledged_fails_and_its_retry_applies_it_on
     replica = next(n for n in ("redis-1", "redis-2") if n != primary)
     try:
         assert await store.incr(sid, "counter", op=Op("a", "d")) == 1
+        assert await store.open_session(sid, {"version": "2025-11-25"}) == 1
         sentinel_stack.signal(replica, signal.SIGSTOP)
         try:
             with pytest.raises(StoreUnavailable, match="0 of 1 replica"):
                 await store.incr(sid, "counter", op=Op("b", "d"))
+            # A session's record and an adoption are waited for too: a failover must not lose them.
+            with pytest.raises(StoreUnavailable, match="0 of 1 replica"):
+                await store.open_session(new_id(), {"version": "2025-11-25"})
+            with pytest.raises(StoreUnavailable, match="0 of 1 replica"):
+                await store.adopt_session(sid)
         finally:
             sentinel_stack.signal(replica, signal.SIGCONT)
         assert await store.incr(sid, "counter", op=Op("b", "d")) == 2
