@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
+from pathlib import Path
 
 import httpx2
 from prometheus_client.parser import text_string_to_metric_families
@@ -164,3 +167,15 @@ async def test_metrics_answers_any_query_or_accept_header_without_a_5xx(stack: S
         assert (await http.get(url, headers=headers)).status_code == 200
     assert (await http.get(url + "?name[]=%00&x=" + "y" * 5000)).status_code == 200
     assert (await http.post(url)).status_code == 405
+
+
+async def test_the_sample_dashboard_reads_only_metrics_the_stack_serves(stack: Stack, http: httpx2.AsyncClient) -> None:
+    dashboard = json.loads((Path(__file__).resolve().parent.parent / "docs" / "grafana-dashboard.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    names = {name for expr in exprs for name in re.findall(r"\b(?:mcp|stamina|haproxy)_[a-z_]+", expr)}
+    assert len(names) >= 12, names
+    _, replica_text = await scrape(http, replica_metrics(stack, stack.config.replica_names()[0]))
+    _, haproxy_text = await scrape(http, f"http://127.0.0.1:{stack.config.stats_port}/metrics")
+    served = replica_text + haproxy_text
+    assert [name for name in sorted(names) if name not in served] == []
+    assert 'state="UP"' in haproxy_text  # a label the "replicas up" panel filters on
