@@ -57,7 +57,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -71,7 +70,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from session_store import Op
-from stack import ROOT, Stack, StackConfig, StackError, free_ports, http_status, running_stack
+from stack import ROOT, Stack, StackConfig, StackError, free_ports, http_status, read_stats_csv, running_stack
 from stores.redis_store import RedisSessionStore
 
 SESSION_PROTOCOL = "2025-11-25"
@@ -469,8 +468,12 @@ class Floor:
             self._spawn(f"floor-{i}", [c.python, str(ROOT / "bench_floor.py")],
                         {"INSTANCE_ID": f"floor-{i}", "HOST": self.host, "PORT": str(port),
                          "REDIS_URL": c.redis_url, "BENCH_FLOOR_PREFIX": FLOOR_PREFIX})
+        # The same HAProxy settings as the stack's, so the floor pays for the same rules.
         env = {"HAPROXY_BIND": f"{self.host}:{self.http_port}", "HAPROXY_STATS_BIND": f"{self.host}:{self.stats_port}",
-               "SESSION_TTL_SECONDS": str(c.session_ttl_seconds)}
+               "SESSION_TTL_SECONDS": str(c.session_ttl_seconds), "HAPROXY_STATS_USER": c.stats_user,
+               "HAPROXY_STATS_PASSWORD": c.stats_password, "HAPROXY_RATE_LIMIT": str(c.rate_limit),
+               "HAPROXY_MAX_BODY_BYTES": str(c.max_body_bytes), "HAPROXY_ALLOWED_ORIGINS": c.allowed_origins,
+               "HAPROXY_LUA_DIR": str(ROOT / "haproxy")}
         for i, port in enumerate(self.ports, start=1):
             env[f"MCP_SERVER_{i}"] = f"{self.host}:{port}"
         deadline = time.monotonic() + 30
@@ -487,9 +490,9 @@ class Floor:
             time.sleep(0.1)
 
     def _all_up(self) -> bool:
+        c = self.stack.config
         try:
-            with urllib.request.urlopen(f"http://{self.host}:{self.stats_port}/stats;csv", timeout=1) as response:
-                text = response.read().decode()
+            text = read_stats_csv(f"http://{self.host}:{self.stats_port}/stats", *c.stats_auth)
         except (OSError, ValueError):
             return False
         rows = [line.split(",") for line in text.splitlines() if line.startswith("mcp_servers,mcp-server-")]

@@ -19,11 +19,13 @@ a pid. The tests drive the same `Stack` class on free ports.
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import ipaddress
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -82,6 +84,16 @@ class StackConfig:
     sentinel_ports: tuple[int, ...] = (26380, 26381, 26382)
     # Replicas' REDIS_WAIT_REPLICAS: how many Redis replicas acknowledge a write before a call does.
     redis_wait_replicas: int = 0
+    # HAProxy's stats page and /metrics: a password of this stack's own unless
+    # HAPROXY_STATS_PASSWORD is set, recorded with the rest of the config so
+    # later commands, the tests and the benchmarks can read the stats.
+    stats_user: str = "stats"
+    stats_password: str = field(default_factory=lambda: secrets.token_urlsafe(18), repr=False)
+    # HAProxy's HAPROXY_RATE_LIMIT (requests per 10 s per client address),
+    # HAPROXY_MAX_BODY_BYTES and HAPROXY_ALLOWED_ORIGINS (space-separated).
+    rate_limit: int = 100_000
+    max_body_bytes: int = 1_048_576
+    allowed_origins: str = ""
 
     @classmethod
     def from_env(cls, *, redis_mode: str = "single") -> StackConfig:
@@ -100,16 +112,24 @@ class StackConfig:
             redis_replica_port=env_int("REDIS_REPLICA_PORT", 6381),
             sentinel_ports=tuple(env_int("SENTINEL_BASE_PORT", 26380) + i for i in range(3)),
             redis_wait_replicas=env_int("REDIS_WAIT_REPLICAS", 0),
+            stats_user=os.environ.get("HAPROXY_STATS_USER") or "stats",
+            stats_password=os.environ.get("HAPROXY_STATS_PASSWORD") or secrets.token_urlsafe(18),
+            rate_limit=env_int("HAPROXY_RATE_LIMIT", 100_000),
+            max_body_bytes=env_int("HAPROXY_MAX_BODY_BYTES", 1_048_576),
+            allowed_origins=" ".join(os.environ.get("HAPROXY_ALLOWED_ORIGINS", "").replace(",", " ").split()),
         )
 
     @classmethod
     def on_free_ports(cls, state_dir: Path, *, replicas: int = 3, redis_mode: str = "single",
-                      redis_wait_replicas: int = 0) -> StackConfig:
-        """A stack beside any other: for tests and benchmarks that start their own."""
+                      redis_wait_replicas: int = 0, **haproxy: object) -> StackConfig:
+        """A stack beside any other: for tests and benchmarks that start their own.
+
+        `haproxy`: rate_limit, max_body_bytes, allowed_origins (the defaults otherwise).
+        """
         http, stats, redis, redis_replica, *rest = free_ports(7 + replicas)
         return cls(state_dir=state_dir, http_port=http, stats_port=stats, redis_port=redis,
                    replica_ports=tuple(rest[3:]), redis_mode=redis_mode, redis_replica_port=redis_replica,
-                   sentinel_ports=tuple(rest[:3]), redis_wait_replicas=redis_wait_replicas)
+                   sentinel_ports=tuple(rest[:3]), redis_wait_replicas=redis_wait_replicas, **haproxy)
 
     @property
     def sentinels(self) -> str:
@@ -132,6 +152,10 @@ class StackConfig:
     @property
     def stats_url(self) -> str:
         return f"http://{self.host}:{self.stats_port}/stats"
+
+    @property
+    def stats_auth(self) -> tuple[str, str]:
+        return self.stats_user, self.stats_password
 
     def replica_names(self) -> list[str]:
         return [f"mcp-server-{i}" for i in range(1, len(self.replica_ports) + 1)]
@@ -226,6 +250,14 @@ def http_status(url: str, timeout: float = 1.0) -> int | None:
         return exc.code
     except (OSError, ValueError):
         return None
+
+
+def read_stats_csv(stats_url: str, user: str, password: str, timeout: float = 1.0) -> str:
+    """HAProxy's stats as CSV, with the stats credentials (basic auth)."""
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    request = urllib.request.Request(f"{stats_url};csv", headers={"Authorization": f"Basic {token}"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.read().decode()
 
 
 def redis_command(host: str, port: int, *words: str, timeout: float = 1.0) -> object:
@@ -344,6 +376,12 @@ class Stack:
             "HAPROXY_BIND": f"{c.host}:{c.http_port}",
             "HAPROXY_STATS_BIND": f"{c.host}:{c.stats_port}",
             "SESSION_TTL_SECONDS": str(c.session_ttl_seconds),
+            "HAPROXY_STATS_USER": c.stats_user,
+            "HAPROXY_STATS_PASSWORD": c.stats_password,
+            "HAPROXY_RATE_LIMIT": str(c.rate_limit),
+            "HAPROXY_MAX_BODY_BYTES": str(c.max_body_bytes),
+            "HAPROXY_ALLOWED_ORIGINS": c.allowed_origins,
+            "HAPROXY_LUA_DIR": str(ROOT / "haproxy"),
         }
         for i, port in enumerate(c.replica_ports, start=1):
             haproxy_env[f"MCP_SERVER_{i}"] = f"{c.host}:{port}"
@@ -367,7 +405,10 @@ class Stack:
     def _write(self, state: dict) -> None:
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
+        # It holds the stats password: readable by this user only.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(state, indent=2))
         tmp.replace(self.state_file)
 
     def _recorded(self, name: str) -> dict | None:
@@ -423,8 +464,7 @@ class Stack:
     def backend_status(self) -> dict[str, str]:
         """Each replica's status as HAProxy sees it (UP, DOWN, ...), from the stats CSV."""
         try:
-            with urllib.request.urlopen(f"{self.config.stats_url};csv", timeout=1.0) as response:
-                text = response.read().decode()
+            text = read_stats_csv(self.config.stats_url, *self.config.stats_auth)
         except (OSError, ValueError):
             return {}
         rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
@@ -648,7 +688,7 @@ def _print_urls(stack: Stack) -> None:
     c = stack.config
     console.print(f"MCP endpoint  {c.mcp_url}")
     console.print(f"health        http://{c.host}:{c.http_port}/health")
-    console.print(f"HAProxy stats {c.stats_url}")
+    console.print(f"HAProxy stats {c.stats_url}  user {c.stats_user}  password {c.stats_password}")
     if c.redis_mode == "sentinel":
         console.print(f"Redis         Sentinel {c.sentinels}, primary {SENTINEL_MASTER!r}")
     else:

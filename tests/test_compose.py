@@ -26,17 +26,26 @@ needs_haproxy = pytest.mark.skipif(
     HAPROXY is None, reason="haproxy is not installed (apt-get install haproxy); needed to check haproxy.cfg"
 )
 
-# ${VAR}, ${VAR-default}, ${VAR:-default}, $VAR and $$, as compose reads them.
-_INTERPOLATION = re.compile(r"\$(?:(\$)|\{(\w+)(?::?-([^}]*))?\}|(\w+))")
+# ${VAR}, ${VAR-default}, ${VAR:-default}, ${VAR:?message}, $VAR and $$, as compose reads them.
+_INTERPOLATION = re.compile(r"\$(?:(\$)|\{(\w+)(?:(:?-)([^}]*)|(:?\?)([^}]*))?\}|(\w+))")
+# What the tests set on the "host" for variables compose requires.
+HOST_ENV = {"HAPROXY_STATS_PASSWORD": "a-test-password"}
+
+
+class MissingVariable(Exception):
+    """compose refuses to start: a ${VAR:?message} is unset (or empty)."""
 
 
 def interpolate(value: object, env: dict[str, str]) -> str:
     def sub(m: re.Match) -> str:
         if m.group(1):
             return "$"
-        name = m.group(2) or m.group(4)
-        default = m.group(3) or ""
-        return env.get(name) or default
+        name = m.group(2) or m.group(7)
+        if m.group(5):
+            if env.get(name) is None or (m.group(5) == ":?" and env[name] == ""):
+                raise MissingVariable(f"{name}: {m.group(6)}")
+            return env[name]
+        return env.get(name) or m.group(4) or ""
 
     return _INTERPOLATION.sub(sub, str(value))
 
@@ -51,12 +60,12 @@ def service(compose: dict, name: str) -> dict:
     return compose["services"][name]
 
 
-def environment(svc: dict) -> dict[str, str]:
-    """A service's environment as compose would pass it with no variables set on the host."""
+def environment(svc: dict, host_env: dict[str, str] = HOST_ENV) -> dict[str, str]:
+    """A service's environment as compose would pass it with only `host_env` set on the host."""
     raw = svc.get("environment") or {}
     if isinstance(raw, list):
         raw = dict(item.split("=", 1) for item in raw)
-    return {key: interpolate(value, {}) for key, value in raw.items()}
+    return {key: interpolate(value, host_env) for key, value in raw.items()}
 
 
 def depends_on_healthy(svc: dict, other: str) -> bool:
@@ -80,11 +89,15 @@ def haproxy_env_for_local_check(compose: dict) -> dict[str, str]:
     """HAProxy's compose environment, with replica hostnames swapped for 127.0.0.1:
     `haproxy -c` resolves server names, and compose's service names only resolve
     inside the compose network."""
-    env = environment(service(compose, "haproxy"))
+    haproxy = service(compose, "haproxy")
+    env = environment(haproxy)
     for key, value in env.items():
         if re.fullmatch(r"MCP_SERVER_\d+", key):
             _, port = value.rsplit(":", 1)
             env[key] = f"127.0.0.1:{port}"
+    # The Lua file from where compose mounts it, as the container would find it.
+    lua = bind_mounts(haproxy)[f"{env['HAPROXY_LUA_DIR']}/refuse_body.lua"][0]
+    env["HAPROXY_LUA_DIR"] = str((ROOT / lua).parent)
     return env
 
 
@@ -155,6 +168,13 @@ def test_haproxy_mounts_the_shared_config_read_only(compose):
     assert read_only
 
 
+def test_haproxy_mounts_its_lua_file_where_haproxy_cfg_looks(compose):
+    haproxy = service(compose, "haproxy")
+    source, read_only = bind_mounts(haproxy)[f"{environment(haproxy)['HAPROXY_LUA_DIR']}/refuse_body.lua"]
+    assert (ROOT / source).resolve() == ROOT / "haproxy" / "refuse_body.lua"
+    assert read_only
+
+
 def test_haproxy_points_at_each_replica(compose):
     haproxy = service(compose, "haproxy")
     env = environment(haproxy)
@@ -177,14 +197,45 @@ def test_haproxy_cfg_is_valid_with_composes_environment(compose):
     assert "Configuration file is valid" in result.stdout + result.stderr
 
 
+def test_compose_ships_no_stats_password_and_refuses_to_start_without_one(compose):
+    haproxy = service(compose, "haproxy")
+    for unset in ({}, {"HAPROXY_STATS_PASSWORD": ""}):
+        with pytest.raises(MissingVariable, match="HAPROXY_STATS_PASSWORD"):
+            environment(haproxy, unset)
+    env = environment(haproxy)
+    assert env["HAPROXY_STATS_PASSWORD"] == HOST_ENV["HAPROXY_STATS_PASSWORD"]
+    # The other settings have safe defaults: limits on, no Origin allowed.
+    assert int(env["HAPROXY_MAX_BODY_BYTES"]) > 0 and int(env["HAPROXY_RATE_LIMIT"]) > 0
+    assert env["HAPROXY_ALLOWED_ORIGINS"] == ""
+
+
+@needs_haproxy
+def test_haproxy_refuses_to_start_without_a_stats_password(compose):
+    env = haproxy_env_for_local_check(compose)
+    del env["HAPROXY_STATS_PASSWORD"]
+    result = haproxy_check(compose, env)
+    assert result.returncode != 0
+    assert "HAPROXY_STATS_PASSWORD is not set" in result.stdout + result.stderr
+
+
+# A value each variable cannot take, so `haproxy -c` fails if haproxy.cfg reads it.
+POISON = {"HAPROXY_STATS_USER": "", "HAPROXY_STATS_PASSWORD": ""}
+# Any value is valid for these (an origin that matches nothing): checked by name only.
+UNPOISONABLE = {"HAPROXY_ALLOWED_ORIGINS"}
+
+
 @needs_haproxy
 def test_haproxy_cfg_reads_every_variable_compose_sets(compose):
     """A misspelt name would be silently ignored (haproxy.cfg has defaults and
     `.if defined`), so poison each variable in turn: the check must then fail,
     and for MCP_SERVER_N on the server line of the same replica."""
     env = haproxy_env_for_local_check(compose)
+    cfg = (ROOT / "haproxy" / "haproxy.cfg").read_text()
     for key in env:
-        result = haproxy_check(compose, {**env, key: "127.0.0.1:notaport"})
+        if key in UNPOISONABLE:
+            assert "${" + key in cfg, f"haproxy.cfg ignores {key}"
+            continue
+        result = haproxy_check(compose, {**env, key: POISON.get(key, "127.0.0.1:notaport")})
         output = result.stdout + result.stderr
         assert result.returncode != 0, f"haproxy.cfg ignores {key}:\n{output}"
         if m := re.fullmatch(r"MCP_SERVER_(\d+)", key):

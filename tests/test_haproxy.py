@@ -5,11 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import uuid
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
 import pytest
 
+from conftest import running_stack
 from mcp_http import RawSession
 from stack import Stack
 
@@ -106,6 +110,105 @@ async def test_state_survives_restarting_every_replica(healed_stack: Stack, raw:
 
 
 async def test_stats_page_lists_every_replica_up(stack: Stack, http: httpx2.AsyncClient) -> None:
-    page = await http.get(stack.config.stats_url)
+    page = await http.get(stack.config.stats_url, auth=stack.config.stats_auth)
     assert page.status_code == 200
     assert stack.backend_status() == {name: "UP" for name in stack.config.replica_names()}
+
+
+# -- the stats port, request limits and headers (issue 6) ------------------------------
+
+
+async def test_the_stats_port_needs_the_stacks_credentials(stack: Stack, http: httpx2.AsyncClient) -> None:
+    base = stack.config.stats_url.removesuffix("/stats")
+    for path in ("/stats", "/stats;csv", "/metrics"):
+        assert (await http.get(base + path)).status_code == 401, path
+        assert (await http.get(base + path, auth=(stack.config.stats_user, "wrong"))).status_code == 401, path
+        assert (await http.get(base + path, auth=stack.config.stats_auth)).status_code == 200, path
+    assert stack.service("haproxy").env["HAPROXY_STATS_PASSWORD"] == stack.config.stats_password
+    assert len(stack.config.stats_password) >= 20
+
+
+def test_haproxy_refuses_to_start_without_a_stats_password(stack: Stack) -> None:
+    env = {k: v for k, v in stack.service("haproxy").env.items() if k != "HAPROXY_STATS_PASSWORD"}
+    result = subprocess.run(["haproxy", "-c", "-f", str(CONFIG)], capture_output=True, text=True,
+                            env={k: v for k, v in {**os.environ, **env}.items() if k != "HAPROXY_STATS_PASSWORD"})
+    assert result.returncode != 0
+    assert "HAPROXY_STATS_PASSWORD is not set" in result.stdout + result.stderr
+
+
+async def test_a_body_over_the_limit_is_refused_by_haproxy(raw: RawSession) -> None:
+    # 2 MB: over HAProxy's 1 MB default, under the replica's own 4 MB limit, so the 413 is HAProxy's.
+    response = await raw.post("tools/call", {"name": "add_note", "arguments": {"note": "x" * (2 * 1024 * 1024)}})
+    assert response.status_code == 413
+    assert "mcp-session-id" not in {k.lower() for k in response.headers}
+    assert (await raw.call("add_note", {"note": "x" * 100_000}))["notes_count"] == 1
+
+
+async def test_a_request_with_an_origin_is_refused_unless_listed(stack: Stack, raw: RawSession,
+                                                              http: httpx2.AsyncClient) -> None:
+    # No origin is allowed by default; clients that are not browsers send none.
+    health = stack.config.mcp_url.removesuffix("/mcp") + "/health"
+    assert (await http.get(health)).status_code == 200
+    for origin in ("http://evil.example", f"http://127.0.0.1:{stack.config.http_port}", "null", ""):
+        assert (await http.get(health, headers={"Origin": origin})).status_code == 403, origin
+    assert (await raw.call("increment_counter"))["counter"] == 1
+
+
+def _access_lines(stack: Stack, marker: str) -> list[str]:
+    return [line for name in stack.config.replica_names()
+            for line in (stack.log_dir / f"{name}.log").read_text().splitlines() if marker in line]
+
+
+async def test_forged_forwarding_headers_do_not_reach_the_replicas(stack: Stack, http: httpx2.AsyncClient) -> None:
+    """Replicas (uvicorn) take X-Forwarded-For from their proxy as the client's address, and log it."""
+    forged = {"X-Forwarded-For": "203.0.113.7", "X-Forwarded-Proto": "https", "Forwarded": "for=203.0.113.8"}
+    via_haproxy, direct = uuid.uuid4().hex, uuid.uuid4().hex
+    base = stack.config.mcp_url.removesuffix("/mcp")
+    assert (await http.get(f"{base}/health?probe={via_haproxy}", headers=forged)).status_code == 200
+    # The control: sent straight to a replica from 127.0.0.1, the forged address is believed.
+    replica = stack.config.replica_ports[0]
+    assert (await http.get(f"http://127.0.0.1:{replica}/health?probe={direct}", headers=forged)).status_code == 200
+    deadline = asyncio.get_running_loop().time() + 5
+    while not (_access_lines(stack, via_haproxy) and _access_lines(stack, direct)):
+        assert asyncio.get_running_loop().time() < deadline, "no access log line for the probes"
+        await asyncio.sleep(0.1)
+    assert "203.0.113.7" in _access_lines(stack, direct)[0]
+    (line,) = _access_lines(stack, via_haproxy)
+    assert "127.0.0.1" in line and "203.0.113" not in line, line
+
+
+@pytest.fixture(scope="module")
+def limited_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One replica behind an HAProxy with a low rate limit and one allowed Origin."""
+    with running_stack(tmp_path_factory.mktemp("limited"), replicas=1, rate_limit=40,
+                       allowed_origins="http://app.example https://other.example:8443") as s:
+        yield s
+
+
+async def test_listed_origins_are_served(limited_stack: Stack, http: httpx2.AsyncClient) -> None:
+    health = limited_stack.config.mcp_url.removesuffix("/mcp") + "/health"
+    for origin, status in (("http://app.example", 200), ("HTTPS://other.example:8443", 200),
+                           ("http://app.example.evil", 403), ("http://evil.example", 403), (None, 200)):
+        headers = {"Origin": origin} if origin is not None else {}
+        assert (await http.get(health, headers=headers)).status_code == status, origin
+
+
+@pytest.mark.timeout(60)
+async def test_a_flood_from_one_address_gets_429_and_the_stack_stays_healthy(
+    limited_stack: Stack, http: httpx2.AsyncClient
+) -> None:
+    session = RawSession(http, limited_stack.config.mcp_url)
+    await session.initialize()
+    # Under the limit (40 per 10 s; the test above used 5): served.
+    assert [(await session.call("increment_counter"))["counter"] for _ in range(5)] == [1, 2, 3, 4, 5]
+    health = limited_stack.config.mcp_url.removesuffix("/mcp") + "/health"
+    statuses = Counter()
+    for _ in range(4):
+        batch = await asyncio.gather(*(http.get(health) for _ in range(25)))
+        statuses.update(r.status_code for r in batch)
+    assert statuses[429] >= 50, statuses
+    assert set(statuses) <= {200, 429}, statuses
+    # Refused at HAProxy: the replica and HAProxy are as healthy as before.
+    replica = limited_stack.config.replica_ports[0]
+    assert (await http.get(f"http://127.0.0.1:{replica}/health")).status_code == 200
+    assert limited_stack.healthy("haproxy") and limited_stack.healthy("mcp-server-1")

@@ -16,8 +16,8 @@ from stack import Stack
 Samples = dict[tuple[str, frozenset], float]
 
 
-async def scrape(http: httpx2.AsyncClient, url: str) -> tuple[Samples, str]:
-    response = await http.get(url)
+async def scrape(http: httpx2.AsyncClient, url: str, auth: tuple[str, str] | None = None) -> tuple[Samples, str]:
+    response = await http.get(url, auth=auth)
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/plain"), response.headers["content-type"]
     samples = {
@@ -154,7 +154,10 @@ async def test_adopting_a_stopped_replicas_session_is_counted(
 
 
 async def test_haproxy_serves_its_metrics_on_the_stats_port_only(stack: Stack, http: httpx2.AsyncClient) -> None:
-    samples, _ = await scrape(http, f"http://127.0.0.1:{stack.config.stats_port}/metrics")
+    url = f"http://127.0.0.1:{stack.config.stats_port}/metrics"
+    # Behind the stats credentials, as the stats page is (Prometheus: basic_auth).
+    assert (await http.get(url)).status_code == 401
+    samples, _ = await scrape(http, url, auth=stack.config.stats_auth)
     active = value(samples, "haproxy_backend_active_servers", proxy="mcp_servers")
     assert active == len(stack.backends_up()) == len(stack.config.replica_names())
     # Through the MCP frontend a scrape would reach one replica at random: refused.
