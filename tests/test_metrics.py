@@ -178,7 +178,8 @@ async def test_the_sample_dashboard_reads_only_metrics_the_stack_serves(stack: S
     names = {name for expr in exprs for name in re.findall(r"\b(?:mcp|stamina|haproxy)_[a-z_]+", expr)}
     assert len(names) >= 12, names
     _, replica_text = await scrape(http, replica_metrics(stack, stack.config.replica_names()[0]))
-    _, haproxy_text = await scrape(http, f"http://127.0.0.1:{stack.config.stats_port}/metrics")
+    _, haproxy_text = await scrape(http, f"http://127.0.0.1:{stack.config.stats_port}/metrics",
+                                   auth=stack.config.stats_auth)
     served = replica_text + haproxy_text
     assert [name for name in sorted(names) if name not in served] == []
     assert 'state="UP"' in haproxy_text  # a label the "replicas up" panel filters on
