@@ -14,8 +14,10 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +26,7 @@ import pytest
 
 import failover_bench as bench
 from conftest import ROOT, running_stack
+from resilient_client import ResilientClient
 from stack import Stack
 
 # The load runs until the stack is whole again (plus a tail) whatever this is;
@@ -34,6 +37,11 @@ SESSIONS = 5
 # Targets missed for reasons outside the benchmark; a strict xfail test below asserts each,
 # so the suite notices the day it starts to hold.
 KNOWN_GAPS = {
+    # Now and then (the README: about 1 kill run in 8) the fault catches a resilient call whose answer
+    # had begun to stream; it then waits out its own timeout before its retry
+    # (test_a_resilient_call_caught_mid_stream_by_a_hung_replica_ends_within_3_s).
+    "kill": ("kill: resilient: a call took",),
+    "pause": ("pause: resilient: a call took",),
     "restart-all": (
         # Every replica down at once: nothing answers for as long as the replicas take to start.
         "restart-all: plain: a session stalled", "restart-all: resilient: a call took",
@@ -91,8 +99,10 @@ def assert_stack_is_whole(stack: Stack) -> None:
 async def test_kill_9_or_sigstop_of_the_sessions_replica(fault_stack: Stack, scenario: str) -> None:
     report = await report_of(fault_stack, scenario)
     # For a pause this includes the plain sessions' stall under 3 s (HAProxy cuts the calls stuck
-    # on the hung replica when it takes it out, and re-sends them to the adopter) and no call over 3 s.
-    assert bench.check_targets(report) == []
+    # on the hung replica when it takes it out, and re-sends them to the adopter).
+    assert missed_apart_from_known_gaps(report) == []
+    # A resilient call the fault caught mid-stream ends after at most its own timeout and one retry.
+    assert report.resilient.longest_call_s <= 2 * bench.RESILIENT_SETTINGS["call_timeout"] + 1
     assert_counts_are_exact(report)
     assert report.mark_down_s is not None and report.mark_down_s <= bench.TARGET_MARK_DOWN[scenario]
     # The plain sessions the faulted replica served were answered by another one afterwards,
@@ -171,6 +181,28 @@ class DroppingProxy:
             down.cancel()
             writer.close()
             up_writer.close()
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "a call whose SSE answer had begun when its replica hung is not failed by HAProxy cutting the stream: "
+    "the MCP SDK's client resumes it (GET with Last-Event-ID) and waits there, so the call takes the "
+    "client's own timeout (4 s) before its retry; the 3 s target misses whenever a fault catches one"))
+@pytest.mark.timeout(90)
+async def test_a_resilient_call_caught_mid_stream_by_a_hung_replica_ends_within_3_s(fault_stack: Stack) -> None:
+    async with ResilientClient(fault_stack.config.mcp_url, **bench.RESILIENT_SETTINGS) as client:
+        replica = (await client.call_tool("get_counter", {})).data["instance"]
+        call = asyncio.create_task(client.call_tool("analyze_data", {"num_items": 40}))
+        await asyncio.sleep(0.5)  # its progress is streaming by now
+        fault_stack.signal(replica, signal.SIGSTOP)
+        started = time.monotonic()
+        try:
+            result = await asyncio.wait_for(call, 60)
+            took = time.monotonic() - started
+        finally:
+            fault_stack.signal(replica, signal.SIGCONT)
+            await asyncio.to_thread(fault_stack.wait_healthy, "haproxy")
+    assert result.data["items_processed"] == 40
+    assert took <= bench.TARGET_LONGEST_CALL, f"the call took {took:.2f} s after its replica hung"
 
 
 @pytest.mark.xfail(strict=True, raises=(RuntimeError, httpx2.RemoteProtocolError), reason=(
