@@ -17,6 +17,10 @@ in-flight calls cut. Shedding new work with 503 moves traffic away just as
 well, without that.
 
 A second SIGTERM (or SIGINT) stops it at once.
+
+The same refusal serves a replica that cannot work for another reason (its
+store gone, server.StoreHealth): `shed(response)` refuses new work with that
+answer until `shed(None)`, and `in_flight` says when what it took is done.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class Drain:
         self.draining = False
         self.in_flight = 0
         self.refused_checks = 0
+        self._shedding: ASGIApp | None = None
         self._calls_done = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -50,14 +55,20 @@ class Drain:
             self.refused_checks += 1
         return not self._calls_done
 
+    def shed(self, response: ASGIApp | None) -> None:
+        """Answer new work with `response` instead of doing it; None: take work again."""
+        self._shedding = response
+
     def middleware(self, app: ASGIApp, *, path: str = "/mcp") -> ASGIApp:
-        """Counts calls in flight, and refuses new work while draining."""
+        """Counts calls in flight, and refuses new work while draining or shedding."""
 
         async def counted(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] != "http" or scope["path"] != path:
                 return await app(scope, receive, send)
             if self.draining:
                 return await REFUSED(scope, receive, send)
+            if self._shedding is not None:
+                return await self._shedding(scope, receive, send)
             if scope["method"] == "GET":
                 # A GET stream may stay open as long as the client likes: not a call to wait for.
                 return await app(scope, receive, send)

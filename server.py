@@ -34,7 +34,6 @@ from pydantic import Field
 from starlette.middleware import Middleware as StarletteMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 import metrics
 import structured_logs
@@ -47,8 +46,8 @@ from session_store import (
     DEFAULT_EVENT_TTL_SECONDS,
     DEFAULT_OP_TTL_SECONDS,
     DEFAULT_TTL_SECONDS,
-    Fenced,
     STORE_UNAVAILABLE,
+    Fenced,
     OpReused,
     Session,
     SessionStore,
@@ -312,7 +311,6 @@ class StoreHealth:
     def __init__(self, *, grace_seconds: float) -> None:
         self.grace_seconds = grace_seconds
         self.unreachable_since: float | None = None
-        self.shedding = False
 
     async def check(self) -> bool:
         try:
@@ -322,22 +320,14 @@ class StoreHealth:
         now = time.monotonic()
         if reachable:
             self.unreachable_since = None
-            self.shedding = False
+            drain.shed(None)
             return True
         if self.unreachable_since is None:
             self.unreachable_since = now
         if now - self.unreachable_since < self.grace_seconds:
             return True
-        self.shedding = True
+        drain.shed(STORE_GONE)
         return drain.in_flight > 0
-
-    def middleware(self, app: ASGIApp, *, path: str) -> ASGIApp:
-        async def shed(scope: Scope, receive: Receive, send: Send) -> None:
-            if self.shedding and scope["type"] == "http" and scope["path"] == path:
-                return await STORE_GONE(scope, receive, send)
-            return await app(scope, receive, send)
-
-        return shed
 
 
 STORE_GONE = JSONResponse(
@@ -373,7 +363,7 @@ app = mcp.http_app(
     session_idle_timeout=SESSION_TTL_SECONDS,
 )
 metrics.watch_sessions(app, "/mcp")
-app = store_health.middleware(drain.middleware(app, path="/mcp"), path="/mcp")
+app = drain.middleware(app, path="/mcp")
 
 
 if __name__ == "__main__":
