@@ -69,7 +69,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from session_store import Op
+from session_store import Op, StoreUnavailable
 from stack import ROOT, Stack, StackConfig, StackError, free_ports, http_status, read_stats_csv, running_stack
 from stores.redis_store import RedisSessionStore
 
@@ -253,6 +253,21 @@ class FloorClient(Client):
         return answer
 
 
+class StoreClient(Client):
+    """No HTTP: keyed increments straight through a RedisSessionStore, as a call through HAProxy writes."""
+
+    def __init__(self, store: RedisSessionStore) -> None:
+        super().__init__(None, "store")
+        self.store = store
+        self.session_id = uuid.uuid4().hex
+
+    async def call(self, tool: str, arguments: dict) -> dict:
+        try:
+            return {"counter": await self.store.incr(self.session_id, "counter", op=Op(uuid.uuid4().hex, "bench"))}
+        except StoreUnavailable as exc:
+            raise CallFailed(str(exc)) from exc
+
+
 # -- measuring ----------------------------------------------------------------------------
 
 
@@ -299,7 +314,7 @@ class Setup:
     name: str
     url: str
     clients: list[Client]
-    http: httpx2.AsyncClient
+    http: httpx2.AsyncClient | None  # None: clients that speak no HTTP
     samples: Samples = field(default_factory=Samples)
 
 
@@ -724,32 +739,12 @@ async def section_memory(stack: Stack, plan: Plan, progress: Progress, task) -> 
     }
 
 
-async def _keyed_increments(store: RedisSessionStore, sessions: int, seconds: float, samples: Samples) -> None:
-    """`sessions` sessions incrementing back to back, each write keyed like a call through HAProxy."""
-    async def one(sid: str) -> None:
-        deadline = time.perf_counter() + seconds
-        for _ in range(MAX_CALLS_PER_ROUND):
-            if time.perf_counter() >= deadline:
-                return
-            started = time.perf_counter()
-            try:
-                await store.incr(sid, "counter", op=Op(uuid.uuid4().hex, "bench"))
-            except Exception as exc:  # counted, and then the figures are not reported as a result
-                samples.add_error(f"incr: {type(exc).__name__}: {exc}"[:200])
-                continue
-            samples.latencies.append(time.perf_counter() - started)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(one(uuid.uuid4().hex) for _ in range(sessions)))
-    samples.seconds += time.perf_counter() - started
-
-
 async def section_durability(plan: Plan, call_p50_ms: float | None, state_dir: Path, progress: Progress,
                              task) -> dict:
     """Keyed increments on a primary with one replica, with and without REDIS_WAIT_REPLICAS=1."""
     pair = Stack(StackConfig.on_free_ports(state_dir, replicas=0, redis_mode="sentinel"))
     stores: dict[str, RedisSessionStore] = {}
-    samples = {"no_wait": Samples(), "wait_1": Samples()}
+    setups: dict[str, Setup] = {}
     rounds, seconds = plan.durability
     try:
         progress.update(task, description="durability: starting a Redis primary and its replica")
@@ -758,18 +753,14 @@ async def section_durability(plan: Plan, call_p50_ms: float | None, state_dir: P
         url = pair.config.redis_url
         stores = {"no_wait": RedisSessionStore(url, prefix="bench"),
                   "wait_1": RedisSessionStore(url, prefix="bench", wait_replicas=1)}
-        for name, store in stores.items():
-            await _keyed_increments(store, plan.sessions, 0.3, Samples())  # warm connections and scripts
-        for r in range(rounds):
-            for name in (("no_wait", "wait_1") if r % 2 == 0 else ("wait_1", "no_wait")):
-                progress.update(task, description=f"durability: round {r + 1}/{rounds}, {name}")
-                await _keyed_increments(stores[name], plan.sessions, seconds, samples[name])
-                progress.advance(task, seconds)
+        setups = {name: Setup(name, url, [StoreClient(store) for _ in range(plan.sessions)], None)
+                  for name, store in stores.items()}
+        await interleave(list(setups.values()), [("incr", 1)], rounds, seconds, progress, task, "durability")
     finally:
         for store in stores.values():
             await store.aclose()
         await asyncio.to_thread(pair.down)
-    out = {name: s.stats() for name, s in samples.items()}
+    out = {name: setup.samples.stats() for name, setup in setups.items()}
     added = (None if out["wait_1"]["p50_ms"] is None or out["no_wait"]["p50_ms"] is None
              else round(out["wait_1"]["p50_ms"] - out["no_wait"]["p50_ms"], 3))
     return {
