@@ -42,8 +42,8 @@ from __future__ import annotations
 import hashlib
 import re
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_TTL_SECONDS = 30 * 60

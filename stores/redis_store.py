@@ -57,9 +57,9 @@ from typing import Any, TypeVar
 import redis.asyncio as redis
 import stamina
 from redis.asyncio.retry import Retry
-from redis.commands.core import AsyncScript
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -356,7 +356,7 @@ class RedisSessionStore(SessionStore):
             self._failing_since = None
             return result
         except RETRYABLE as exc:
-            self._outage_budget()
+            self._mark_outage()
             raise StoreUnavailable(f"redis: {exc}") from exc
         except ResponseError as exc:
             message = str(exc)
@@ -368,8 +368,8 @@ class RedisSessionStore(SessionStore):
                 raise TypeError(message) from exc
             raise
 
-    def _outage_budget(self) -> float:
-        """Seconds calls may still retry in the current outage, which begins now if none is under way."""
+    def _mark_outage(self) -> float:
+        """Notes an outage under way (from now, if none was); the seconds calls may still retry in it."""
         now = time.monotonic()
         if self._failing_since is None:
             self._failing_since = now
@@ -384,7 +384,7 @@ class RedisSessionStore(SessionStore):
             self._failing_since = None
             return result
         except RETRYABLE as exc:
-            budget = self._outage_budget()
+            budget = self._mark_outage()
             if self._retry_attempts <= 1 or budget <= 0:
                 raise StoreUnavailable(f"redis: {exc}") from exc
         try:
@@ -517,7 +517,7 @@ class RedisSessionStore(SessionStore):
         try:
             await self._redis.ping()
         except (*RETRYABLE, OSError):
-            self._outage_budget()
+            self._mark_outage()
             return False
         # An outage can end with no call to notice: the next one gets the whole window again.
         self._failing_since = None
