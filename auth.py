@@ -96,7 +96,7 @@ def _static_tokens(raw: str) -> dict[str, str]:
 
 
 def settings_from_env(environ: Mapping[str, str] = os.environ) -> AuthSettings:
-    """The MCP_AUTH* settings; AuthConfigError, naming the variable, for any that cannot work."""
+    """The MCP_AUTH* settings, as given; `make_verifier` checks that they can work."""
     mode = environ.get("MCP_AUTH", "none").strip().lower() or "none"
     if mode not in MODES:
         raise AuthConfigError(f"MCP_AUTH={mode!r}: expected one of {', '.join(MODES)}")
@@ -109,8 +109,12 @@ def settings_from_env(environ: Mapping[str, str] = os.environ) -> AuthSettings:
         algorithm=environ.get("MCP_AUTH_ALGORITHM", "").strip() or "RS256",
         required_scopes=tuple(_split(environ.get("MCP_AUTH_REQUIRED_SCOPES", ""))),
     )
-    make_verifier(settings)  # refuse at start, not at the first request
     return settings
+
+
+def verifier_from_env(environ: Mapping[str, str] = os.environ) -> TokenVerifier | None:
+    """The verifier the MCP_AUTH* settings ask for; AuthConfigError, naming the variable, if they cannot work."""
+    return make_verifier(settings_from_env(environ))
 
 
 def _loopback(host: str | None) -> bool:
