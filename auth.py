@@ -83,10 +83,11 @@ def _split(raw: str) -> list[str]:
 
 def _static_tokens(raw: str) -> dict[str, str]:
     tokens: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in raw.split(","))):
+    for n, item in enumerate(filter(None, (part.strip() for part in raw.split(","))), start=1):
         name, sep, token = item.partition(":")
         if not sep or not name or not token:
-            raise AuthConfigError(f"MCP_AUTH_TOKENS: expected name:token[,name:token...], got an entry without both ({name or '?'}:…)")
+            # Named by position: the entry itself may be a bare token, and a start-up error is logged.
+            raise AuthConfigError(f"MCP_AUTH_TOKENS: entry {n} is not name:token (expected name:token[,name:token...])")
         if len(token) < MIN_TOKEN_LENGTH:
             raise AuthConfigError(f"MCP_AUTH_TOKENS: the token for {name!r} is shorter than {MIN_TOKEN_LENGTH} characters")
         if token in tokens:
