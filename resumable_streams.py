@@ -165,9 +165,10 @@ class CheckResumption:
                 if not is_event_id(last_event_id):
                     return await _error(400, MALFORMED)(scope, receive, send)
                 try:
-                    found = await self.store.events_after(session_id, last_event_id)
-                    if found is not None and await self.store.owner(session_id) != owner(scope):
-                        found = None
+                    # The owner first, for everyone: a stranger's answer takes as long as an unknown id's.
+                    found = None
+                    if await self.store.owner(session_id) == owner(scope):
+                        found = await self.store.events_after(session_id, last_event_id)
                 except StoreUnavailable:
                     return await _error(503, UNAVAILABLE)(scope, receive, send)
                 if found is None:
