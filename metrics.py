@@ -225,7 +225,7 @@ class MeteredStore(SessionStore):
         self._get, self._set, self._incr, self._append = s("get"), s("set"), s("incr"), s("append")
         self._items, self._copy, self._touch, self._count = s("items"), s("copy"), s("touch"), s("count_sessions")
         self._open, self._record = s("open_session"), s("session_record")
-        self._adopt, self._end = s("adopt_session"), s("end_session")
+        self._adopt, self._end, self._owner = s("adopt_session"), s("end_session"), s("owner")
         self._add_event, self._events_after = s("add_event"), s("events_after")
 
     async def get(self, session_id: str, key: str) -> Any | None:
@@ -263,6 +263,9 @@ class MeteredStore(SessionStore):
 
     async def end_session(self, session_id: str) -> bool:
         return await _metered(self._end, self.store.end_session, session_id)
+
+    async def owner(self, session_id: str) -> str | None:
+        return await _metered(self._owner, self.store.owner, session_id)
 
     async def add_event(self, session_id: str, stream_id: str, message: str | None) -> str:
         return await _metered(self._add_event, self.store.add_event, session_id, stream_id, message)

@@ -34,7 +34,9 @@ Here:
    the SDK opens a 200 stream: 400 for a malformed id, 404 for an id this
    session has no event under (unknown, expired, trimmed or another
    session's: one answer for all, revealing nothing), 503 when the store
-   cannot be reached.
+   cannot be reached. With authentication on (`auth.py`), a session another
+   principal opened gets that same 404, and a request the auth layer will
+   refuse passes untouched to get its 401, having read nothing.
 
 Resuming reads a stream and takes nothing over: a replica asked to replay a
 session it does not hold serves it without advancing the session's ownership
@@ -55,6 +57,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import metrics
+from auth import owner, refused_by_auth
 from session_store import SessionStore, StoreUnavailable, is_event_id, is_session_id
 
 log = logging.getLogger(__name__)
@@ -153,7 +156,7 @@ class CheckResumption:
         self.path = path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == self.path and resumes_stream(scope):
+        if scope["type"] == "http" and scope["path"] == self.path and resumes_stream(scope) and not refused_by_auth(scope):
             headers = Headers(scope=scope)
             session_id = headers.get("mcp-session-id")
             # No session, or one this kit never mints: the SDK answers as usual (400 / 404).
@@ -162,7 +165,10 @@ class CheckResumption:
                 if not is_event_id(last_event_id):
                     return await _error(400, MALFORMED)(scope, receive, send)
                 try:
-                    found = await self.store.events_after(session_id, last_event_id)
+                    # The owner first, for everyone: a stranger's answer takes as long as an unknown id's.
+                    found = None
+                    if await self.store.owner(session_id) == owner(scope):
+                        found = await self.store.events_after(session_id, last_event_id)
                 except StoreUnavailable:
                     return await _error(503, UNAVAILABLE)(scope, receive, send)
                 if found is None:

@@ -11,6 +11,12 @@ itself. Adoption needs three things it does not offer publicly:
   connection built like `serve_loop` builds it but marked initialized), and
   to forget it again when it ends (`_discard_session`).
 
+With authentication on, the SDK binds each session to the principal that
+created it (`_session_owners`) and answers 404 to anyone else; an adopted
+session is bound to the principal adopting it (whom `session_adoption.py`
+has checked against the session's recorded owner), or its rightful owner
+would get that 404.
+
 Resumable streams (`resumable_streams.py`) need one more: an event store per
 session. The SDK takes one store for all transports (FastMCP's wraps it with
 a random prefix per transport, which no other replica can know), so the
@@ -27,6 +33,7 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, authorization_context
 from mcp.server.connection import Connection
 from mcp.server.runner import serve_connection
 from mcp.server.streamable_http import EventStore, StreamableHTTPServerTransport
@@ -40,7 +47,11 @@ def session_manager(app: Starlette, path: str) -> StreamableHTTPSessionManager |
     """The manager behind `path`; None until the app's lifespan has started it."""
     for route in app.routes:
         if getattr(route, "path", None) == path:
-            return getattr(route.endpoint, "session_manager", None)
+            endpoint = route.endpoint
+            # With auth on, FastMCP wraps the endpoint in its RequireAuthMiddleware.
+            while not hasattr(endpoint, "session_manager") and hasattr(endpoint, "app"):
+                endpoint = endpoint.app
+            return getattr(endpoint, "session_manager", None)
     raise LookupError(f"no MCP endpoint at {path}")
 
 
@@ -67,8 +78,13 @@ async def adopt(
     client_params: dict[str, Any],
     protocol_version: str,
     event_store: EventStore | None,
+    user: object = None,
 ) -> None:
-    """Serve `session_id` here from now on, as if this replica had answered its `initialize`."""
+    """Serve `session_id` here from now on, as if this replica had answered its `initialize`.
+
+    `user` is the request's `scope["user"]`: an authenticated one becomes the
+    session's owner, as if it had sent the `initialize`.
+    """
     params = InitializeRequestParams.model_validate(client_params)
     transport = StreamableHTTPServerTransport(
         mcp_session_id=session_id,
@@ -83,6 +99,9 @@ async def adopt(
         async with transport.connect() as (read_stream, write_stream):
             # Registered only once connected: a request that finds the session
             # held must find a transport that can take it (else the SDK 500s).
+            # The owner first, so no request finds the session held but unowned.
+            if isinstance(user, AuthenticatedUser):
+                manager._session_owners[session_id] = authorization_context(user)
             manager._server_instances[session_id] = transport
             task_status.started()
             dispatcher = JSONRPCDispatcher(read_stream, write_stream, inline_methods=frozenset({"initialize"}))
@@ -102,4 +121,5 @@ async def adopt(
         await manager._task_group.start(serve)
     except BaseException:
         manager._server_instances.pop(session_id, None)
+        manager._session_owners.pop(session_id, None)
         raise

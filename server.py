@@ -9,7 +9,9 @@ to the caller's MCP session id (or, for sessionless clients, the handle
 The availability patterns are wired in here, each from its own module:
 session handles for sessionless clients (`session_handles.py`), session
 adoption (`session_adoption.py`), idempotency keys (`idempotency.py`),
-graceful drain (`drain.py`) and metrics at `/metrics` (`metrics.py`).
+graceful drain (`drain.py`), metrics at `/metrics` (`metrics.py`), and,
+when MCP_AUTH is set, sessions that belong to the principal that opened them
+(`auth.py`).
 
 Run one replica with `python server.py` (settings from the environment; see
 the README's table) or mount `app` in any ASGI server.
@@ -35,6 +37,7 @@ from starlette.middleware import Middleware as StarletteMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+import auth
 import metrics
 import structured_logs
 from drain import Drain, DrainingServer
@@ -143,6 +146,10 @@ class ExpectedToolFailures(logging.Filter):
 
 
 logging.getLogger("fastmcp.server.server").addFilter(ExpectedToolFailures())
+try:
+    verifier = auth.verifier_from_env()
+except auth.AuthConfigError as exc:
+    raise SystemExit(str(exc)) from None
 ownership = Ownership()
 drain = Drain()
 # Unexpected errors reach the client as "Error calling tool", without internals.
@@ -150,6 +157,7 @@ mcp = FastMCP(
     "mcp-ha-kit",
     middleware=[metrics.ToolMetrics(), StoreErrors(), IdempotentCalls(), RecordSessions(store, ownership)],
     mask_error_details=True,
+    auth=verifier,
 )
 
 
@@ -268,8 +276,11 @@ async def resume_session(old_session_id: str, ctx: Context, session_id: SessionH
     if old_session_id == session.id:
         return {"status": "same_session", "keys_copied": 0, "instance": INSTANCE_ID}
     # An id this kit could not have minted is answered like an unknown session,
-    # without going near the store: it is data, never a pattern.
-    copied = await session.copy_from(old_session_id) if is_session_id(old_session_id) else 0
+    # without going near the store: it is data, never a pattern. Another
+    # principal's session is answered the same way.
+    copied = 0
+    if is_session_id(old_session_id) and await store.owner(old_session_id) == auth.owner():
+        copied = await session.copy_from(old_session_id)
     log.info("resumed %d entries from a previous session", copied)
     if copied:
         metrics.SESSIONS_RESUMED.inc()
@@ -282,7 +293,8 @@ async def session_summary(session_id: str) -> dict:
     if not is_session_id(session_id):
         raise ResourceError("Unknown session")
     try:
-        state = await Session(store, session_id).items()
+        # Another principal's session reads like one that never was.
+        state = await Session(store, session_id).items() if await store.owner(session_id) == auth.owner() else {}
     except StoreUnavailable as exc:
         raise ResourceError(STORE_UNAVAILABLE) from exc
     return {

@@ -19,6 +19,13 @@ Here, instead:
    owner's call in flight is not fenced off and the resumed stream delivers
    its result. The next request that may write adopts the session as usual.
 
+With authentication on (`auth.py`), a session belongs to the principal that
+opened it: the record names its `owner`, adoption and `DELETE` refuse anyone
+else with the same 404 as an unknown id, and the adopted transport is bound to
+its owner in the SDK, which refuses anyone else on a replica that holds it.
+A request the auth layer will refuse passes untouched, so it gets its 401
+having adopted nothing.
+
 Every transport, opened here or adopted, keeps its events in the session's
 event log (`resumable_streams.SessionEvents`), so its streams resume on any
 replica.
@@ -37,6 +44,7 @@ from typing import Any
 
 from fastmcp.server.dependencies import get_http_request
 from fastmcp.server.middleware import Middleware, MiddlewareContext
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from starlette.datastructures import Headers
@@ -45,6 +53,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import metrics
 import sdk_sessions
+from auth import owned_by, owner, refused_by_auth
 from resumable_streams import SessionEvents, resumes_stream
 from session_store import SessionStore, StoreUnavailable, is_session_id
 
@@ -96,6 +105,7 @@ class RecordSessions(Middleware):
                 "version": result.protocol_version,
                 "client": params.client_info.model_dump(mode="json", by_alias=True, exclude_none=True),
                 "capabilities": params.capabilities.model_dump(mode="json", by_alias=True, exclude_none=True),
+                **owned_by(owner()),
             }
             self.ownership.epochs[session_id] = await self.store.open_session(session_id, record)
             # Before the answer is routed, so it is the first event of the session's log.
@@ -106,6 +116,17 @@ class RecordSessions(Middleware):
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}, status_code=status)
+
+
+# Byte for byte the SDK's answer to an id it does not hold, so an unknown, a
+# malformed and another principal's session id all read alike.
+SESSION_NOT_FOUND = _error(404, "Session not found")
+
+
+def _session_era(scope: Scope) -> bool:
+    """Whether the SDK serves this request by its session header (as its own router decides)."""
+    version = Headers(scope=scope).get(MCP_PROTOCOL_VERSION_HEADER)
+    return version is None or version in HANDSHAKE_PROTOCOL_VERSIONS
 
 
 class AdoptSessions:
@@ -126,35 +147,46 @@ class AdoptSessions:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         is_mcp = scope["type"] == "http" and scope["path"] == self.path
         session_id = Headers(scope=scope).get("mcp-session-id") if is_mcp else None
-        if session_id is None or not is_session_id(session_id):
-            # No session, or one this kit never mints: the SDK answers as usual (400 / 404).
+        if session_id is None or refused_by_auth(scope):
             return await self.app(scope, receive, send)
+        if not is_session_id(session_id):
+            if not _session_era(scope):
+                return await self.app(scope, receive, send)  # the SDK ignores the header there
+            # One this kit never mints: the SDK would answer the same 404, but
+            # log the raw header first.
+            return await SESSION_NOT_FOUND(scope, receive, send)
         manager = sdk_sessions.session_manager(scope["app"], self.path)
         if len(self.ownership.epochs) + len(self.ownership.stale) > self._prune_at:
             self.ownership.prune(lambda sid: sdk_sessions.holds(manager, sid))
             self._prune_at = 2 * (len(self.ownership.epochs) + len(self.ownership.stale)) + 1000
         try:
             if scope["method"] == "DELETE":
-                if not await self._end(manager, session_id):
-                    return await _error(404, "Session not found")(scope, receive, send)
+                if await self.store.owner(session_id) != owner(scope) or not await self._end(manager, session_id):
+                    return await SESSION_NOT_FOUND(scope, receive, send)
                 if not sdk_sessions.holds(manager, session_id):
                     return await Response(status_code=200)(scope, receive, send)
             elif not sdk_sessions.holds(manager, session_id) or session_id in self.ownership.stale:
-                if not await self._adopt(manager, session_id, take_over=not resumes_stream(scope)):
-                    return await _error(404, "Session not found")(scope, receive, send)
+                if not await self._adopt(manager, session_id, scope, take_over=not resumes_stream(scope)):
+                    return await SESSION_NOT_FOUND(scope, receive, send)
         except StoreUnavailable:
             # Nothing was processed, so the proxy may safely try another replica.
             return await _error(503, "Session store unavailable")(scope, receive, send)
         await self.app(scope, receive, send)
 
-    async def _adopt(self, manager: Any, session_id: str, *, take_over: bool) -> bool:
-        """Serve the session here; with `take_over`, as its owner (a new epoch), else only to read it."""
+    async def _adopt(self, manager: Any, session_id: str, scope: Scope, *, take_over: bool) -> bool:
+        """Serve the session here; with `take_over`, as its owner (a new epoch), else only to read it.
+
+        Only for the principal that opened it: checked before anything
+        changes, so a stranger's attempt does not even advance the epoch.
+        """
         lock = self._locks.get(session_id)
         if lock is None:
             lock = self._locks[session_id] = asyncio.Lock()
         async with lock:
             if sdk_sessions.holds(manager, session_id) and (session_id not in self.ownership.stale or not take_over):
                 return True  # a concurrent request adopted it while we waited, or reading needs no epoch
+            if await self.store.owner(session_id) != owner(scope):
+                return False
             try:
                 if take_over:
                     found = await self.store.adopt_session(session_id)
@@ -185,6 +217,7 @@ class AdoptSessions:
                         },
                         protocol_version=version,
                         event_store=SessionEvents(self.store, session_id),
+                        user=scope.get("user"),
                     )
                 except (KeyError, TypeError, ValidationError) as exc:
                     log.warning("not adopting %s: corrupt session record (%s)", session_id, exc)

@@ -31,10 +31,10 @@ from typing import Annotated
 
 from fastmcp import Context
 from fastmcp.exceptions import ToolError
-from fastmcp.server.sessions import current_principal
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import Field
 
+from auth import OWNER, owned_by, owner
 from session_store import SessionStore, is_session_id
 
 SESSION_ID_DESCRIPTION = (
@@ -54,9 +54,9 @@ _KIND = "handle"
 
 
 async def create_handle(store: SessionStore) -> str:
-    """Mint a handle and record it (with the caller's principal, when authenticated)."""
+    """Mint a handle and record it (with the caller's principal as its owner, when authenticated: `auth.py`)."""
     handle = uuid.uuid4().hex
-    await store.open_session(handle, {"kind": _KIND, "principal": current_principal()})
+    await store.open_session(handle, {"kind": _KIND, **owned_by(owner())})
     return handle
 
 
@@ -82,6 +82,6 @@ async def session_id_for(ctx: Context, handle: str | None, store: SessionStore) 
     if not is_session_id(handle):
         raise ToolError(UNKNOWN_HANDLE)
     record = await store.session_record(handle)
-    if record is None or record.get("kind") != _KIND or record.get("principal") != current_principal():
+    if record is None or record.get("kind") != _KIND or record.get(OWNER) != owner():
         raise ToolError(UNKNOWN_HANDLE)
     return handle

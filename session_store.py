@@ -17,7 +17,9 @@ you got it right.
   needs to take over a session it never saw (client info, protocol version),
   `adopt_session` hands it to a new replica and advances its ownership epoch,
   `end_session` removes it so nobody can adopt it again. The record lives and
-  expires with the session's state.
+  expires with the session's state. Its `owner` entry, when it has one (the
+  principal that opened the session, `auth.py`), is the one part that
+  outlives `end_session`, because the state it guards does: `owner` reads it.
 - **Safe writes**: every write takes `epoch=` and `op=`. With `epoch`, the
   write applies only while the session's epoch is still that one, so a replica
   that was paused while another adopted its session cannot apply a stale write
@@ -223,7 +225,15 @@ class SessionStore(ABC):
 
     @abstractmethod
     async def end_session(self, session_id: str) -> bool:
-        """Forget the session's record, so nobody adopts it again; whether there was one."""
+        """Forget the session's record, so nobody adopts it again; whether there was one.
+
+        The record's `owner` entry stays while the state lives.
+        """
+
+    @abstractmethod
+    async def owner(self, session_id: str) -> str | None:
+        """The `owner` entry `open_session` recorded, while the session's state lives, ended or not;
+        None when unowned or unknown. Touches nothing."""
 
     # -- session events, for resumable streams --------------------------------------------
 

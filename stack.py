@@ -94,6 +94,9 @@ class StackConfig:
     rate_limit: int = 100_000
     max_body_bytes: int = 1_048_576
     allowed_origins: str = ""
+    # The replicas' MCP_AUTH* settings (auth.py), e.g. {"MCP_AUTH": "static",
+    # "MCP_AUTH_TOKENS": "alice:…"}; none: authentication off.
+    auth: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_env(cls, *, redis_mode: str = "single") -> StackConfig:
@@ -117,6 +120,7 @@ class StackConfig:
             rate_limit=env_int("HAPROXY_RATE_LIMIT", 100_000),
             max_body_bytes=env_int("HAPROXY_MAX_BODY_BYTES", 1_048_576),
             allowed_origins=" ".join(os.environ.get("HAPROXY_ALLOWED_ORIGINS", "").replace(",", " ").split()),
+            auth={name: value for name, value in os.environ.items() if name.startswith("MCP_AUTH")},
         )
 
     @classmethod
@@ -124,7 +128,8 @@ class StackConfig:
                       redis_wait_replicas: int = 0, **haproxy: object) -> StackConfig:
         """A stack beside any other: for tests and benchmarks that start their own.
 
-        `haproxy`: rate_limit, max_body_bytes, allowed_origins (the defaults otherwise).
+        `haproxy`: rate_limit, max_body_bytes, allowed_origins (the defaults otherwise), and
+        `auth`, the replicas' MCP_AUTH* settings.
         """
         http, stats, redis, redis_replica, *rest = free_ports(7 + replicas)
         return cls(state_dir=state_dir, http_port=http, stats_port=stats, redis_port=redis,
@@ -368,6 +373,9 @@ class Stack:
                     **store_env,
                     "REDIS_WAIT_REPLICAS": str(c.redis_wait_replicas),
                     "SESSION_TTL_SECONDS": str(c.session_ttl_seconds),
+                    # Only what this stack was started with, whatever the shell holds.
+                    "MCP_AUTH": "none",
+                    **c.auth,
                 },
             )
             for name, port in zip(c.replica_names(), c.replica_ports)

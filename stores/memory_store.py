@@ -45,6 +45,8 @@ class InMemorySessionStore(SessionStore):
         self._sessions: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._seen: dict[str, float] = {}
         self._records: dict[str, tuple[dict[str, Any], int]] = {}
+        # Outlives the record (end_session), not the state.
+        self._owners: dict[str, str] = {}
         # Per (session, call): (digest, {write: result}, expiry), kept in expiry
         # order (one TTL for all), so expiry pops from the front too.
         self._ops: OrderedDict[tuple[str, str], tuple[str, dict[str, Any], float]] = OrderedDict()
@@ -60,6 +62,7 @@ class InMemorySessionStore(SessionStore):
             del self._sessions[oldest]
             del self._seen[oldest]
             self._records.pop(oldest, None)
+            self._owners.pop(oldest, None)
         events_horizon = self._clock() - self.event_ttl_seconds
         while self._events and next(iter(self._events.values())).added_at <= events_horizon:
             self._events.popitem(last=False)
@@ -151,6 +154,8 @@ class InMemorySessionStore(SessionStore):
     async def open_session(self, session_id: str, record: dict[str, Any]) -> int:
         self._live(session_id)
         self._records[session_id] = (copy.deepcopy(record), 1)
+        if record.get("owner") is not None:
+            self._owners[session_id] = record["owner"]
         return 1
 
     async def session_record(self, session_id: str) -> dict[str, Any] | None:
@@ -170,6 +175,10 @@ class InMemorySessionStore(SessionStore):
     async def end_session(self, session_id: str) -> bool:
         self._expire()
         return self._records.pop(session_id, None) is not None
+
+    async def owner(self, session_id: str) -> str | None:
+        self._expire()
+        return self._owners.get(session_id)
 
     async def add_event(self, session_id: str, stream_id: str, message: str | None) -> str:
         self._expire()

@@ -220,10 +220,14 @@ touch()
 return {epoch, record()}
 """
 
+# The owner stays: it guards the state, which stays too.
 _END = _RECORD + """
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
-local names = record_fields()
-redis.call('HDEL', KEYS[1], '.epoch', unpack(names))
+local names = {'.epoch'}
+for _, name in ipairs(record_fields()) do
+  if name ~= '.owner' then names[#names + 1] = name end
+end
+redis.call('HDEL', KEYS[1], unpack(names))
 return 1
 """
 
@@ -492,6 +496,10 @@ class RedisSessionStore(SessionStore):
 
     async def end_session(self, session_id: str) -> bool:
         return bool(await self._read(lambda: self._end(keys=self._keys(session_id)[:1])))
+
+    async def owner(self, session_id: str) -> str | None:
+        raw = await self._read(lambda: self._redis.hget(self._keys(session_id)[0], ".owner"))
+        return None if raw is None else json.loads(raw)
 
     def _events_key(self, session_id: str) -> str:
         return f"{self._prefix}:events:{session_id}"

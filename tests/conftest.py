@@ -8,13 +8,20 @@ ports, in a temporary directory. Nothing is faked.
 from __future__ import annotations
 
 import contextlib
+import json
+import secrets
 import sys
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx2
 import pytest
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from fastmcp import Client
+from fastmcp.server.auth.providers.jwt import RSAKeyPair
+from jwt.algorithms import RSAAlgorithm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -81,10 +88,28 @@ def mcp_url(stack: Stack) -> str:
     return stack.config.mcp_url
 
 
+# Makes a FastMCP client in session (2025-11-25) mode, through HAProxy, with the `bearer` token.
+Connect = Callable[..., Client]
+
+
 @pytest.fixture
-async def client(mcp_url: str) -> AsyncIterator[Client]:
+def bearer() -> str | None:
+    """The token clients send; none here. tests/test_auth.py overrides it, with `stack`."""
+    return None
+
+
+@pytest.fixture
+def connect(mcp_url: str, bearer: str | None) -> Connect:
+    def connect(**options: object) -> Client:
+        return Client(mcp_url, mode="legacy", auth=bearer, **options)
+
+    return connect
+
+
+@pytest.fixture
+async def client(connect: Connect) -> AsyncIterator[Client]:
     """A FastMCP client in session (2025-11-25) mode, through HAProxy."""
-    async with Client(mcp_url, mode="legacy", timeout=30) as c:
+    async with connect(timeout=30) as c:
         yield c
 
 
@@ -100,3 +125,66 @@ async def raw(http: httpx2.AsyncClient, mcp_url: str) -> RawSession:
     session = RawSession(http, mcp_url)
     await session.initialize()
     return session
+
+
+@pytest.fixture(scope="session")
+def auth_tokens() -> dict[str, str]:
+    """Two principals' static tokens, fresh for each test run."""
+    return {name: secrets.token_urlsafe(24) for name in ("alice", "bob")}
+
+
+@pytest.fixture(scope="session")
+def auth_stack(tmp_path_factory: pytest.TempPathFactory, auth_tokens: dict[str, str]) -> Iterator[Stack]:
+    """The whole stack with static-token authentication on (`auth.py`): principals alice and bob."""
+    tokens = ",".join(f"{name}:{token}" for name, token in auth_tokens.items())
+    with running_stack(tmp_path_factory.mktemp("auth"), auth={"MCP_AUTH": "static", "MCP_AUTH_TOKENS": tokens}) as s:
+        yield s
+
+
+JWT_KID = "tests-key"
+
+
+@pytest.fixture(scope="session")
+def jwt_keys() -> RSAKeyPair:
+    return RSAKeyPair.generate()
+
+
+@pytest.fixture(scope="session")
+def jwks_url(jwt_keys: RSAKeyPair) -> Iterator[str]:
+    """A JWKS endpoint publishing `jwt_keys`' public key, on a free loopback port, in a thread of the tests."""
+    key = json.loads(RSAAlgorithm.to_jwk(load_pem_public_key(jwt_keys.public_key.encode())))
+    body = json.dumps({"keys": [{**key, "kid": JWT_KID, "use": "sig", "alg": "RS256"}]}).encode()
+
+    class JWKS(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            self.send_response(200 if self.path == "/jwks.json" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    (port,) = free_ports(1)
+    server = ThreadingHTTPServer(("127.0.0.1", port), JWKS)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}/jwks.json"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+JWT_ISSUER, JWT_AUDIENCE = "https://issuer.tests.invalid", "mcp-ha-kit-tests"
+
+
+@pytest.fixture(scope="session")
+def jwt_stack(tmp_path_factory: pytest.TempPathFactory, jwks_url: str) -> Iterator[Stack]:
+    """One replica and HAProxy, verifying JWTs against `jwks_url` for JWT_ISSUER and JWT_AUDIENCE."""
+    settings = {"MCP_AUTH": "jwt", "MCP_AUTH_JWKS_URL": jwks_url, "MCP_AUTH_ISSUER": JWT_ISSUER,
+                "MCP_AUTH_AUDIENCE": JWT_AUDIENCE}
+    with running_stack(tmp_path_factory.mktemp("jwt"), replicas=1, auth=settings) as s:
+        yield s

@@ -49,9 +49,10 @@ class EventStream:
 class RawSession:
     """MCP over plain HTTP, as curl or another language's client would speak it."""
 
-    def __init__(self, http: httpx2.AsyncClient, url: str) -> None:
+    def __init__(self, http: httpx2.AsyncClient, url: str, *, token: str | None = None) -> None:
         self.http = http
         self.url = url
+        self.token = token  # a bearer token, for a stack with authentication on
         self.session_id: str | None = None
         self._next_id = 0
 
@@ -59,6 +60,8 @@ class RawSession:
         headers = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": PROTOCOL}
         if self.session_id:
             headers["mcp-session-id"] = self.session_id
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
         return headers
 
     async def initialize(self) -> str:
@@ -73,9 +76,10 @@ class RawSession:
         )
         return self.session_id
 
-    def at(self, url: str) -> RawSession:
-        """The same session spoken to another address (a replica directly, bypassing HAProxy)."""
-        session = RawSession(self.http, url)
+    def at(self, url: str, *, token: str | None = None) -> RawSession:
+        """The same session spoken to another address (a replica directly, bypassing HAProxy), with the same
+        token or, to act as someone else, `token`."""
+        session = RawSession(self.http, url, token=token or self.token)
         session.session_id = self.session_id
         session._next_id = self._next_id
         return session

@@ -15,6 +15,8 @@ import httpx2
 import pytest
 import uvicorn
 from fastmcp import Context, FastMCP
+from fastmcp.server.auth.providers.jwt import StaticTokenVerifier
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.connection import Connection
 from mcp.server.runner import serve_connection
 from mcp.server.streamable_http import StreamableHTTPServerTransport
@@ -40,7 +42,7 @@ def test_the_sdk_is_the_version_sdk_sessions_was_written_for() -> None:
 
 def test_the_private_parts_adoption_uses_are_still_there() -> None:
     manager = StreamableHTTPSessionManager(app=FastMCP("probe")._mcp_server)
-    for attribute in ("_server_instances", "_task_group", "_lifespan_state", "_discard_session",
+    for attribute in ("_server_instances", "_session_owners", "_task_group", "_lifespan_state", "_discard_session",
                       "json_response", "security_settings", "retry_interval", "session_idle_timeout"):
         assert hasattr(manager, attribute), f"StreamableHTTPSessionManager.{attribute} is gone"
     assert isinstance(manager._server_instances, dict)
@@ -58,10 +60,18 @@ def test_the_private_parts_adoption_uses_are_still_there() -> None:
     assert "inline_methods" in inspect.signature(JSONRPCDispatcher).parameters
 
 
-@pytest.fixture
-async def probe_server() -> AsyncIterator[tuple[str, object]]:
-    """A minimal FastMCP app served in this process, so the test can call sdk_sessions on it."""
-    mcp = FastMCP("probe")
+PROBE_TOKENS = {"alice": "alice-probe-token-0123456789", "bob": "bob-probe-token-0123456789"}
+
+
+@pytest.fixture(params=["no auth"])
+async def probe_server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, object]]:
+    """A minimal FastMCP app served in this process, so the test can call sdk_sessions on it;
+    with "static tokens", behind FastMCP's auth (PROBE_TOKENS)."""
+    verifier = None
+    if request.param == "static tokens":
+        verifier = StaticTokenVerifier(tokens={token: {"client_id": name, "sub": name, "scopes": []}
+                                               for name, token in PROBE_TOKENS.items()})
+    mcp = FastMCP("probe", auth=verifier)
 
     @mcp.tool
     async def whoami(ctx: Context) -> dict:
@@ -110,6 +120,33 @@ async def test_a_session_adopted_under_a_foreign_id_is_served_initialized(probe_
         assert not sdk_sessions.holds(manager, session_id)
         assert sdk_sessions.held_count(manager) == held_before
         assert (await http.post(url, headers=headers, json=body)).status_code == 404
+
+
+@pytest.mark.parametrize("probe_server", ["static tokens"], indirect=True)
+async def test_a_session_adopted_for_a_principal_is_served_to_it_and_to_nobody_else(probe_server) -> None:
+    """adopt(user=...) sets the SDK's private `_session_owners`, which its own sessions get at initialize."""
+    url, app = probe_server
+    manager = sdk_sessions.session_manager(app, "/mcp")
+    assert manager is not None, "session_manager no longer finds the manager behind FastMCP's RequireAuthMiddleware"
+    session_id = uuid.uuid4().hex
+    verifier = StaticTokenVerifier(tokens={PROBE_TOKENS["alice"]: {"client_id": "alice", "sub": "alice", "scopes": []}})
+    alice = AuthenticatedUser(await verifier.verify_token(PROBE_TOKENS["alice"]))
+    client_params = {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    await sdk_sessions.adopt(manager, session_id, client_params=client_params, protocol_version=PROTOCOL,
+                             event_store=None, user=alice)
+
+    headers = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": PROTOCOL,
+               "mcp-session-id": session_id}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "whoami", "arguments": {}}}
+    async with httpx2.AsyncClient(timeout=10) as http:
+        as_alice = await http.post(url, headers={**headers, "Authorization": f"Bearer {PROBE_TOKENS['alice']}"},
+                                   json=body)
+        assert as_alice.status_code == 200, "the adopted session is not bound to its principal in the SDK"
+        as_bob = await http.post(url, headers={**headers, "Authorization": f"Bearer {PROBE_TOKENS['bob']}"}, json=body)
+        assert as_bob.status_code == 404, "the SDK no longer refuses a session to another principal"
+        delete = await http.delete(url, headers={**headers, "Authorization": f"Bearer {PROBE_TOKENS['alice']}"})
+        assert delete.status_code == 200
+    assert session_id not in manager._session_owners, "the SDK no longer forgets an ended session's owner"
 
 
 async def stored_after_priming(store: InMemorySessionStore, session_id: str, response: httpx2.Response) -> tuple:

@@ -1,4 +1,8 @@
-"""The contract's tools, resource and /health, through HAProxy, with FastMCP's client in session mode."""
+"""The contract's tools, resource and /health, through HAProxy, with FastMCP's client in session mode.
+
+`tests/test_auth.py` runs these same tests again against a stack with authentication on,
+with a token: every client comes from the `connect` fixture, which sends the stack's.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import pytest
 from fastmcp import Client
 from fastmcp.exceptions import ToolError
 
+from conftest import Connect
 from stack import Stack
 
 REPLICAS = {"mcp-server-1", "mcp-server-2", "mcp-server-3"}
@@ -41,10 +46,10 @@ async def test_results_are_structured_and_mirrored_as_text(client: Client) -> No
     assert result.structured_content == json.loads(result.content[0].text)
 
 
-async def test_server_info_and_status_count_live_sessions(client: Client, mcp_url: str) -> None:
+async def test_server_info_and_status_count_live_sessions(client: Client, connect: Connect) -> None:
     info = (await client.call_tool("get_server_info", {})).data
     assert info["instance"] in REPLICAS and info["sessions"] >= 1
-    async with Client(mcp_url, mode="legacy") as other:
+    async with connect() as other:
         await other.call_tool("increment_counter", {})
         assert (await client.call_tool("get_server_info", {})).data["sessions"] >= info["sessions"] + 1
     status = (await client.call_tool("get_status", {})).data
@@ -53,7 +58,7 @@ async def test_server_info_and_status_count_live_sessions(client: Client, mcp_ur
     assert datetime.fromisoformat(status["timestamp"]).utcoffset().total_seconds() == 0
 
 
-async def test_analyze_data_streams_logs_and_progress_and_stores_its_result(mcp_url: str) -> None:
+async def test_analyze_data_streams_logs_and_progress_and_stores_its_result(connect: Connect) -> None:
     logs: list[tuple[str, str]] = []
     progress: list[float] = []
 
@@ -63,7 +68,7 @@ async def test_analyze_data_streams_logs_and_progress_and_stores_its_result(mcp_
     async def on_progress(done: float, total: float | None, message: str | None) -> None:
         progress.append(done)
 
-    async with Client(mcp_url, mode="legacy", log_handler=on_log) as client:
+    async with connect(log_handler=on_log) as client:
         result = await client.call_tool("analyze_data", {"num_items": 4}, progress_handler=on_progress)
         assert result.data["items_processed"] == 4
         assert result.data["total_score"] == 1.5 * (1 + 2 + 3 + 4)
@@ -77,13 +82,13 @@ async def test_analyze_data_streams_logs_and_progress_and_stores_its_result(mcp_
     assert progress == [1, 2, 3, 4]
 
 
-async def test_watch_counter_reports_every_change(mcp_url: str) -> None:
+async def test_watch_counter_reports_every_change(connect: Connect) -> None:
     logs: list[str] = []
 
     async def on_log(message) -> None:
         logs.append(message.data["msg"])
 
-    async with Client(mcp_url, mode="legacy", log_handler=on_log) as client:
+    async with connect(log_handler=on_log) as client:
         watch = asyncio.create_task(client.call_tool("watch_counter", {"duration_seconds": 3}))
         for _ in range(3):
             await asyncio.sleep(0.7)
@@ -117,8 +122,8 @@ async def test_resume_session_with_own_id_is_same_session(client: Client) -> Non
     assert (result["status"], result["keys_copied"]) == ("same_session", 0)
 
 
-async def test_resume_session_copies_another_sessions_state(mcp_url: str, client: Client) -> None:
-    async with Client(mcp_url, mode="legacy") as old:
+async def test_resume_session_copies_another_sessions_state(connect: Connect, client: Client) -> None:
+    async with connect() as old:
         for _ in range(3):
             await old.call_tool("increment_counter", {})
         await old.call_tool("add_note", {"note": "carried over"})
@@ -130,8 +135,8 @@ async def test_resume_session_copies_another_sessions_state(mcp_url: str, client
 
 
 @pytest.mark.parametrize("old_id", ["*", "?" * 32, "[0-9a-f]*", uuid.uuid4().hex, "x" * 10_000, "mcp:sessions"])
-async def test_resume_session_treats_ids_as_data(mcp_url: str, client: Client, old_id: str) -> None:
-    async with Client(mcp_url, mode="legacy") as victim:
+async def test_resume_session_treats_ids_as_data(connect: Connect, client: Client, old_id: str) -> None:
+    async with connect() as victim:
         await victim.call_tool("increment_counter", {})
         await victim.call_tool("add_note", {"note": "private"})
     result = (await client.call_tool("resume_session", {"old_session_id": old_id})).data
@@ -140,8 +145,8 @@ async def test_resume_session_treats_ids_as_data(mcp_url: str, client: Client, o
     assert (await client.call_tool("list_notes", {})).data["notes"] == []
 
 
-async def test_sessions_are_isolated(mcp_url: str) -> None:
-    async with Client(mcp_url, mode="legacy") as a, Client(mcp_url, mode="legacy") as b:
+async def test_sessions_are_isolated(connect: Connect) -> None:
+    async with connect() as a, connect() as b:
         await a.call_tool("increment_counter", {})
         await a.call_tool("add_note", {"note": "a's"})
         assert (await b.call_tool("get_counter", {})).data["counter"] == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import signal
 import subprocess
 import uuid
@@ -148,3 +149,56 @@ def test_ownership_forgets_sessions_no_longer_served() -> None:
     ownership.lost("b" * 32)
     ownership.prune(lambda sid: sid == "a" * 32)
     assert ownership.epochs == {"a" * 32: 1} and ownership.stale == set()
+
+
+async def raw_request(port: int, head: bytes, body: bytes = b"") -> tuple[int, bytes]:
+    """One HTTP/1.1 request written byte for byte (clients refuse to send such headers); status and body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+    status_line, _, rest = answer.partition(b"\r\n")
+    return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+def store_operations(text: str) -> float:
+    """Every store operation a replica has timed so far (/metrics): any that touched Redis."""
+    return sum(float(n) for n in re.findall(r"^mcp_store_operation_duration_seconds_count\{[^}]*\} (\S+)$", text, re.M))
+
+
+@pytest.mark.parametrize("form", ["short", "uppercase", "a path", "non-ASCII", "control characters", "very long"])
+async def test_a_session_id_the_kit_never_minted_is_a_4xx_and_reaches_neither_redis_nor_a_log(
+    stack: Stack, http: httpx2.AsyncClient, form: str
+) -> None:
+    marker = uuid.uuid4().hex[:20]
+    session_id = {
+        "short": marker.encode(), "uppercase": (marker + "ABCDEF012345").encode(),
+        "a path": f"{marker}/../../admin".encode(), "non-ASCII": marker.encode() + "é€".encode() + b"\xff",
+        "control characters": marker.encode() + b"\x1b[2J\x07\x00", "very long": marker.encode() * 500,
+    }[form]
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                       "params": {"name": "get_counter", "arguments": {}}}).encode()
+
+    def head(value: bytes) -> bytes:
+        return (b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\n"
+                b"mcp-session-id: " + value + b"\r\n")
+
+    replicas = stack.config.replica_names()
+    metrics = [f"http://127.0.0.1:{stack.service(name).port}/metrics" for name in replicas]
+    unknown = await raw_request(stack.service(replicas[0]).port, head(uuid.uuid4().hex.encode()), body)
+    before = [store_operations((await http.get(url)).text) for url in metrics]
+
+    for port in (stack.config.http_port, *(stack.service(name).port for name in replicas)):
+        status, answer = await raw_request(port, head(session_id), body)
+        assert 400 <= status < 500, (port, status, answer)
+        if status == 404:  # a replica's answer: the SDK's to an unknown id, byte for byte
+            assert (status, answer) == unknown
+
+    assert [store_operations((await http.get(url)).text) for url in metrics] == before
+    await asyncio.sleep(0.5)  # a log line is written as the answer goes out: give the last one time to land
+    for name in replicas:
+        assert marker not in (stack.log_dir / f"{name}.log").read_text(errors="replace")

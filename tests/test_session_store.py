@@ -213,6 +213,23 @@ async def test_an_unrecorded_or_ended_session_cannot_be_adopted(store: SessionSt
     assert await store.end_session(sid) is False
 
 
+async def test_a_sessions_owner_outlives_its_record_as_long_as_its_state(store: SessionStore) -> None:
+    sid, unowned = new_id(), new_id()
+    assert await store.owner(sid) is None
+    await store.open_session(sid, {**RECORD, "owner": "a" * 32})
+    await store.open_session(unowned, RECORD)
+    assert await store.owner(sid) == "a" * 32
+    assert await store.owner(unowned) is None
+    assert await store.session_record(sid) == {**RECORD, "owner": "a" * 32}
+    await store.incr(sid, "counter")
+    assert await store.end_session(sid) is True
+    # The state stays after the session ends (resume_session reads it), so its owner does too.
+    assert (await store.session_record(sid), await store.owner(sid)) == (None, "a" * 32)
+    assert await store.items(sid) == {"counter": 1}
+    assert await store.count_sessions() >= 1
+    assert await store.adopt_session(sid) is None
+
+
 async def test_a_stale_owner_cannot_write(store: SessionStore) -> None:
     sid = new_id()
     first = await store.open_session(sid, RECORD)
