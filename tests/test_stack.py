@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import free_ports, running_stack, stack_config
-from stack import Stack, redis_info
+from stack import Stack
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -190,7 +190,7 @@ def test_a_sentinel_stack_comes_back_up_around_the_primary_it_went_down_with(tmp
         stack.down()
         stack.up()
         assert stack.redis_primary() == "redis-2"
-        replication = redis_info(stack.config.host, stack.service("redis-1").port, "replication")
+        replication = stack.redis_info("redis-1", "replication")
         assert replication["role"] == "slave" and replication["master_link_status"] == "up"
         assert replication["master_port"] == str(stack.service("redis-2").port)
     finally:
