@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import datetime
 import io
 import ipaddress
 import json
@@ -38,6 +39,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import click
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from rich.console import Console
 from rich.table import Table
 
@@ -103,6 +108,47 @@ def write_private(path: Path, text: str | bytes) -> None:
     tmp.replace(path)
 
 
+def ensure_certificate(cert: Path, pem: Path, host: str, *, days: int = 365) -> None:
+    """A self-signed certificate for `host` and localhost, made once per stack dir (again once it nears expiry).
+
+    No CA: the certificate is its own trust anchor, so a client trusts
+    exactly this stack (`cert`), and nothing else is signed by what it
+    trusts. `pem` holds it with its key, for HAProxy, readable by this user only.
+    """
+    now = datetime.datetime.now(datetime.timezone.utc)
+    if cert.exists() and pem.exists():
+        current = x509.load_pem_x509_certificate(cert.read_bytes())
+        if current.not_valid_after_utc - now > datetime.timedelta(days=1):
+            return
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mcp-ha-kit local stack")])
+    subject_key = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                    x509.IPAddress(ipaddress.ip_address(host))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, content_commitment=False,
+                                     data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                                     crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(subject_key, critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(subject_key), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_bytes = certificate.public_bytes(serialization.Encoding.PEM)
+    key_bytes = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption())
+    write_private(pem, cert_bytes + key_bytes)
+    cert.write_bytes(cert_bytes)
+
+
 def env_int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -118,6 +164,8 @@ class StackConfig:
     state_dir: Path = ROOT / ".stack"
     host: str = "127.0.0.1"
     http_port: int = 8080
+    # HAProxy's TLS port, with a self-signed certificate the stack generates (tls_cert).
+    https_port: int = 8443
     stats_port: int = 8404
     redis_port: int = 6380
     replica_ports: tuple[int, ...] = (8001, 8002, 8003)
@@ -165,6 +213,7 @@ class StackConfig:
         return cls(
             state_dir=state_dir,
             http_port=env_int("MCP_HTTP_PORT", 8080),
+            https_port=env_int("MCP_HTTPS_PORT", 8443),
             stats_port=env_int("MCP_STATS_PORT", 8404),
             redis_port=env_int("REDIS_PORT", 6380),
             replica_ports=tuple(base + i for i in range(replicas)),
@@ -189,8 +238,8 @@ class StackConfig:
 
         `haproxy`: rate_limit, max_body_bytes, allowed_origins (the defaults otherwise).
         """
-        http, stats, redis, redis_replica, *rest = free_ports(7 + replicas)
-        return cls(state_dir=state_dir, http_port=http, stats_port=stats, redis_port=redis,
+        http, https, stats, redis, redis_replica, *rest = free_ports(8 + replicas)
+        return cls(state_dir=state_dir, http_port=http, https_port=https, stats_port=stats, redis_port=redis,
                    replica_ports=tuple(rest[3:]), redis_mode=redis_mode, redis_replica_port=redis_replica,
                    sentinel_ports=tuple(rest[:3]), redis_wait_replicas=redis_wait_replicas, **haproxy)
 
@@ -226,6 +275,20 @@ class StackConfig:
     @property
     def mcp_url(self) -> str:
         return f"http://{self.host}:{self.http_port}/mcp"
+
+    @property
+    def mcp_https_url(self) -> str:
+        return f"https://{self.host}:{self.https_port}/mcp"
+
+    @property
+    def tls_cert(self) -> Path:
+        """The stack's self-signed certificate: what a client trusts to reach mcp_https_url."""
+        return self.state_dir / "tls" / "cert.pem"
+
+    @property
+    def tls_pem(self) -> Path:
+        """Certificate and private key in one file, for HAProxy; readable by this user only."""
+        return self.state_dir / "tls" / "haproxy.pem"
 
     @property
     def stats_url(self) -> str:
@@ -500,6 +563,8 @@ class Stack:
             "HAPROXY_MAX_BODY_BYTES": str(c.max_body_bytes),
             "HAPROXY_ALLOWED_ORIGINS": c.allowed_origins,
             "HAPROXY_LUA_DIR": str(ROOT / "haproxy"),
+            "HAPROXY_TLS_BIND": f"{c.host}:{c.https_port}",
+            "HAPROXY_TLS_CERT": str(c.tls_pem),
         }
         for i, port in enumerate(c.replica_ports, start=1):
             haproxy_env[f"MCP_SERVER_{i}"] = f"{c.host}:{port}"
@@ -635,7 +700,7 @@ class Stack:
         if shutil.which(svc.binary) is None:
             hint = INSTALL_HINT.get(svc.binary, "install it")
             raise StackError(f"{svc.binary} not found on PATH, needed for {svc.name}: {hint}")
-        ports = [svc.port] + ([self.config.stats_port] if svc.name == "haproxy" else [])
+        ports = [svc.port] + ([self.config.https_port, self.config.stats_port] if svc.name == "haproxy" else [])
         for port in ports:
             # A process killed a moment ago may still hold its port while it exits.
             deadline = time.monotonic() + 2
@@ -656,6 +721,8 @@ class Stack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if name in self.config.redis_names():
             self._keep_redis_secrets()
+        if name == "haproxy":
+            ensure_certificate(self.config.tls_cert, self.config.tls_pem, self.config.host)
         if svc.config_file and not (svc.config_kept and svc.config_file[0].exists()):
             write_private(*svc.config_file)
         argv = svc.argv + self._rejoin_args(name)
@@ -821,6 +888,8 @@ def _run(action) -> None:
 def _print_urls(stack: Stack) -> None:
     c = stack.config
     console.print(f"MCP endpoint  {c.mcp_url}")
+    console.print(f"MCP over TLS  {c.mcp_https_url}  self-signed certificate {c.tls_cert}"
+                  f"  (e.g. curl --cacert {c.tls_cert})")
     console.print(f"health        http://{c.host}:{c.http_port}/health")
     console.print(f"HAProxy stats {c.stats_url}  user {c.stats_user}  password {c.stats_password}")
     if c.redis_mode == "sentinel":

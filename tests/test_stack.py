@@ -54,6 +54,14 @@ def test_ps_json_lists_every_service_with_pid_address_and_state(own_stack: Stack
             pass
 
 
+def test_ps_prints_the_endpoints_the_https_url_and_its_certificate(own_stack: Stack) -> None:
+    result = cli(own_stack, "ps", env={"COLUMNS": "400"})
+    assert result.returncode == 0, result.stderr
+    c = own_stack.config
+    for shown in (c.mcp_url, c.mcp_https_url, str(c.tls_cert), c.stats_password):
+        assert shown in result.stdout, shown
+
+
 def test_stop_and_start_behave_like_compose(own_stack: Stack) -> None:
     assert cli(own_stack, "stop", "mcp-server-2").returncode == 0
     assert ps_json(own_stack)["mcp-server-2"]["state"] == "stopped"
