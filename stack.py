@@ -725,6 +725,10 @@ class Stack:
             ensure_certificate(self.config.tls_cert, self.config.tls_pem, self.config.host)
         if svc.config_file and not (svc.config_kept and svc.config_file[0].exists()):
             write_private(*svc.config_file)
+        elif svc.config_file and "\nuser default " not in svc.config_file[0].read_text():
+            raise StackError(f"{svc.config_file[0]} is from before Redis had passwords, so {name} would let anyone "
+                             f"in and refuse stack.py's own checks: run `python stack.py down`, remove "
+                             f"{self.config.state_dir} and start again")
         argv = svc.argv + self._rejoin_args(name)
         log = open(self.log_dir / f"{name}.log", "ab")
         proc = subprocess.Popen(

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import free_ports, running_stack, stack_config
-from stack import Stack
+from stack import Stack, StackError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -180,6 +180,16 @@ def test_up_refuses_to_switch_a_running_stack_to_another_redis_mode(sentinel_sta
     assert result.returncode != 0
     assert "is up with --redis sentinel" in result.stderr and "stack.py down" in result.stderr
     assert all(row["state"] == "running" for row in ps_json(sentinel_stack).values())
+
+
+def test_a_stack_dir_from_before_redis_had_passwords_is_refused_clearly(tmp_path: Path) -> None:
+    stack = Stack(stack_config(tmp_path, replicas=1, redis_mode="sentinel"))
+    conf = tmp_path / "redis-1" / "redis.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(f"bind 127.0.0.1\nport {stack.config.redis_port}\n")
+    with pytest.raises(StackError, match="from before Redis had passwords.*stack.py down"):
+        stack.start("redis-1")
+    assert stack.pid("redis-1") is None
 
 
 @pytest.mark.timeout(180)
