@@ -224,7 +224,6 @@ class StackConfig:
             redis_wait_replicas=env_int("REDIS_WAIT_REPLICAS", 0),
             stats_user=os.environ.get("HAPROXY_STATS_USER") or "stats",
             stats_password=os.environ.get("HAPROXY_STATS_PASSWORD") or new_secret(),
-            redis_user=os.environ.get("REDIS_USERNAME") or REDIS_KIT_USER,
             **redis_secrets,
             rate_limit=env_int("HAPROXY_RATE_LIMIT", 100_000),
             max_body_bytes=env_int("HAPROXY_MAX_BODY_BYTES", 1_048_576),
