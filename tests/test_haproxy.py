@@ -268,3 +268,18 @@ def test_config_is_valid_without_tls_and_reads_the_tls_variables(stack: Stack, t
         broken = subprocess.run(["haproxy", "-c", "-f", str(CONFIG)], env={**env, **tls}, capture_output=True,
                                 text=True)
         assert broken.returncode != 0, tls
+
+
+async def test_haproxy_tells_replicas_the_clients_scheme_and_not_what_the_client_claims(
+    stack: Stack, header_probe: tuple[dict[str, str], list[dict[str, str]]]
+) -> None:
+    urls, seen = header_probe
+    forged = {"X-Forwarded-Proto": "https", "Forwarded": "proto=https"}
+    async with httpx2.AsyncClient(verify=_trusting(stack.config.tls_cert), timeout=10) as client:
+        for scheme, expected in (("http", None), ("https", "https")):
+            probe = uuid.uuid4().hex
+            assert (await client.get(f"{urls[scheme]}/probe?{probe}", headers=forged)).status_code == 200
+            (headers,) = [h for h in seen if h[":path"] == f"/probe?{probe}"]
+            assert headers.get("x-forwarded-proto") == expected, (scheme, headers)
+            assert "forwarded" not in headers
+            assert headers["x-forwarded-for"] == "127.0.0.1"
