@@ -90,7 +90,8 @@ DEFAULT_ARGS = {"add_note": {"note": "bench"}, "analyze_data": {"num_items": 1},
 CALL_TIMEOUT = 10.0
 # However fast the stack, no round makes more calls than this (per session).
 MAX_CALLS_PER_ROUND = 100_000
-FLOOR_PREFIX = "benchfloor"
+# Under the kit's key pattern (the ACL lets its user reach no other keys), apart from its sessions.
+FLOOR_PREFIX = "mcp:benchfloor"
 
 TARGET_FLOOR_FRACTION = 0.5
 TARGET_SCALE_RATIO = 1.5
@@ -417,38 +418,39 @@ async def interleave(setups: list[Setup], mix: list[tuple[str, int]], rounds: in
 # -- Redis, through redis-cli (only stores/redis_store.py imports redis) ------------------
 
 
-def redis_cli(port: int, *args: str, stdin: str | None = None, timeout: float = 120) -> str:
-    result = subprocess.run(["redis-cli", "-p", str(port), *args], input=stdin, capture_output=True, text=True,
-                            timeout=timeout)
+def redis_cli(redis: StackConfig, *args: str, stdin: str | None = None, timeout: float = 120) -> str:
+    """As the admin: the benchmark fills, measures and empties Redis beside the kit's own user."""
+    result = subprocess.run(["redis-cli", "-p", str(redis.redis_port), *args], input=stdin, capture_output=True,
+                            text=True, timeout=timeout, env=redis.redis_cli_env)
     if result.returncode != 0 or result.stdout.startswith("ERR") or "(error)" in result.stdout:
         raise BenchError(f"redis-cli {' '.join(args[:2])} failed: {(result.stderr or result.stdout).strip()[:200]}")
     return result.stdout
 
 
-def used_memory(port: int) -> int:
+def used_memory(redis: StackConfig) -> int:
     """Redis's used_memory less its clients' buffers, which come and go with the replicas'
     connection pools and, over a few hundred sessions, would swamp what the sessions cost."""
-    lines = redis_cli(port, "MEMORY", "STATS").splitlines()
+    lines = redis_cli(redis, "MEMORY", "STATS").splitlines()
     stats = dict(zip(lines[::2], lines[1::2], strict=False))
     try:
-        total = int(next(line.split(":")[1] for line in redis_cli(port, "INFO", "memory").splitlines()
+        total = int(next(line.split(":")[1] for line in redis_cli(redis, "INFO", "memory").splitlines()
                          if line.startswith("used_memory:")))
         return total - int(stats["clients.normal"]) - int(stats["clients.slaves"])
     except (StopIteration, KeyError, ValueError) as exc:
         raise BenchError(f"Redis did not report its memory use ({exc!r})") from exc
 
 
-def scan(port: int, pattern: str) -> list[str]:
-    return [k for k in redis_cli(port, "--scan", "--pattern", pattern).splitlines() if k]
+def scan(redis: StackConfig, pattern: str) -> list[str]:
+    return [k for k in redis_cli(redis, "--scan", "--pattern", pattern).splitlines() if k]
 
 
-def delete_keys(port: int, keys: list[str]) -> None:
+def delete_keys(redis: StackConfig, keys: list[str]) -> None:
     for i in range(0, len(keys), 500):
-        redis_cli(port, stdin="DEL " + " ".join(keys[i:i + 500]) + "\n")
+        redis_cli(redis, stdin="DEL " + " ".join(keys[i:i + 500]) + "\n")
 
 
-def fill(port: int, script: str, count: int, marker: str) -> None:
-    redis_cli(port, "EVAL", script, "2", "mcp:session:", "mcp:sessions", str(count), marker)
+def fill(redis: StackConfig, script: str, count: int, marker: str) -> None:
+    redis_cli(redis, "EVAL", script, "2", "mcp:session:", "mcp:sessions", str(count), marker)
 
 
 # -- the floor: bench_floor.py replicas behind the kit's own haproxy.cfg ------------------
@@ -482,7 +484,8 @@ class Floor:
         for i, port in enumerate(self.ports, start=1):
             self._spawn(f"floor-{i}", [c.python, str(ROOT / "bench_floor.py")],
                         {"INSTANCE_ID": f"floor-{i}", "HOST": self.host, "PORT": str(port),
-                         "REDIS_URL": c.redis_url, "BENCH_FLOOR_PREFIX": FLOOR_PREFIX})
+                         "REDIS_URL": c.redis_url, "REDIS_USERNAME": c.redis_user,
+                         "REDIS_PASSWORD": c.redis_password, "BENCH_FLOOR_PREFIX": FLOOR_PREFIX})
         # The same HAProxy settings as the stack's, so the floor pays for the same rules.
         env = {"HAPROXY_BIND": f"{self.host}:{self.http_port}", "HAPROXY_STATS_BIND": f"{self.host}:{self.stats_port}",
                "SESSION_TTL_SECONDS": str(c.session_ttl_seconds), "HAPROXY_STATS_USER": c.stats_user,
@@ -630,7 +633,7 @@ async def section_hop(stack: Stack, plan: Plan, progress: Progress, task) -> dic
 async def section_scale(stack: Stack, plan: Plan, progress: Progress, task) -> dict:
     """One session through HAProxy with 0, 10k, 100k sessions in the store; 0 again at the end."""
     kind = SessionClient if plan.generation == "session" else SessionlessClient
-    port = stack.config.redis_port
+    redis = stack.config
     setup = await open_setup("scale", stack.config.mcp_url, kind, 1)
     levels: list[dict] = []
     filled: list[tuple[str, int]] = []  # (marker, count) to empty afterwards
@@ -641,14 +644,14 @@ async def section_scale(stack: Stack, plan: Plan, progress: Progress, task) -> d
             if level > have:
                 marker = uuid.uuid4().hex[:8]
                 progress.update(task, description=f"scale: filling the store to {level:,} sessions")
-                await asyncio.to_thread(fill, port, FILL, level - have, marker)
+                await asyncio.to_thread(fill, redis, FILL, level - have, marker)
                 filled.append((marker, level - have))
                 have = level
             elif level < have:
                 progress.update(task, description="scale: emptying the store")
                 while filled:
                     marker, count = filled[-1]
-                    await asyncio.to_thread(fill, port, EMPTY, count, marker)
+                    await asyncio.to_thread(fill, redis, EMPTY, count, marker)
                     filled.pop()  # only once emptied: the finally below retries what is left
                 have = 0
             setup.samples = Samples()
@@ -658,7 +661,7 @@ async def section_scale(stack: Stack, plan: Plan, progress: Progress, task) -> d
             levels.append({"sessions_in_store": level, **setup.samples.stats()})
     finally:
         for marker, count in filled:
-            await asyncio.to_thread(fill, port, EMPTY, count, marker)
+            await asyncio.to_thread(fill, redis, EMPTY, count, marker)
         await close_setup(setup)
     zero = [lv["p50_ms"] for lv in levels if lv["sessions_in_store"] == 0 and lv["p50_ms"]]
     base = statistics.fmean(zero) if zero else None
@@ -669,12 +672,12 @@ async def section_scale(stack: Stack, plan: Plan, progress: Progress, task) -> d
 
 async def section_memory(stack: Stack, plan: Plan, progress: Progress, task) -> dict:
     """Real sessions through HAProxy, each with a counter and three short notes; what Redis holds for them."""
-    port = stack.config.redis_port
+    redis = stack.config
     count = plan.memory_sessions
     progress.update(task, description=f"memory: {count} sessions, each a counter and three notes")
     http = new_http(16)
     clients = [SessionClient(http, stack.config.mcp_url) for _ in range(count)]
-    before = await asyncio.to_thread(used_memory, port)
+    before = await asyncio.to_thread(used_memory, redis)
     failures: list[str] = []
 
     async def make(client: SessionClient, gate: asyncio.Semaphore) -> None:
@@ -691,7 +694,7 @@ async def section_memory(stack: Stack, plan: Plan, progress: Progress, task) -> 
     try:
         gate = asyncio.Semaphore(16)
         await asyncio.gather(*(make(c, gate) for c in clients))
-        after = await asyncio.to_thread(used_memory, port)
+        after = await asyncio.to_thread(used_memory, redis)
         if failures:
             raise BenchError(f"memory: {len(failures)} of {count} sessions could not be made: {failures[0]}")
         # Every key each of a few sessions made, by MEMORY USAGE.
@@ -699,12 +702,12 @@ async def section_memory(stack: Stack, plan: Plan, progress: Progress, task) -> 
         for client in clients[:5]:
             sid = client.session_id
             keys = {"session": [f"mcp:session:{sid}"], "events": [f"mcp:events:{sid}"],
-                    "op": await asyncio.to_thread(scan, port, f"mcp:op:{sid}:*")}
+                    "op": await asyncio.to_thread(scan, redis, f"mcp:op:{sid}:*")}
             sizes = {}
             for kind, names in keys.items():
                 total = 0
                 for name in names:
-                    out = (await asyncio.to_thread(redis_cli, port, "MEMORY", "USAGE", name, "SAMPLES", "0")).strip()
+                    out = (await asyncio.to_thread(redis_cli, redis, "MEMORY", "USAGE", name, "SAMPLES", "0")).strip()
                     if not out.isdigit() and kind == "session":
                         # Counting it as 0 would make the per-session figure look better than it is.
                         raise BenchError(f"memory: {name} is missing ({out or 'no answer'})")
@@ -714,14 +717,14 @@ async def section_memory(stack: Stack, plan: Plan, progress: Progress, task) -> 
             per_session.append(sizes)
         # At rest: what the session keeps once its retry and resumption records
         # have expired (op TTL, event TTL), deleted here rather than waited for.
-        await asyncio.to_thread(_forget_transient, port, [c.session_id for c in clients])
-        at_rest = await asyncio.to_thread(used_memory, port)
+        await asyncio.to_thread(_forget_transient, redis, [c.session_id for c in clients])
+        at_rest = await asyncio.to_thread(used_memory, redis)
     finally:
         await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
         await http.aclose()
     per_key = {k: round(statistics.fmean(s[k] for s in per_session), 1) for k in ("session", "events", "op", "op_keys")}
     if os.environ.get("BENCH_KEEP_MEMORY_SESSIONS") != "1":
-        await asyncio.to_thread(_forget_sessions, port, [c.session_id for c in clients if c.session_id])
+        await asyncio.to_thread(_forget_sessions, redis, [c.session_id for c in clients if c.session_id])
     return {
         "sessions_created": count,
         "memory_usage_per_key": per_key,
@@ -751,8 +754,9 @@ async def section_durability(plan: Plan, call_p50_ms: float | None, state_dir: P
         for name in ("redis-1", "redis-2"):
             await asyncio.to_thread(pair.start, name)
         url = pair.config.redis_url
-        stores = {"no_wait": RedisSessionStore(url, prefix="bench"),
-                  "wait_1": RedisSessionStore(url, prefix="bench", wait_replicas=1)}
+        auth = pair.config.redis_auth
+        stores = {"no_wait": RedisSessionStore(url, **auth, prefix="mcp:bench"),
+                  "wait_1": RedisSessionStore(url, **auth, prefix="mcp:bench", wait_replicas=1)}
         setups = {name: Setup(name, url, [StoreClient(store) for _ in range(plan.sessions)], None)
                   for name, store in stores.items()}
         await interleave(list(setups.values()), [("incr", 1)], rounds, seconds, progress, task, "durability")
@@ -774,25 +778,25 @@ async def section_durability(plan: Plan, call_p50_ms: float | None, state_dir: P
     }
 
 
-def _forget_transient(port: int, sids: list[str | None]) -> None:
+def _forget_transient(redis: StackConfig, sids: list[str | None]) -> None:
     wanted = {sid for sid in sids if sid}
-    keys = [k for k in scan(port, "mcp:op:*") if k.split(":")[2] in wanted]
-    delete_keys(port, keys + [f"mcp:events:{sid}" for sid in wanted])
+    keys = [k for k in scan(redis, "mcp:op:*") if k.split(":")[2] in wanted]
+    delete_keys(redis, keys + [f"mcp:events:{sid}" for sid in wanted])
 
 
-def _forget_sessions(port: int, sids: list[str]) -> None:
+def _forget_sessions(redis: StackConfig, sids: list[str]) -> None:
     """What the memory section made goes again (also on the running stack, which outlives the bench)."""
     wanted = set(sids)
-    keys = [k for k in scan(port, "mcp:op:*") if k.split(":")[2] in wanted]
+    keys = [k for k in scan(redis, "mcp:op:*") if k.split(":")[2] in wanted]
     for sid in sids:
         keys += [f"mcp:session:{sid}", f"mcp:events:{sid}"]
-    delete_keys(port, keys)
+    delete_keys(redis, keys)
     for i in range(0, len(sids), 500):
-        redis_cli(port, stdin="ZREM mcp:sessions " + " ".join(sids[i:i + 500]) + "\n")
+        redis_cli(redis, stdin="ZREM mcp:sessions " + " ".join(sids[i:i + 500]) + "\n")
 
 
-def forget_floor_keys(port: int) -> None:
-    delete_keys(port, scan(port, f"{FLOOR_PREFIX}:*"))
+def forget_floor_keys(redis: StackConfig) -> None:
+    delete_keys(redis, scan(redis, f"{FLOOR_PREFIX}:*"))
 
 
 # -- targets ------------------------------------------------------------------------------
@@ -981,7 +985,7 @@ async def run(stack: Stack, plan: Plan, log_dir: Path, state_dir: Path) -> dict:
             progress.update(task, description="done", completed=progress.tasks[0].total)
     finally:
         await asyncio.to_thread(floor.stop)
-        await asyncio.to_thread(forget_floor_keys, stack.config.redis_port)
+        await asyncio.to_thread(forget_floor_keys, stack.config)
     return {"throughput": throughput, "proxy_hop": hop, "scale": scale, "memory": memory, "durability": durability,
             "_latencies": latencies}
 

@@ -9,9 +9,9 @@ No MCP, no FastMCP, no middleware: what is left is HTTP, JSON and Redis.
 `haproxy/haproxy.cfg` can sit in front of it unchanged.
 
 `bench.py` starts and stops these processes itself; settings come from the
-environment like server.py's: INSTANCE_ID, HOST, PORT, REDIS_URL and
-BENCH_FLOOR_PREFIX (the store's key prefix, so the floor's keys stay apart
-from the kit's).
+environment like server.py's: INSTANCE_ID, HOST, PORT, REDIS_URL,
+REDIS_USERNAME, REDIS_PASSWORD and BENCH_FLOOR_PREFIX (the store's key prefix,
+so the floor's keys stay apart from the kit's).
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from stores.redis_store import RedisSessionStore
 
 INSTANCE_ID = os.environ.get("INSTANCE_ID", "floor-1")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6380/0")
-PREFIX = os.environ.get("BENCH_FLOOR_PREFIX", "benchfloor")
+PREFIX = os.environ.get("BENCH_FLOOR_PREFIX", "mcp:benchfloor")
 
-store = RedisSessionStore(REDIS_URL, prefix=PREFIX)
+store = RedisSessionStore(REDIS_URL, prefix=PREFIX, username=os.environ.get("REDIS_USERNAME") or None,
+                          password=os.environ.get("REDIS_PASSWORD") or None)
 
 
 async def incr(request: Request) -> Response:

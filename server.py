@@ -65,6 +65,12 @@ OP_TTL_SECONDS = int(os.environ.get("OP_TTL_SECONDS", DEFAULT_OP_TTL_SECONDS))
 REDIS_URL = os.environ.get("REDIS_URL", "")
 REDIS_SENTINELS = os.environ.get("REDIS_SENTINELS", "")
 REDIS_MASTER_NAME = os.environ.get("REDIS_MASTER_NAME", "mymaster")
+# The Redis ACL user replicas connect as (and, with Sentinel, the sentinels' user):
+# unset means Redis's `default` user, or whatever REDIS_URL carries.
+REDIS_USERNAME = os.environ.get("REDIS_USERNAME") or None
+REDIS_PASSWORD = os.environ.get("REDIS_PASSWORD") or None
+REDIS_SENTINEL_USERNAME = os.environ.get("REDIS_SENTINEL_USERNAME") or None
+REDIS_SENTINEL_PASSWORD = os.environ.get("REDIS_SENTINEL_PASSWORD") or None
 REDIS_WAIT_REPLICAS = int(os.environ.get("REDIS_WAIT_REPLICAS", "0"))
 REDIS_RETRY_SECONDS = float(os.environ.get("REDIS_RETRY_SECONDS", "4"))
 
@@ -102,6 +108,10 @@ def make_store() -> SessionStore:
             master_name=REDIS_MASTER_NAME,
             wait_replicas=REDIS_WAIT_REPLICAS,
             retry_seconds=REDIS_RETRY_SECONDS,
+            username=REDIS_USERNAME,
+            password=REDIS_PASSWORD,
+            sentinel_username=REDIS_SENTINEL_USERNAME,
+            sentinel_password=REDIS_SENTINEL_PASSWORD,
             **ttls,
         ))
     from stores.memory_store import InMemorySessionStore

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import datetime
 import io
 import ipaddress
 import json
@@ -38,6 +39,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import click
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from rich.console import Console
 from rich.table import Table
 
@@ -47,6 +52,38 @@ STOP_GRACE_SECONDS = 15.0
 SENTINEL_MASTER = "mymaster"
 HEALTH_TIMEOUT_SECONDS = 30.0
 
+# Redis's users. `default` is the admin (stack.py's own checks, redis-cli);
+# the replicas connect as REDIS_KIT_USER, which may run exactly the commands
+# stores/redis_store.py sends, its Lua scripts' included (Redis checks those
+# against the caller's ACL too), on the kit's keys only: a leaked replica
+# password cannot read other data, flush, list keys, reconfigure or replicate.
+# (redis-py's CLIENT SETINFO on connect is left out: Redis 7.0 has no such
+# command, and redis-py carries on when it is refused.)
+REDIS_KIT_USER = "mcp"
+REDIS_KIT_ACL = ("resetkeys ~mcp:* resetchannels -@all +ping +evalsha +script|load +wait "
+                 "+time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget "
+                 "+hexists +hdel +lindex +rpush +ltrim +lrange")
+# Sentinel's connections to the servers (`sentinel auth-user`): what Sentinel
+# needs to watch the servers, announce itself and reconfigure them in a failover.
+REDIS_SENTINEL_USER = "sentinel"
+REDIS_SENTINEL_ACL = ("resetkeys resetchannels &__sentinel__:hello -@all +multi +exec +slaveof +ping +info +role "
+                      "+config|rewrite +client|setname +client|kill +script|kill +publish +subscribe")
+# A replica's connection to its primary (`masteruser`): replication only.
+REDIS_REPLICATION_USER = "replication"
+REDIS_REPLICATION_ACL = "resetkeys resetchannels -@all +psync +replconf +ping"
+# The kit's user on the sentinels: asking for the primary, nothing that changes them.
+REDIS_SENTINEL_KIT_ACL = "-@all +ping +sentinel|masters +sentinel|get-master-addr-by-name"
+# Passwords the stack generates unless set in the environment, kept in the
+# stack dir (REDIS_SECRETS_FILE) across down and up with the Redis data and
+# config files that need them: StackConfig field -> variable.
+REDIS_SECRETS = {
+    "redis_admin_password": "REDIS_ADMIN_PASSWORD",
+    "redis_password": "REDIS_PASSWORD",
+    "redis_sentinel_auth_password": "REDIS_SENTINEL_AUTH_PASSWORD",
+    "redis_replication_password": "REDIS_REPLICATION_PASSWORD",
+}
+REDIS_SECRETS_FILE = "redis-secrets.json"
+
 INSTALL_HINT = {
     "redis-server": "apt-get install redis-server (make demo installs it)",
     "haproxy": "apt-get install haproxy (make demo installs it)",
@@ -55,6 +92,61 @@ INSTALL_HINT = {
 
 class StackError(Exception):
     """Something the user has to fix; the message says what."""
+
+
+def new_secret() -> str:
+    return secrets.token_urlsafe(18)
+
+
+def write_private(path: Path, text: str | bytes) -> None:
+    """Write a file only this user can read (it holds a password or a key), atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(text.encode() if isinstance(text, str) else text)
+    tmp.replace(path)
+
+
+def ensure_certificate(cert: Path, pem: Path, host: str, *, days: int = 365) -> None:
+    """A self-signed certificate for `host` and localhost, made once per stack dir (again once it nears expiry).
+
+    No CA: the certificate is its own trust anchor, so a client trusts
+    exactly this stack (`cert`), and nothing else is signed by what it
+    trusts. `pem` holds it with its key, for HAProxy, readable by this user only.
+    """
+    now = datetime.datetime.now(datetime.timezone.utc)
+    if cert.exists() and pem.exists():
+        current = x509.load_pem_x509_certificate(cert.read_bytes())
+        if current.not_valid_after_utc - now > datetime.timedelta(days=1):
+            return
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mcp-ha-kit local stack")])
+    subject_key = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                    x509.IPAddress(ipaddress.ip_address(host))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, content_commitment=False,
+                                     data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                                     crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(subject_key, critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(subject_key), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_bytes = certificate.public_bytes(serialization.Encoding.PEM)
+    key_bytes = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption())
+    write_private(pem, cert_bytes + key_bytes)
+    cert.write_bytes(cert_bytes)
 
 
 def env_int(name: str, default: int) -> int:
@@ -72,6 +164,8 @@ class StackConfig:
     state_dir: Path = ROOT / ".stack"
     host: str = "127.0.0.1"
     http_port: int = 8080
+    # HAProxy's TLS port, with a self-signed certificate the stack generates (tls_cert).
+    https_port: int = 8443
     stats_port: int = 8404
     redis_port: int = 6380
     replica_ports: tuple[int, ...] = (8001, 8002, 8003)
@@ -88,7 +182,15 @@ class StackConfig:
     # HAPROXY_STATS_PASSWORD is set, recorded with the rest of the config so
     # later commands, the tests and the benchmarks can read the stats.
     stats_user: str = "stats"
-    stats_password: str = field(default_factory=lambda: secrets.token_urlsafe(18), repr=False)
+    stats_password: str = field(default_factory=new_secret, repr=False)
+    # Redis refuses unauthenticated clients: `default` is the admin, the
+    # replicas connect as REDIS_KIT_USER (see REDIS_KIT_ACL), and with
+    # Sentinel the sentinels and the replica link have users of their own.
+    redis_user: str = REDIS_KIT_USER
+    redis_admin_password: str = field(default_factory=new_secret, repr=False)
+    redis_password: str = field(default_factory=new_secret, repr=False)
+    redis_sentinel_auth_password: str = field(default_factory=new_secret, repr=False)
+    redis_replication_password: str = field(default_factory=new_secret, repr=False)
     # HAProxy's HAPROXY_RATE_LIMIT (requests per 10 s per client address),
     # HAPROXY_MAX_BODY_BYTES and HAPROXY_ALLOWED_ORIGINS (space-separated).
     rate_limit: int = 100_000
@@ -104,9 +206,17 @@ class StackConfig:
         if not 1 <= replicas <= 9:
             raise StackError(f"MCP_REPLICAS={replicas}: between 1 and 9 replicas are supported")
         base = env_int("MCP_BASE_PORT", 8001)
+        state_dir = Path(os.environ.get("STACK_DIR") or ROOT / ".stack").resolve()
+        try:
+            kept = json.loads((state_dir / REDIS_SECRETS_FILE).read_text())
+        except FileNotFoundError:
+            kept = {}
+        redis_secrets = {name: os.environ.get(var) or kept.get(name) or new_secret()
+                         for name, var in REDIS_SECRETS.items()}
         return cls(
-            state_dir=Path(os.environ.get("STACK_DIR") or ROOT / ".stack").resolve(),
+            state_dir=state_dir,
             http_port=env_int("MCP_HTTP_PORT", 8080),
+            https_port=env_int("MCP_HTTPS_PORT", 8443),
             stats_port=env_int("MCP_STATS_PORT", 8404),
             redis_port=env_int("REDIS_PORT", 6380),
             replica_ports=tuple(base + i for i in range(replicas)),
@@ -116,7 +226,8 @@ class StackConfig:
             sentinel_ports=tuple(env_int("SENTINEL_BASE_PORT", 26380) + i for i in range(3)),
             redis_wait_replicas=env_int("REDIS_WAIT_REPLICAS", 0),
             stats_user=os.environ.get("HAPROXY_STATS_USER") or "stats",
-            stats_password=os.environ.get("HAPROXY_STATS_PASSWORD") or secrets.token_urlsafe(18),
+            stats_password=os.environ.get("HAPROXY_STATS_PASSWORD") or new_secret(),
+            **redis_secrets,
             rate_limit=env_int("HAPROXY_RATE_LIMIT", 100_000),
             max_body_bytes=env_int("HAPROXY_MAX_BODY_BYTES", 1_048_576),
             allowed_origins=" ".join(os.environ.get("HAPROXY_ALLOWED_ORIGINS", "").replace(",", " ").split()),
@@ -131,8 +242,8 @@ class StackConfig:
         `haproxy`: rate_limit, max_body_bytes, allowed_origins (the defaults otherwise), and
         `auth`, the replicas' MCP_AUTH* settings.
         """
-        http, stats, redis, redis_replica, *rest = free_ports(7 + replicas)
-        return cls(state_dir=state_dir, http_port=http, stats_port=stats, redis_port=redis,
+        http, https, stats, redis, redis_replica, *rest = free_ports(8 + replicas)
+        return cls(state_dir=state_dir, http_port=http, https_port=https, stats_port=stats, redis_port=redis,
                    replica_ports=tuple(rest[3:]), redis_mode=redis_mode, redis_replica_port=redis_replica,
                    sentinel_ports=tuple(rest[:3]), redis_wait_replicas=redis_wait_replicas, **haproxy)
 
@@ -151,8 +262,37 @@ class StackConfig:
         return f"redis://{self.host}:{self.redis_port}/0"
 
     @property
+    def redis_auth(self) -> dict[str, str]:
+        """The replicas' credentials, as RedisSessionStore's keyword arguments."""
+        return {"username": self.redis_user, "password": self.redis_password}
+
+    @property
+    def sentinel_auth(self) -> dict[str, str]:
+        """The replicas' credentials on the sentinels (the same user there), as RedisSessionStore's arguments."""
+        return {"sentinel_username": self.redis_user, "sentinel_password": self.redis_password}
+
+    @property
+    def redis_cli_env(self) -> dict[str, str]:
+        """The environment for `redis-cli` as the admin: the password in REDISCLI_AUTH, not in argv (`ps` shows argv)."""
+        return {**os.environ, "REDISCLI_AUTH": self.redis_admin_password}
+
+    @property
     def mcp_url(self) -> str:
         return f"http://{self.host}:{self.http_port}/mcp"
+
+    @property
+    def mcp_https_url(self) -> str:
+        return f"https://{self.host}:{self.https_port}/mcp"
+
+    @property
+    def tls_cert(self) -> Path:
+        """The stack's self-signed certificate: what a client trusts to reach mcp_https_url."""
+        return self.state_dir / "tls" / "cert.pem"
+
+    @property
+    def tls_pem(self) -> Path:
+        """Certificate and private key in one file, for HAProxy; readable by this user only."""
+        return self.state_dir / "tls" / "haproxy.pem"
 
     @property
     def stats_url(self) -> str:
@@ -176,6 +316,11 @@ class StackConfig:
                       "sentinel_ports": tuple(data["sentinel_ports"])})
 
 
+def _quoted(value: str) -> str:
+    """A value for a Redis config file, read back exactly whatever characters it holds."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 @dataclass
 class Service:
     name: str
@@ -186,6 +331,9 @@ class Service:
     # Sentinel rewrites its own, and the Redis servers' after a failover, so
     # a restarted server keeps its current role.
     config_file: tuple[Path, str] | None = None
+    # False: written afresh at every start instead (nothing rewrites it, and
+    # so a changed password or ACL takes effect).
+    config_kept: bool = True
 
     @property
     def binary(self) -> str:
@@ -265,17 +413,29 @@ def read_stats_csv(stats_url: str, user: str, password: str, timeout: float = 1.
         return response.read().decode()
 
 
-def redis_command(host: str, port: int, *words: str, timeout: float = 1.0) -> object:
+def redis_command(host: str, port: int, *words: str, password: str | None = None, user: str = "default",
+                  timeout: float = 1.0) -> object:
     """One command's reply (str, int, list, None; an error reply as an Exception), or None if unreachable.
 
-    A few lines of RESP, so the stack needs no Redis client of its own.
+    A few lines of RESP, so the stack needs no Redis client of its own. With
+    `password`, the command goes after AUTH as `user`; a refused AUTH is the reply.
     """
+    commands = ([("AUTH", user, password)] if password is not None else []) + [words]
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.sendall(" ".join(words).encode() + b"\r\n")
-            return _resp(sock.makefile("rb"))
+            sock.sendall(b"".join(_resp_array(command) for command in commands))
+            reply = sock.makefile("rb")
+            if password is not None and isinstance(auth := _resp(reply), Exception):
+                return auth
+            return _resp(reply)
     except (OSError, ValueError):
         return None
+
+
+def _resp_array(words: tuple[str, ...]) -> bytes:
+    """A command as a RESP array: any bytes in a word (a password's, say) arrive as they are."""
+    encoded = [word.encode() for word in words]
+    return f"*{len(encoded)}\r\n".encode() + b"".join(b"$%d\r\n%s\r\n" % (len(w), w) for w in encoded)
 
 
 def _resp(reply: io.BufferedReader) -> object:
@@ -294,9 +454,9 @@ def _resp(reply: io.BufferedReader) -> object:
     raise ValueError(f"not a RESP reply: {line!r}")
 
 
-def redis_info(host: str, port: int, section: str) -> dict[str, str]:
-    """INFO `section` as a dict (empty if unreachable or still loading)."""
-    text = redis_command(host, port, "INFO", section)
+def redis_info(host: str, port: int, section: str, *, password: str | None = None) -> dict[str, str]:
+    """INFO `section` as a dict (empty if unreachable, still loading or refused), as `default` with `password`."""
+    text = redis_command(host, port, "INFO", section, password=password)
     if not isinstance(text, str):
         return {}
     return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
@@ -324,30 +484,48 @@ class Stack:
 
     # -- what the stack is made of ------------------------------------------------
 
+    def _redis_users(self) -> str:
+        """The Redis servers' ACL, as config file lines (in a file, not argv: `ps` shows argv to everyone)."""
+        c = self.config
+        users = [("default", c.redis_admin_password, "~* &* +@all"), (c.redis_user, c.redis_password, REDIS_KIT_ACL)]
+        if c.redis_mode == "sentinel":
+            users += [(REDIS_SENTINEL_USER, c.redis_sentinel_auth_password, REDIS_SENTINEL_ACL),
+                      (REDIS_REPLICATION_USER, c.redis_replication_password, REDIS_REPLICATION_ACL)]
+        return "".join(f"user {name} reset on {_quoted('>' + password)} {rules}\n" for name, password, rules in users)
+
     def _redis_services(self) -> list[Service]:
         c = self.config
         if c.redis_mode == "single":
-            return [Service(
-                "redis",
-                ["redis-server", "--bind", c.host, "--port", str(c.redis_port), "--dir", str(c.state_dir / "redis"),
-                 "--appendonly", "yes", "--save", "", "--protected-mode", "yes"],
-                c.redis_port,
-            )]
+            conf = c.state_dir / "redis" / "redis.conf"
+            text = (f"bind {c.host}\nport {c.redis_port}\ndir {conf.parent}\nprotected-mode yes\n"
+                    f"appendonly yes\nsave \"\"\n{self._redis_users()}")
+            return [Service("redis", ["redis-server", str(conf)], c.redis_port, config_file=(conf, text),
+                            config_kept=False)]
         services = []
         for name, port in (("redis-1", c.redis_port), ("redis-2", c.redis_replica_port)):
             conf = c.state_dir / name / "redis.conf"
             # AOF fsynced every second, as in compose; redis-2 starts as redis-1's replica. A replica
             # (re)joining is sent the data at once, not after the default 5 s wait for others to join.
+            # Either server may be a replica after a failover, so both know how to authenticate to a primary.
             text = (f"bind {c.host}\nport {port}\ndir {conf.parent}\nprotected-mode yes\n"
-                    "appendonly yes\nappendfsync everysec\nsave \"\"\nrepl-diskless-sync-delay 0\n")
+                    "appendonly yes\nappendfsync everysec\nsave \"\"\nrepl-diskless-sync-delay 0\n"
+                    f"{self._redis_users()}masteruser {REDIS_REPLICATION_USER}\n"
+                    f"masterauth {_quoted(c.redis_replication_password)}\n")
             if name == "redis-2":
                 text += f"replicaof {c.host} {c.redis_port}\n"
             services.append(Service(name, ["redis-server", str(conf)], port, config_file=(conf, text)))
         for i, port in enumerate(c.sentinel_ports, start=1):
             conf = c.state_dir / f"sentinel-{i}" / "sentinel.conf"
-            # Quorum 2 of 3; the primary counts as down after 1 s without an answer.
+            # Quorum 2 of 3; the primary counts as down after 1 s without an answer. The sentinels
+            # want a password too (`default`, the admin, which they also use with each other), and
+            # the replicas ask them as the kit's user, which may only ask.
             text = (f"bind {c.host}\nport {port}\ndir {conf.parent}\n"
+                    f"user default reset on {_quoted('>' + c.redis_admin_password)} ~* &* +@all\n"
+                    f"user {c.redis_user} reset on {_quoted('>' + c.redis_password)} {REDIS_SENTINEL_KIT_ACL}\n"
+                    f"sentinel sentinel-pass {_quoted(c.redis_admin_password)}\n"
                     f"sentinel monitor {SENTINEL_MASTER} {c.host} {c.redis_port} 2\n"
+                    f"sentinel auth-user {SENTINEL_MASTER} {REDIS_SENTINEL_USER}\n"
+                    f"sentinel auth-pass {SENTINEL_MASTER} {_quoted(c.redis_sentinel_auth_password)}\n"
                     f"sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n"
                     f"sentinel failover-timeout {SENTINEL_MASTER} 10000\n"
                     f"sentinel parallel-syncs {SENTINEL_MASTER} 1\n")
@@ -357,10 +535,12 @@ class Stack:
 
     def services(self) -> list[Service]:
         c = self.config
+        store_env = {"REDIS_USERNAME": c.redis_user, "REDIS_PASSWORD": c.redis_password}
         if c.redis_mode == "sentinel":
-            store_env = {"REDIS_SENTINELS": c.sentinels, "REDIS_MASTER_NAME": SENTINEL_MASTER}
+            store_env |= {"REDIS_SENTINELS": c.sentinels, "REDIS_MASTER_NAME": SENTINEL_MASTER,
+                          "REDIS_SENTINEL_USERNAME": c.redis_user, "REDIS_SENTINEL_PASSWORD": c.redis_password}
         else:
-            store_env = {"REDIS_URL": c.redis_url}
+            store_env |= {"REDIS_URL": c.redis_url}
         replicas = [
             Service(
                 name,
@@ -390,6 +570,8 @@ class Stack:
             "HAPROXY_MAX_BODY_BYTES": str(c.max_body_bytes),
             "HAPROXY_ALLOWED_ORIGINS": c.allowed_origins,
             "HAPROXY_LUA_DIR": str(ROOT / "haproxy"),
+            "HAPROXY_TLS_BIND": f"{c.host}:{c.https_port}",
+            "HAPROXY_TLS_CERT": str(c.tls_pem),
         }
         for i, port in enumerate(c.replica_ports, start=1):
             haproxy_env[f"MCP_SERVER_{i}"] = f"{c.host}:{port}"
@@ -411,13 +593,21 @@ class Stack:
         return {"config": self.config.to_json(), "processes": {}}
 
     def _write(self, state: dict) -> None:
-        self.config.state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        # It holds the stats password: readable by this user only.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(state, indent=2))
-        tmp.replace(self.state_file)
+        self._make_state_dir()
+        # It holds the stats and Redis passwords: readable by this user only.
+        write_private(self.state_file, json.dumps(state, indent=2))
+
+    def _make_state_dir(self) -> None:
+        # This user's only: Redis and Sentinel rewrite their config files (passwords in them) with
+        # the umask's mode, and the logs say what the stack serves.
+        if not self.config.state_dir.exists():
+            self.config.state_dir.mkdir(parents=True, mode=0o700)
+
+    def _keep_redis_secrets(self) -> None:
+        """The Redis passwords, for the next `up` in this stack dir: its config files and data outlive `down`."""
+        path = self.config.state_dir / REDIS_SECRETS_FILE
+        if not path.exists():
+            write_private(path, json.dumps({name: getattr(self.config, name) for name in REDIS_SECRETS}))
 
     def _recorded(self, name: str) -> dict | None:
         return self._read()["processes"].get(name)
@@ -456,18 +646,26 @@ class Stack:
         c = self.config
         if name.startswith("sentinel-"):
             # It sees the primary up, and has found the other sentinels, so it can take part in a failover.
-            status = redis_info(c.host, self.service(name).port, "sentinel").get("master0", "")
+            status = self.redis_info(name, "sentinel").get("master0", "")
             return "status=ok" in status and f"sentinels={len(c.sentinel_ports)}" in status
         if name.startswith("redis"):
-            port = self.service(name).port
             # PING answers an error while the AOF is still loading: only PONG is ready.
-            if redis_command(c.host, port, "PING") != "PONG":
+            if self.redis_command(name, "PING") != "PONG":
                 return False
-            replication = redis_info(c.host, port, "replication")
+            replication = self.redis_info(name, "replication")
             return replication.get("role") == "master" or replication.get("master_link_status") == "up"
         if name == "haproxy":
             return self.backends_up() == {n for n in c.replica_names() if self.pid(n)}
         return http_status(f"http://{c.host}:{self.service(name).port}/health") == 200
+
+    def redis_command(self, name: str, *words: str) -> object:
+        """A command to one of the stack's Redis servers or sentinels, as its admin (`default`)."""
+        return redis_command(self.config.host, self.service(name).port, *words,
+                             password=self.config.redis_admin_password)
+
+    def redis_info(self, name: str, section: str) -> dict[str, str]:
+        return redis_info(self.config.host, self.service(name).port, section,
+                          password=self.config.redis_admin_password)
 
     def backend_status(self) -> dict[str, str]:
         """Each replica's status as HAProxy sees it (UP, DOWN, ...), from the stats CSV."""
@@ -487,8 +685,8 @@ class Stack:
         if c.redis_mode == "single":
             return "redis"
         by_port = {self.service(n).port: n for n in ("redis-1", "redis-2")}
-        for port in c.sentinel_ports:
-            address = redis_command(c.host, port, "SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER)
+        for name in c.redis_names()[2:]:
+            address = self.redis_command(name, "SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER)
             if isinstance(address, list) and len(address) == 2:
                 return by_port.get(int(address[1]))
         return None
@@ -509,7 +707,7 @@ class Stack:
         if shutil.which(svc.binary) is None:
             hint = INSTALL_HINT.get(svc.binary, "install it")
             raise StackError(f"{svc.binary} not found on PATH, needed for {svc.name}: {hint}")
-        ports = [svc.port] + ([self.config.stats_port] if svc.name == "haproxy" else [])
+        ports = [svc.port] + ([self.config.https_port, self.config.stats_port] if svc.name == "haproxy" else [])
         for port in ports:
             # A process killed a moment ago may still hold its port while it exits.
             deadline = time.monotonic() + 2
@@ -526,12 +724,18 @@ class Stack:
             return
         svc = self.service(name)
         self._check_can_start(svc)
+        self._make_state_dir()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        if name == "redis":
-            (self.config.state_dir / "redis").mkdir(parents=True, exist_ok=True)
-        if svc.config_file and not svc.config_file[0].exists():
-            svc.config_file[0].parent.mkdir(parents=True, exist_ok=True)
-            svc.config_file[0].write_text(svc.config_file[1])
+        if name in self.config.redis_names():
+            self._keep_redis_secrets()
+        if name == "haproxy":
+            ensure_certificate(self.config.tls_cert, self.config.tls_pem, self.config.host)
+        if svc.config_file and not (svc.config_kept and svc.config_file[0].exists()):
+            write_private(*svc.config_file)
+        elif svc.config_file and "\nuser default " not in svc.config_file[0].read_text():
+            raise StackError(f"{svc.config_file[0]} is from before Redis had passwords, so {name} would let anyone "
+                             f"in and refuse stack.py's own checks: run `python stack.py down`, remove "
+                             f"{self.config.state_dir} and start again")
         argv = svc.argv + self._rejoin_args(name)
         log = open(self.log_dir / f"{name}.log", "ab")
         proc = subprocess.Popen(
@@ -695,12 +899,16 @@ def _run(action) -> None:
 def _print_urls(stack: Stack) -> None:
     c = stack.config
     console.print(f"MCP endpoint  {c.mcp_url}")
+    console.print(f"MCP over TLS  {c.mcp_https_url}  self-signed certificate {c.tls_cert}"
+                  f"  (e.g. curl --cacert {c.tls_cert})")
     console.print(f"health        http://{c.host}:{c.http_port}/health")
     console.print(f"HAProxy stats {c.stats_url}  user {c.stats_user}  password {c.stats_password}")
     if c.redis_mode == "sentinel":
         console.print(f"Redis         Sentinel {c.sentinels}, primary {SENTINEL_MASTER!r}")
     else:
         console.print(f"Redis         {c.redis_url}")
+    console.print(f"Redis users   {c.redis_user} (the replicas)  password {c.redis_password};"
+                  f" default (admin)  password {c.redis_admin_password}")
 
 
 @click.group()

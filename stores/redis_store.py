@@ -44,6 +44,11 @@ adoption is acknowledged only once N replicas have it (Redis WAIT), and
 otherwise fails with StoreUnavailable, which a retry with the same op
 replays. Event logs and TTL touches are not waited for: losing one costs a
 stream resumption or a few seconds of TTL, not state.
+
+Credentials: `username`/`password` authenticate every connection to Redis
+(an ACL user limited to what this module sends; see the README), and
+`sentinel_username`/`sentinel_password` the connections to the sentinels,
+which keep their own users. Credentials in `url` serve as well.
 """
 
 from __future__ import annotations
@@ -306,6 +311,10 @@ class RedisSessionStore(SessionStore):
         retry_attempts: int | None = None,
         retry_seconds: float = 4.0,
         max_connections: int = 64,
+        username: str | None = None,
+        password: str | None = None,
+        sentinel_username: str | None = None,
+        sentinel_password: str | None = None,
         **limits: Any,
     ) -> None:
         """Either `url` (one Redis) or `sentinels` (host, port pairs) with `master_name`.
@@ -336,10 +345,14 @@ class RedisSessionStore(SessionStore):
             "socket_connect_timeout": timeout_seconds,
             "retry": Retry(NoBackoff(), 0),
         }
+        # Only when given: redis-py would let a None here override credentials in the url.
+        options |= {k: v for k, v in (("username", username), ("password", password)) if v is not None}
         self._sentinel: Sentinel | None = None
         if sentinels:
-            self._sentinel = sentinel = Sentinel(list(sentinels), sentinel_kwargs={
-                "socket_timeout": timeout_seconds, "socket_connect_timeout": timeout_seconds, "retry": Retry(NoBackoff(), 0)})
+            sentinel_options = {"socket_timeout": timeout_seconds, "socket_connect_timeout": timeout_seconds,
+                                "retry": Retry(NoBackoff(), 0), "username": sentinel_username,
+                                "password": sentinel_password}
+            self._sentinel = sentinel = Sentinel(list(sentinels), sentinel_kwargs=sentinel_options)
             self._redis = sentinel.master_for(master_name, connection_pool_class=_BlockingSentinelPool, **options)
         else:
             self._redis = redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **options))

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import secrets
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -188,3 +191,49 @@ def jwt_stack(tmp_path_factory: pytest.TempPathFactory, jwks_url: str) -> Iterat
                 "MCP_AUTH_AUDIENCE": JWT_AUDIENCE}
     with running_stack(tmp_path_factory.mktemp("jwt"), replicas=1, auth=settings) as s:
         yield s
+
+
+class _RecordHeaders(BaseHTTPRequestHandler):
+    """Answers 200 to everything (HAProxy's health checks included), keeping each request's path and headers."""
+
+    seen: list[dict[str, str]]
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        self.seen.append({":path": self.path, **{k.lower(): v for k, v in self.headers.items()}})
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def header_probe(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], list]]:
+    """The stack's haproxy.cfg and TLS certificate in front of a server that records what reaches it:
+    (HAProxy's addresses, each request that reached the server: its path as ":path", its headers)."""
+    handler = type("Recorder", (_RecordHeaders,), {"seen": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    http_port, https_port, stats_port = free_ports(3)
+    env = {**stack.service("haproxy").env, "HAPROXY_BIND": f"127.0.0.1:{http_port}",
+           "HAPROXY_TLS_BIND": f"127.0.0.1:{https_port}", "HAPROXY_STATS_BIND": f"127.0.0.1:{stats_port}"}
+    env = {k: v for k, v in env.items() if not k.startswith("MCP_SERVER_")}
+    env["MCP_SERVER_1"] = f"127.0.0.1:{server.server_address[1]}"
+    log = open(tmp_path_factory.mktemp("header-probe") / "haproxy.log", "wb")
+    proc = subprocess.Popen(["haproxy", "-db", "-f", str(ROOT / "haproxy" / "haproxy.cfg")], cwd=ROOT,
+                            env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        # Up once HAProxy has seen two good checks (rise 2, 0.5 s apart).
+        deadline = time.monotonic() + 15
+        while len(handler.seen) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        time.sleep(0.3)
+        assert proc.poll() is None and len(handler.seen) >= 2, "haproxy did not start or check the probe"
+        yield {"http": f"http://127.0.0.1:{http_port}", "https": f"https://127.0.0.1:{https_port}"}, handler.seen
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+        server.shutdown()
+        server.server_close()

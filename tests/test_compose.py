@@ -29,7 +29,9 @@ needs_haproxy = pytest.mark.skipif(
 # ${VAR}, ${VAR-default}, ${VAR:-default}, ${VAR:?message}, $VAR and $$, as compose reads them.
 _INTERPOLATION = re.compile(r"\$(?:(\$)|\{(\w+)(?:(:?-)([^}]*)|(:?\?)([^}]*))?\}|(\w+))")
 # What the tests set on the "host" for variables compose requires.
-HOST_ENV = {"HAPROXY_STATS_PASSWORD": "a-test-password"}
+HOST_ENV = {"HAPROXY_STATS_PASSWORD": "a-test-password", "REDIS_ADMIN_PASSWORD": "test-admin-password",
+            "REDIS_PASSWORD": "test-kit-password", "REDIS_SENTINEL_AUTH_PASSWORD": "test-sentinel-password",
+            "REDIS_REPLICATION_PASSWORD": "test-replication-password"}
 
 
 class MissingVariable(Exception):
@@ -122,10 +124,57 @@ def test_compose_defines_the_stack(compose):
     assert set(compose["services"]) >= {"redis", *REPLICAS, "haproxy"}
 
 
+def redis_script(command: list[str]) -> tuple[list[str], list[str]]:
+    """A Redis service's `sh -c` command: the script's lines before its last, and the redis-server argv it ends in."""
+    assert command[:2] == ["sh", "-c"], command
+    script = interpolate(command[2], HOST_ENV)
+    *body, last = script.rstrip("\n").splitlines()
+    words = shlex.split(last)
+    assert words[:3] == ["exec", "docker-entrypoint.sh", "redis-server"], "the image's entrypoint drops root"
+    # "$@": the arguments after the script, past its $0.
+    argv = [w for w in words[2:] if w != "$@"]
+    if "$@" in words:
+        argv += [interpolate(a, HOST_ENV) for a in command[4:]]
+    return body, argv
+
+
+def start_compose_redis(command: list[str], tmp: Path, port: int, env: dict[str, str]) -> subprocess.Popen:
+    """A Redis service's command run here, on loopback: its files in `tmp`, not replicating from anything."""
+    body, argv = redis_script(command)
+    for option, values in (("--replicaof", 2), ("--replica-announce-ip", 1)):
+        if option in argv:
+            i = argv.index(option)
+            del argv[i:i + 1 + values]
+    argv = [a.replace("/data/", f"{tmp}/") for a in argv]
+    argv += ["--bind", "127.0.0.1", "--port", str(port), "--dir", str(tmp)]
+    script = "\n".join(body).replace("/data/", f"{tmp}/") + "\nexec " + shlex.join(argv) + "\n"
+    with open(tmp / "redis.log", "wb") as log:
+        return subprocess.Popen(["sh", "-c", script], env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env},
+                                stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_for_pong(port: int, password: str, log: Path) -> None:
+    from stack import redis_command
+
+    for _ in range(100):
+        if redis_command("127.0.0.1", port, "PING", password=password) == "PONG":
+            return
+        time.sleep(0.05)
+    raise AssertionError(log.read_text())
+
+
+def acl_users(text: str) -> dict[str, str]:
+    """`user NAME on #HASH RULES` lines: NAME -> RULES."""
+    users = {}
+    for line in text.splitlines():
+        if m := re.fullmatch(r"user (\S+) on #\$\(hash \"\$(\w+)\"\) ?(.*)", line.strip()):
+            users[m.group(1)] = m.group(3)
+    return users
+
+
 def test_redis_persists_with_aof_and_has_a_healthcheck(compose):
     redis = service(compose, "redis")
-    command = redis["command"]
-    argv = shlex.split(command) if isinstance(command, str) else [str(arg) for arg in command]
+    _, argv = redis_script(redis["command"])
     assert argv[0] == "redis-server"
     assert "--appendonly" in argv and argv[argv.index("--appendonly") + 1] == "yes"
     check = redis.get("healthcheck") or {}
@@ -143,6 +192,8 @@ def test_replica_identity_and_store(compose, name):
     assert redis_url.scheme == "redis"
     assert redis_url.hostname == "redis" and "redis" in compose["services"]
     assert (redis_url.port or 6379) == 6379
+    assert redis_url.password is None, "credentials come from REDIS_USERNAME and REDIS_PASSWORD"
+    assert (env["REDIS_USERNAME"], env["REDIS_PASSWORD"]) == ("mcp", HOST_ENV["REDIS_PASSWORD"])
     assert env["HOST"] == "0.0.0.0", "a replica bound to loopback is unreachable from haproxy's container"
 
 
@@ -334,9 +385,9 @@ def sentinel_file() -> dict:
 
 
 def sentinel_conf(svc: dict) -> str:
-    """The sentinel.conf a sentinel service writes before it starts."""
-    script = svc["command"][-1]
-    return script.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+    """The sentinel.conf a sentinel service writes before it starts (compose's `$$` read as `$`)."""
+    script = interpolate(svc["command"][-1], HOST_ENV)
+    return script.split("<<EOF\n", 1)[1].split("\nEOF\n", 1)[0]
 
 
 def test_the_sentinel_file_adds_a_replica_and_three_sentinels_watching_the_primary(sentinel_file: dict) -> None:
@@ -360,27 +411,124 @@ def test_with_the_sentinel_file_the_replicas_ask_the_sentinels(compose: dict, se
 
 
 @pytest.mark.timeout(60)
-def test_the_sentinel_config_compose_writes_runs_in_a_real_sentinel(sentinel_file: dict, redis_stack, tmp_path: Path) -> None:
-    """The directives themselves, on redis-server --sentinel here, pointed at a real primary on loopback."""
+def test_the_sentinel_config_compose_writes_runs_in_a_real_sentinel(sentinel_file: dict, tmp_path: Path) -> None:
+    """The directives themselves, on redis-server --sentinel here, logging in to the sentinel file's own
+    primary (its command, run here on loopback), and asking for a password itself."""
     from conftest import free_ports
-    from stack import redis_info
+    from stack import redis_command, redis_info
 
-    (port,) = free_ports(1)
-    conf = sentinel_conf(sentinel_file["services"]["sentinel-1"])
-    conf = conf.replace("port 26379", f"bind 127.0.0.1\nport {port}\ndir {tmp_path}")
-    conf = conf.replace("mymaster redis 6379", f"mymaster 127.0.0.1 {redis_stack.config.redis_port}")
-    (tmp_path / "sentinel.conf").write_text(conf + "\n")
-    with open(tmp_path / "sentinel.log", "wb") as log:
-        proc = subprocess.Popen(["redis-server", str(tmp_path / "sentinel.conf"), "--sentinel"], stdout=log,
-                                stderr=subprocess.STDOUT)
+    port, redis_port = free_ports(2)
+    (tmp_path / "redis").mkdir()
+    redis = sentinel_file["services"]["redis"]
+    primary = start_compose_redis(redis["command"], tmp_path / "redis", redis_port, environment(redis))
+    proc = None
     try:
+        wait_for_pong(redis_port, HOST_ENV["REDIS_ADMIN_PASSWORD"], tmp_path / "redis" / "redis.log")
+        # The service's own script, which writes the config (hashing the passwords) and starts Sentinel.
+        sentinel = sentinel_file["services"]["sentinel-1"]
+        script = interpolate(sentinel["command"][-1], HOST_ENV).replace("/data/", f"{tmp_path}/")
+        script = script.replace("port 26379", f"bind 127.0.0.1\nport {port}\ndir {tmp_path}")
+        script = script.replace("mymaster redis 6379", f"mymaster 127.0.0.1 {redis_port}")
+        script = script.replace(f"exec redis-sentinel {tmp_path}/sentinel.conf",
+                                f"exec redis-server {tmp_path}/sentinel.conf --sentinel")
+        assert "exec redis-server" in script
+        with open(tmp_path / "sentinel.log", "wb") as log:
+            proc = subprocess.Popen(["sh", "-c", script], stdout=log, stderr=subprocess.STDOUT,
+                                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **environment(sentinel)})
         status = ""
         for _ in range(100):
-            status = redis_info("127.0.0.1", port, "sentinel").get("master0", "")
+            info = redis_info("127.0.0.1", port, "sentinel", password=HOST_ENV["REDIS_ADMIN_PASSWORD"])
+            status = info.get("master0", "")
             if "status=ok" in status:
                 break
             time.sleep(0.1)
         assert "name=mymaster,status=ok" in status, (tmp_path / "sentinel.log").read_text()
+        assert str(redis_command("127.0.0.1", port, "PING")).startswith("NOAUTH")
+        kit = {"user": "mcp", "password": HOST_ENV["REDIS_PASSWORD"]}
+        address = redis_command("127.0.0.1", port, "SENTINEL", "get-master-addr-by-name", "mymaster", **kit)
+        assert address == ["127.0.0.1", str(redis_port)]
+        assert str(redis_command("127.0.0.1", port, "SENTINEL", "failover", "mymaster", **kit)).startswith("NOPERM")
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=10)
+        primary.terminate()
+        primary.wait(timeout=10)
+
+
+# -- Redis's passwords and ACL (issue 6) ----------------------------------------------------
+
+
+def requires(svc: dict, variable: str) -> bool:
+    """compose refuses to start the service while `variable` is unset or empty."""
+    for host_env in ({k: v for k, v in HOST_ENV.items() if k != variable}, {**HOST_ENV, variable: ""}):
+        try:
+            environment(svc, host_env)
+        except MissingVariable as exc:
+            if variable in str(exc):
+                continue
+        return False
+    return True
+
+
+def test_compose_ships_no_redis_password_and_refuses_to_start_without_one(compose, sentinel_file):
+    admin, kit, sentinel, replication = ("REDIS_ADMIN_PASSWORD", "REDIS_PASSWORD", "REDIS_SENTINEL_AUTH_PASSWORD",
+                                         "REDIS_REPLICATION_PASSWORD")
+    assert requires(service(compose, "redis"), admin) and requires(service(compose, "redis"), kit)
+    for name in REPLICAS:
+        assert requires(service(compose, name), kit)
+        assert requires(sentinel_file["services"][name], kit)
+    for name in ("redis", "redis-2"):
+        assert all(requires(sentinel_file["services"][name], v) for v in (admin, kit, sentinel, replication)), name
+    for name in SENTINELS:
+        assert all(requires(sentinel_file["services"][name], v) for v in (admin, kit, sentinel)), name
+    # The health checks log in as the admin, from the environment.
+    for svc in (service(compose, "redis"), *(sentinel_file["services"][name] for name in ("redis-2", "sentinel-1"))):
+        assert environment(svc)["REDISCLI_AUTH"] == HOST_ENV[admin]
+
+
+def test_composes_acl_is_the_local_stacks(compose, sentinel_file):
+    from stack import REDIS_KIT_ACL, REDIS_REPLICATION_ACL, REDIS_SENTINEL_ACL, REDIS_SENTINEL_KIT_ACL
+
+    every = {"default": "~* &* +@all", "mcp": REDIS_KIT_ACL}
+    assert acl_users(interpolate(service(compose, "redis")["command"][2], HOST_ENV)) == every
+    for name in ("redis", "redis-2"):
+        body, _ = redis_script(sentinel_file["services"][name]["command"])
+        assert acl_users("\n".join(body)) == {**every, "sentinel": REDIS_SENTINEL_ACL,
+                                              "replication": REDIS_REPLICATION_ACL}
+        assert "masteruser replication" in body
+    for name in SENTINELS:
+        conf = sentinel_conf(sentinel_file["services"][name])
+        assert acl_users(conf) == {"default": "~* &* +@all", "mcp": REDIS_SENTINEL_KIT_ACL}
+        assert "sentinel auth-user mymaster sentinel" in conf.splitlines()
+    # No password on a command line: docker inspect and ps show those.
+    for svc in (service(compose, "redis"), *sentinel_file["services"].values()):
+        command = interpolate(json.dumps(svc.get("command", "")), HOST_ENV)
+        assert not any(password in command for password in HOST_ENV.values()), svc.get("command")
+
+
+@pytest.mark.timeout(60)
+def test_composes_redis_command_runs_with_its_acl(compose, tmp_path: Path) -> None:
+    """The base file's Redis command, run here: unauthenticated clients refused, the kit's user held to its ACL."""
+    from conftest import free_ports
+    from stack import redis_command
+
+    (port,) = free_ports(1)
+    redis = service(compose, "redis")
+    proc = start_compose_redis(redis["command"], tmp_path, port, environment(redis))
+    try:
+        wait_for_pong(port, HOST_ENV["REDIS_ADMIN_PASSWORD"], tmp_path / "redis.log")
+        assert str(redis_command("127.0.0.1", port, "PING")).startswith("NOAUTH")
+        kit = {"user": "mcp", "password": HOST_ENV["REDIS_PASSWORD"]}
+        assert redis_command("127.0.0.1", port, "PING", **kit) == "PONG"
+        script = "return redis.call('HINCRBY', KEYS[1], 'n', 1)"
+        sha = redis_command("127.0.0.1", port, "SCRIPT", "LOAD", script, **kit)
+        assert redis_command("127.0.0.1", port, "EVALSHA", sha, "1", "mcp:compose", **kit) == 1
+        assert str(redis_command("127.0.0.1", port, "FLUSHALL", **kit)).startswith("NOPERM")
+        assert "NOPERM" in str(redis_command("127.0.0.1", port, "EVALSHA", sha, "1", "other", **kit))
+        acl_file = (tmp_path / "users.acl").read_text()
+        assert not any(password in acl_file for password in HOST_ENV.values()), "passwords are stored hashed"
+        assert (tmp_path / "users.acl").stat().st_mode & 0o077 == 0
     finally:
         proc.terminate()
         proc.wait(timeout=10)

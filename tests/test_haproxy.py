@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import subprocess
 import uuid
 from collections import Counter
@@ -212,3 +213,73 @@ async def test_a_flood_from_one_address_gets_429_and_the_stack_stays_healthy(
     replica = limited_stack.config.replica_ports[0]
     assert (await http.get(f"http://127.0.0.1:{replica}/health")).status_code == 200
     assert limited_stack.healthy("haproxy") and limited_stack.healthy("mcp-server-1")
+
+
+# -- TLS (issue 6) ----------------------------------------------------------------------
+
+
+def _trusting(cert: Path) -> ssl.SSLContext:
+    """A client context trusting exactly the stack's self-signed certificate, hostname checked."""
+    return ssl.create_default_context(cafile=str(cert))
+
+
+async def test_an_mcp_session_over_tls_with_the_stacks_certificate(stack: Stack) -> None:
+    async with httpx2.AsyncClient(verify=_trusting(stack.config.tls_cert), timeout=30) as https:
+        session = RawSession(https, stack.config.mcp_https_url)
+        await session.initialize()
+        assert (await session.call("increment_counter"))["counter"] == 1
+        assert (await session.call("add_note", {"note": "over tls"}))["notes_count"] == 1
+        assert (await session.call("get_counter"))["counter"] == 1
+    # One frontend behind both addresses: plain HTTP still serves, the same session included.
+    async with httpx2.AsyncClient(timeout=30) as http:
+        plain = RawSession(http, stack.config.mcp_url)
+        plain.session_id = session.session_id
+        assert (await plain.call("increment_counter"))["counter"] == 2
+
+
+async def test_a_client_that_does_not_trust_the_certificate_is_refused(stack: Stack) -> None:
+    # The system's CAs did not sign it, so it proves nothing to a client that has not been given it.
+    async with httpx2.AsyncClient(timeout=10) as untrusting:
+        with pytest.raises(httpx2.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            await untrusting.get(stack.config.mcp_https_url.removesuffix("/mcp") + "/health")
+
+
+def test_the_certificate_names_the_stack_and_its_key_is_private(stack: Stack) -> None:
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate(stack.config.tls_cert.read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["localhost"]
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == [stack.config.host]
+    assert b"PRIVATE KEY" not in stack.config.tls_cert.read_bytes()
+    assert b"PRIVATE KEY" in stack.config.tls_pem.read_bytes()
+    assert stack.config.tls_pem.stat().st_mode & 0o077 == 0
+    assert stack.service("haproxy").env["HAPROXY_TLS_CERT"] == str(stack.config.tls_pem)
+
+
+def test_config_is_valid_without_tls_and_reads_the_tls_variables(stack: Stack, tmp_path: Path) -> None:
+    env = {k: v for k, v in {**os.environ, **stack.service("haproxy").env}.items() if not k.startswith("HAPROXY_TLS_")}
+    for unset in ({}, {"HAPROXY_TLS_CERT": ""}):  # empty, as compose passes an unset variable: no TLS either
+        plain = subprocess.run(["haproxy", "-c", "-f", str(CONFIG)], env={**env, **unset}, capture_output=True,
+                               text=True)
+        assert plain.returncode == 0, plain.stdout + plain.stderr
+    for tls in ({"HAPROXY_TLS_CERT": str(tmp_path / "missing.pem")},
+                {"HAPROXY_TLS_CERT": str(stack.config.tls_pem), "HAPROXY_TLS_BIND": "127.0.0.1:not-a-port"}):
+        broken = subprocess.run(["haproxy", "-c", "-f", str(CONFIG)], env={**env, **tls}, capture_output=True,
+                                text=True)
+        assert broken.returncode != 0, tls
+
+
+async def test_haproxy_tells_replicas_the_clients_scheme_and_not_what_the_client_claims(
+    stack: Stack, header_probe: tuple[dict[str, str], list[dict[str, str]]]
+) -> None:
+    urls, seen = header_probe
+    forged = {"X-Forwarded-Proto": "https", "Forwarded": "proto=https"}
+    async with httpx2.AsyncClient(verify=_trusting(stack.config.tls_cert), timeout=10) as client:
+        for scheme, expected in (("http", None), ("https", "https")):
+            probe = uuid.uuid4().hex
+            assert (await client.get(f"{urls[scheme]}/probe?{probe}", headers=forged)).status_code == 200
+            (headers,) = [h for h in seen if h[":path"] == f"/probe?{probe}"]
+            assert headers.get("x-forwarded-proto") == expected, (scheme, headers)
+            assert "forwarded" not in headers
+            assert headers["x-forwarded-for"] == "127.0.0.1"

@@ -27,7 +27,7 @@ def redis_eval(stack: Stack, script: str, prefix: str, marker: str) -> None:
     keys = [f"{prefix}:session:", f"{prefix}:sessions"]
     subprocess.run(
         ["redis-cli", "-p", str(stack.config.redis_port), "EVAL", script, "2", *keys, str(SESSIONS), marker],
-        check=True, capture_output=True, timeout=120,
+        check=True, capture_output=True, timeout=120, env=stack.config.redis_cli_env,
     )
 
 
@@ -62,10 +62,10 @@ async def test_get_server_info_costs_the_same_at_100k_sessions(stack: Stack, raw
 
 @pytest.mark.timeout(300)
 async def test_count_sessions_costs_the_same_at_100k_sessions(redis_stack: Stack) -> None:
-    empty_prefix, full_prefix, marker = f"e{uuid.uuid4().hex[:8]}", f"f{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:8]
+    empty_prefix, full_prefix, marker = f"mcp:e{uuid.uuid4().hex[:8]}", f"mcp:f{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:8]
     redis_eval(redis_stack, FILL, full_prefix, marker)
-    empty = RedisSessionStore(redis_stack.config.redis_url, prefix=empty_prefix)
-    full = RedisSessionStore(redis_stack.config.redis_url, prefix=full_prefix)
+    empty = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=empty_prefix)
+    full = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=full_prefix)
     try:
         assert await full.count_sessions() == SESSIONS
         assert await empty.count_sessions() == 0

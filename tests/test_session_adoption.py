@@ -26,7 +26,8 @@ def direct(stack: Stack, http: httpx2.AsyncClient, replica: str, session_id: str
 
 
 def redis_cli(stack: Stack, *args: str) -> str:
-    result = subprocess.run(["redis-cli", "-p", str(stack.config.redis_port), *args], capture_output=True, text=True)
+    result = subprocess.run(["redis-cli", "-p", str(stack.config.redis_port), *args], capture_output=True, text=True,
+                            env=stack.config.redis_cli_env)
     return result.stdout.strip()
 
 

@@ -49,18 +49,25 @@ def sentinels_of(stack: Stack) -> list[tuple[str, int]]:
     return [(stack.config.host, port) for port in stack.config.sentinel_ports]
 
 
+def auth_of(stack: Stack) -> dict[str, str]:
+    """The replicas' credentials, for the servers and the sentinels."""
+    return {**stack.config.redis_auth, **stack.config.sentinel_auth}
+
+
 @pytest.fixture(params=["memory", "redis", "sentinel"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
     if request.param == "memory":
         yield InMemorySessionStore()
         return
     # A prefix of its own per test keeps the tests' sessions and counts apart.
-    prefix = f"t{new_id()[:8]}"
+    prefix = f"mcp:t{new_id()[:8]}"
     if request.param == "redis":
-        s = RedisSessionStore(request.getfixturevalue("redis_stack").config.redis_url, prefix=prefix)
+        s = RedisSessionStore(request.getfixturevalue("redis_stack").config.redis_url, prefix=prefix,
+                              **request.getfixturevalue("redis_stack").config.redis_auth)
     else:
-        s = RedisSessionStore(sentinels=sentinels_of(request.getfixturevalue("sentinel_stack")), prefix=prefix,
-                              wait_replicas=1)
+        sentinel_stack = request.getfixturevalue("sentinel_stack")
+        s = RedisSessionStore(sentinels=sentinels_of(sentinel_stack), **auth_of(sentinel_stack),
+                              prefix=prefix, wait_replicas=1)
     yield s
     await s.aclose()
 
@@ -370,7 +377,8 @@ async def test_memory_store_expires_idle_sessions() -> None:
 
 
 async def test_redis_store_expires_idle_sessions(redis_stack: Stack) -> None:
-    store = RedisSessionStore(redis_stack.config.redis_url, prefix=f"t{new_id()[:8]}", ttl_seconds=1)
+    store = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth,
+                              prefix=f"mcp:t{new_id()[:8]}", ttl_seconds=1)
     try:
         sid = new_id()
         await store.open_session(sid, RECORD)
@@ -385,12 +393,14 @@ async def test_redis_store_expires_idle_sessions(redis_stack: Stack) -> None:
 
 
 async def test_redis_store_keeps_one_key_per_session_with_the_ttl(redis_stack: Stack) -> None:
-    prefix = f"t{new_id()[:8]}"
-    store = RedisSessionStore(redis_stack.config.redis_url, prefix=prefix, ttl_seconds=600)
+    prefix = f"mcp:t{new_id()[:8]}"
+    store = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=prefix,
+                              ttl_seconds=600)
     cli = ["redis-cli", "-p", str(redis_stack.config.redis_port)]
 
     def redis(*args: str) -> str:
-        return subprocess.run([*cli, *args], capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run([*cli, *args], capture_output=True, text=True, check=True,
+                              env=redis_stack.config.redis_cli_env).stdout.strip()
 
     try:
         sid = new_id()
@@ -432,7 +442,8 @@ async def test_redis_store_retries_a_write_with_an_op_id_whose_reply_was_lost(re
     With an op id the retry replays the recorded result (applied once); without
     one the write is not sent again, and the caller hears the store is unavailable.
     """
-    store = RedisSessionStore(redis_stack.config.redis_url, prefix=f"t{new_id()[:8]}", timeout_seconds=0.5)
+    store = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth,
+                              prefix=f"mcp:t{new_id()[:8]}", timeout_seconds=0.5)
     sid = new_id()
     try:
         await store.incr(sid, "counter")
@@ -487,7 +498,8 @@ async def test_a_write_no_replica_acknowledged_fails_and_its_retry_applies_it_on
     The write did happen there; sent again with the same op once the replica is back, it is
     replayed (counted once), and now acknowledged.
     """
-    store = RedisSessionStore(sentinels=sentinels_of(sentinel_stack), prefix=f"t{new_id()[:8]}",
+    store = RedisSessionStore(sentinels=sentinels_of(sentinel_stack), **auth_of(sentinel_stack),
+                              prefix=f"mcp:t{new_id()[:8]}",
                               wait_replicas=1, wait_timeout_ms=300)
     sid = new_id()
     primary = sentinel_stack.redis_primary()
@@ -509,7 +521,8 @@ async def test_a_write_no_replica_acknowledged_fails_and_its_retry_applies_it_on
         assert await store.incr(sid, "counter", op=Op("b", "d")) == 2
         assert await store.get(sid, "counter") == 2
         # Without waiting, the same paused replica holds nothing up.
-        fast = RedisSessionStore(sentinels=sentinels_of(sentinel_stack), prefix=store._prefix)
+        fast = RedisSessionStore(sentinels=sentinels_of(sentinel_stack), **auth_of(sentinel_stack),
+                                 prefix=store._prefix)
         sentinel_stack.signal(replica, signal.SIGSTOP)
         try:
             assert await fast.incr(sid, "counter") == 3
@@ -522,7 +535,8 @@ async def test_a_write_no_replica_acknowledged_fails_and_its_retry_applies_it_on
 
 @pytest.mark.timeout(30)
 async def test_a_burst_through_sentinel_queues_for_the_bounded_pool(sentinel_stack: Stack) -> None:
-    store = RedisSessionStore(sentinels=sentinels_of(sentinel_stack), prefix=f"t{new_id()[:8]}", max_connections=4)
+    store = RedisSessionStore(sentinels=sentinels_of(sentinel_stack), **auth_of(sentinel_stack),
+                              prefix=f"mcp:t{new_id()[:8]}", max_connections=4)
     sid = new_id()
     try:
         await asyncio.gather(*(store.incr(sid, "counter") for _ in range(200)))
@@ -546,7 +560,8 @@ async def store_of_5_events(request: pytest.FixtureRequest) -> AsyncIterator[Ses
         yield InMemorySessionStore(max_events=5)
         return
     redis_stack: Stack = request.getfixturevalue("redis_stack")
-    s = RedisSessionStore(redis_stack.config.redis_url, prefix=f"t{new_id()[:8]}", max_events=5)
+    s = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth,
+                              prefix=f"mcp:t{new_id()[:8]}", max_events=5)
     yield s
     await s.aclose()
 
@@ -660,23 +675,28 @@ async def test_memory_store_expires_event_logs_a_ttl_after_the_latest_event() ->
 
 
 async def test_redis_store_keeps_a_sessions_events_in_one_list_with_the_event_ttl(redis_stack: Stack) -> None:
-    prefix = f"t{new_id()[:8]}"
-    store = RedisSessionStore(redis_stack.config.redis_url, prefix=prefix, event_ttl_seconds=600)
+    prefix = f"mcp:t{new_id()[:8]}"
+    store = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=prefix,
+                              event_ttl_seconds=600)
     try:
         sid = new_id()
         await store.add_event(sid, "s", None)
         await store.add_event(sid, "s", "{}")
         cli = ["redis-cli", "-p", str(redis_stack.config.redis_port)]
-        keys = subprocess.run([*cli, "--scan", "--pattern", f"{prefix}:*"], capture_output=True, text=True).stdout.split()
+        keys = subprocess.run([*cli, "--scan", "--pattern", f"{prefix}:*"], capture_output=True, text=True,
+                              env=redis_stack.config.redis_cli_env).stdout.split()
         assert keys == [f"{prefix}:events:{sid}"]
-        assert subprocess.run([*cli, "TYPE", keys[0]], capture_output=True, text=True).stdout.strip() == "list"
-        assert 590 <= int(subprocess.run([*cli, "TTL", keys[0]], capture_output=True, text=True).stdout) <= 600
+        assert subprocess.run([*cli, "TYPE", keys[0]], capture_output=True, text=True,
+                              env=redis_stack.config.redis_cli_env).stdout.strip() == "list"
+        assert 590 <= int(subprocess.run([*cli, "TTL", keys[0]], capture_output=True, text=True,
+                              env=redis_stack.config.redis_cli_env).stdout) <= 600
     finally:
         await store.aclose()
 
 
 async def test_redis_store_expires_event_logs(redis_stack: Stack) -> None:
-    store = RedisSessionStore(redis_stack.config.redis_url, prefix=f"t{new_id()[:8]}", event_ttl_seconds=1)
+    store = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth,
+                              prefix=f"mcp:t{new_id()[:8]}", event_ttl_seconds=1)
     try:
         sid = new_id()
         first = await store.add_event(sid, "s", None)
@@ -694,7 +714,8 @@ async def test_a_store_reports_each_write_it_replays(kind: str, request: pytest.
         store: SessionStore = InMemorySessionStore(on_replay=replays.append)
     else:
         store = RedisSessionStore(request.getfixturevalue("redis_stack").config.redis_url,
-                                  prefix=f"t{new_id()[:8]}", on_replay=replays.append)
+                                  **request.getfixturevalue("redis_stack").config.redis_auth, prefix=f"mcp:t{new_id()[:8]}",
+                                  on_replay=replays.append)
     sid = new_id()
     try:
         assert await store.incr(sid, "counter", op=Op("k", "d")) == 1
@@ -709,7 +730,8 @@ async def test_a_store_reports_each_write_it_replays(kind: str, request: pytest.
 @pytest.mark.timeout(30)
 async def test_an_outage_that_ended_leaves_later_calls_their_whole_retry_window(redis_stack: Stack) -> None:
     """A ping after Redis came back ends the outage, so a later blip is retried, not failed at once."""
-    store = RedisSessionStore(redis_stack.config.redis_url, prefix=f"t{new_id()[:8]}", timeout_seconds=0.3,
+    store = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth,
+                              prefix=f"mcp:t{new_id()[:8]}", timeout_seconds=0.3,
                               retry_seconds=1.5)
     sid = new_id()
     try:

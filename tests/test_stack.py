@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import free_ports, running_stack, stack_config
-from stack import Stack, redis_info
+from stack import Stack, StackError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,6 +52,14 @@ def test_ps_json_lists_every_service_with_pid_address_and_state(own_stack: Stack
         host, port = row["address"].rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=2):
             pass
+
+
+def test_ps_prints_the_endpoints_the_https_url_and_its_certificate(own_stack: Stack) -> None:
+    result = cli(own_stack, "ps", env={"COLUMNS": "400"})
+    assert result.returncode == 0, result.stderr
+    c = own_stack.config
+    for shown in (c.mcp_url, c.mcp_https_url, str(c.tls_cert), c.stats_password):
+        assert shown in result.stdout, shown
 
 
 def test_stop_and_start_behave_like_compose(own_stack: Stack) -> None:
@@ -174,6 +182,16 @@ def test_up_refuses_to_switch_a_running_stack_to_another_redis_mode(sentinel_sta
     assert all(row["state"] == "running" for row in ps_json(sentinel_stack).values())
 
 
+def test_a_stack_dir_from_before_redis_had_passwords_is_refused_clearly(tmp_path: Path) -> None:
+    stack = Stack(stack_config(tmp_path, replicas=1, redis_mode="sentinel"))
+    conf = tmp_path / "redis-1" / "redis.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(f"bind 127.0.0.1\nport {stack.config.redis_port}\n")
+    with pytest.raises(StackError, match="from before Redis had passwords.*stack.py down"):
+        stack.start("redis-1")
+    assert stack.pid("redis-1") is None
+
+
 @pytest.mark.timeout(180)
 def test_a_sentinel_stack_comes_back_up_around_the_primary_it_went_down_with(tmp_path: Path) -> None:
     """After a failover, down then up starts the promoted server as the primary and the other as its replica."""
@@ -190,7 +208,7 @@ def test_a_sentinel_stack_comes_back_up_around_the_primary_it_went_down_with(tmp
         stack.down()
         stack.up()
         assert stack.redis_primary() == "redis-2"
-        replication = redis_info(stack.config.host, stack.service("redis-1").port, "replication")
+        replication = stack.redis_info("redis-1", "replication")
         assert replication["role"] == "slave" and replication["master_link_status"] == "up"
         assert replication["master_port"] == str(stack.service("redis-2").port)
     finally:

@@ -1,0 +1,122 @@
+"""Redis behind passwords and an ACL (issue 6): nobody gets in unauthenticated, and the kit's own
+user can do what stores/redis_store.py does and nothing else. That it can do all of that is
+tests/test_session_store.py's job: the store suite runs as this user, alone and through Sentinel."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from stack import REDIS_SECRETS, REDIS_SECRETS_FILE, Stack, StackConfig, redis_command
+
+# Harmless forms of what the kit never needs: reading everything, wiping, reconfiguring, replicating.
+REFUSED = [
+    ("FLUSHALL",), ("FLUSHDB",), ("KEYS", "*"), ("SCAN", "0"), ("CONFIG", "GET", "requirepass"),
+    ("DEBUG", "SLEEP", "0"), ("ACL", "LIST"), ("INFO",), ("CLIENT", "LIST"), ("MONITOR",), ("SHUTDOWN", "NOSAVE"),
+    ("REPLICAOF", "NO", "ONE"), ("EVAL", "return 1", "0"), ("SCRIPT", "FLUSH"), ("FUNCTION", "LIST"),
+    ("SELECT", "1"), ("SUBSCRIBE", "x"), ("DEL", "mcp:sessions"), ("GET", "mcp:sessions"), ("SET", "mcp:x", "1"),
+]
+
+
+def as_kit(stack: Stack, name: str, *words: str) -> object:
+    c = stack.config
+    return redis_command(c.host, stack.service(name).port, *words, user=c.redis_user, password=c.redis_password)
+
+
+def error_of(reply: object) -> str:
+    assert isinstance(reply, Exception), f"expected an error reply, got {reply!r}"
+    return str(reply)
+
+
+@pytest.mark.parametrize("stack_name,server", [("redis_stack", "redis"), ("sentinel_stack", "redis-1"),
+                                               ("sentinel_stack", "redis-2"), ("sentinel_stack", "sentinel-1")])
+def test_an_unauthenticated_client_is_refused(stack_name: str, server: str, request: pytest.FixtureRequest) -> None:
+    stack: Stack = request.getfixturevalue(stack_name)
+    port = stack.service(server).port
+    assert error_of(redis_command(stack.config.host, port, "PING")).startswith("NOAUTH")
+    assert error_of(redis_command(stack.config.host, port, "PING", password="wrong")).startswith("WRONGPASS")
+    assert error_of(redis_command(stack.config.host, port, "PING", user=stack.config.redis_user,
+                                  password=stack.config.redis_admin_password)).startswith("WRONGPASS")
+    assert stack.redis_command(server, "PING") == "PONG"  # the admin, as stack.py's health checks
+
+
+@pytest.mark.parametrize("words", REFUSED, ids=lambda w: " ".join(w))
+def test_the_kits_user_may_not_run_what_the_kit_does_not_need(redis_stack: Stack, words: tuple[str, ...]) -> None:
+    error = error_of(as_kit(redis_stack, "redis", *words))
+    # DEBUG is also off for everyone (enable-debug-command); the ACL's own answer says the user may not either.
+    assert error.startswith("NOPERM") or words[0] == "DEBUG", error
+    dry_run = redis_stack.redis_command("redis", "ACL", "DRYRUN", redis_stack.config.redis_user, *words)
+    assert isinstance(dry_run, str) and "no permissions" in dry_run, dry_run
+
+
+def test_the_kits_user_reaches_only_the_kits_keys(redis_stack: Stack) -> None:
+    other = f"other:{uuid.uuid4().hex}"
+    assert redis_stack.redis_command("redis", "HSET", other, "f", "secret") == 1
+    try:
+        assert error_of(as_kit(redis_stack, "redis", "HGET", other, "f")).startswith("NOPERM")
+        assert error_of(as_kit(redis_stack, "redis", "HSET", other, "f", "x")).startswith("NOPERM")
+        # A script it may load cannot reach further: the keys it is given and every command it calls are checked.
+        reach = "return redis.call('HGET', KEYS[1], 'f')"
+        sha = as_kit(redis_stack, "redis", "SCRIPT", "LOAD", reach)
+        assert isinstance(sha, str)
+        assert "NOPERM" in error_of(as_kit(redis_stack, "redis", "EVALSHA", sha, "1", other))
+        sneak = "return redis.call('HGET', '" + other + "', 'f')"
+        sha = as_kit(redis_stack, "redis", "SCRIPT", "LOAD", sneak)
+        assert "can't access" in error_of(as_kit(redis_stack, "redis", "EVALSHA", sha, "1", "mcp:x"))
+        flush = as_kit(redis_stack, "redis", "SCRIPT", "LOAD", "return redis.call('FLUSHALL')")
+        assert "can't run this command" in error_of(as_kit(redis_stack, "redis", "EVALSHA", flush, "0"))
+        assert redis_stack.redis_command("redis", "HGET", other, "f") == "secret"
+        # Its own keys it can use, the way the store does.
+        own = f"mcp:acl-test:{uuid.uuid4().hex}"
+        sha = as_kit(redis_stack, "redis", "SCRIPT", "LOAD", "return redis.call('HINCRBY', KEYS[1], 'n', 1)")
+        assert as_kit(redis_stack, "redis", "EVALSHA", sha, "1", own) == 1
+        assert as_kit(redis_stack, "redis", "PING") == "PONG"
+        redis_stack.redis_command("redis", "DEL", own)
+    finally:
+        redis_stack.redis_command("redis", "DEL", other)
+
+
+def test_on_the_sentinels_the_kits_user_may_only_ask_for_the_primary(sentinel_stack: Stack) -> None:
+    address = as_kit(sentinel_stack, "sentinel-1", "SENTINEL", "get-master-addr-by-name", "mymaster")
+    assert isinstance(address, list) and len(address) == 2
+    assert isinstance(as_kit(sentinel_stack, "sentinel-1", "SENTINEL", "masters"), list)
+    for words in (("SENTINEL", "failover", "mymaster"), ("SENTINEL", "remove", "mymaster"),
+                  ("SENTINEL", "set", "mymaster", "down-after-milliseconds", "1"), ("SENTINEL", "reset", "*"),
+                  ("SENTINEL", "config", "get", "*"), ("SHUTDOWN",), ("ACL", "LIST")):
+        assert error_of(as_kit(sentinel_stack, "sentinel-1", *words)).startswith("NOPERM"), words
+
+
+def test_the_replicas_get_the_kits_user_and_the_passwords_stay_private(sentinel_stack: Stack) -> None:
+    c = sentinel_stack.config
+    env = sentinel_stack.service("mcp-server-1").env
+    assert (env["REDIS_USERNAME"], env["REDIS_PASSWORD"]) == (c.redis_user, c.redis_password)
+    assert (env["REDIS_SENTINEL_USERNAME"], env["REDIS_SENTINEL_PASSWORD"]) == (c.redis_user, c.redis_password)
+    assert c.redis_user != "default" and len({getattr(c, name) for name in REDIS_SECRETS}) == len(REDIS_SECRETS)
+    recorded = json.loads(sentinel_stack.state_file.read_text())["config"]
+    assert recorded["redis_admin_password"] == c.redis_admin_password
+    for path in (sentinel_stack.state_file, c.state_dir / REDIS_SECRETS_FILE):
+        assert path.stat().st_mode & 0o077 == 0, path
+    assert c.state_dir.stat().st_mode & 0o077 == 0  # the config files in it hold passwords too
+    for name in c.redis_names():
+        argv = " ".join(json.loads(sentinel_stack.state_file.read_text())["processes"][name]["argv"])
+        assert not any(getattr(c, secret) in argv for secret in REDIS_SECRETS), f"a password in {name}'s argv"
+
+
+def test_a_stack_dir_keeps_its_redis_passwords_across_down_and_up(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its Redis config files and data outlive `down`, so the next `up` must bring the same passwords."""
+    for variable in REDIS_SECRETS.values():
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("STACK_DIR", str(tmp_path))
+    first = StackConfig.from_env()
+    assert StackConfig.from_env().redis_admin_password != first.redis_admin_password  # nothing kept yet
+    Stack(first)._keep_redis_secrets()
+    again = StackConfig.from_env()
+    assert all(getattr(again, name) == getattr(first, name) for name in REDIS_SECRETS)
+    monkeypatch.setenv("REDIS_ADMIN_PASSWORD", "from-the-environment")
+    assert StackConfig.from_env().redis_admin_password == "from-the-environment"
+    assert os.stat(tmp_path / REDIS_SECRETS_FILE).st_mode & 0o077 == 0
