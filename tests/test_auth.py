@@ -52,10 +52,16 @@ def other_replica(stack: Stack, replica: str) -> str:
     return next(name for name in stack.config.replica_names() if name != replica)
 
 
-def epoch_of(stack: Stack, session_id: str) -> str:
-    """The session's ownership epoch in Redis ("" once its record is gone): adoption and DELETE both change it."""
-    cli = ["redis-cli", "-p", str(stack.config.redis_port), "HGET", f"mcp:session:{session_id}", ".epoch"]
-    return subprocess.run(cli, capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+def redis(stack: Stack, *words: str) -> object:
+    """One command to the stack's Redis as its admin; an error reply fails the test instead of comparing equal."""
+    reply = stack.redis_command("redis", *words)
+    assert not isinstance(reply, Exception), reply
+    return reply
+
+
+def epoch_of(stack: Stack, session_id: str) -> str | None:
+    """The session's ownership epoch in Redis (None once its record is gone): adoption and DELETE both change it."""
+    return redis(stack, "HGET", f"mcp:session:{session_id}", ".epoch")
 
 
 def assert_same_answer(stranger: httpx2.Response, unknown: httpx2.Response, status: int) -> None:
@@ -91,6 +97,7 @@ async def test_without_a_valid_token_nothing_is_served_adopted_or_replayed(
     async with alice.stream("tools/call", GET_COUNTER) as stream:
         last_event = [event async for event in stream][-1].id
     epoch = epoch_of(stack, alice.session_id)
+    assert epoch is not None
     for url in (stack.config.mcp_url, replica_url(stack, owner), replica_url(stack, other_replica(stack, owner))):
         headers = {name: value for name, value in alice.headers().items() if name != "Authorization"}
         if authorization is not None:
@@ -123,6 +130,7 @@ async def test_another_principals_session_id_is_answered_like_an_unknown_one(
     url = {"through HAProxy": stack.config.mcp_url, "on the replica holding it": replica_url(stack, owner),
            "on a replica that would adopt it": replica_url(stack, other_replica(stack, owner))}[route]
     epoch = epoch_of(stack, alice.session_id)
+    assert epoch is not None
     bob, nobody = stranger_and_nobody(alice, url, auth_tokens["bob"])
 
     assert_same_answer(await bob.post("tools/call", GET_COUNTER), await nobody.post("tools/call", GET_COUNTER), 404)
@@ -229,17 +237,12 @@ async def test_an_authenticated_session_stays_in_redis_compact_encoding_within_t
     alice, _ = await open_session(http, stack, auth_tokens["alice"])
     for note in ("one", "two", "three"):
         await alice.call("add_note", {"note": note})
-    cli = ["redis-cli", "-p", str(stack.config.redis_port)]
     key = f"mcp:session:{alice.session_id}"
-
-    def redis(*args: str) -> str:
-        return subprocess.run([*cli, *args], capture_output=True, text=True, check=True, timeout=10).stdout.strip()
-
     # The digest of the principal the SDK names: (client_id, issuer, subject).
     principal = json.dumps(["alice", None, "alice"], separators=(",", ":")).encode()
-    assert redis("HGET", key, ".owner") == json.dumps(hashlib.blake2b(principal, digest_size=16).hexdigest())
-    assert redis("OBJECT", "ENCODING", key) == "listpack"
-    assert 0 < int(redis("MEMORY", "USAGE", key)) <= 288
+    assert redis(stack, "HGET", key, ".owner") == json.dumps(hashlib.blake2b(principal, digest_size=16).hexdigest())
+    assert redis(stack, "OBJECT", "ENCODING", key) == "listpack"
+    assert 0 < redis(stack, "MEMORY", "USAGE", key) <= 288
 
 
 # -- JWT ------------------------------------------------------------------------------------------
