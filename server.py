@@ -72,6 +72,11 @@ WATCH_MAX_SECONDS = 30
 # Under HAProxy's 800 ms check timeout, so a hung Redis is answered (and
 # forgiven, for a while: StoreHealth) before HAProxy counts the check failed.
 HEALTH_PING_SECONDS = 0.5
+# The longest note add_note keeps, in characters. The contract gives `note: str`
+# and nothing more, but every note is kept in the session's hash for the
+# session's life and sent back whole by list_notes: without a bound, one call
+# under HAProxy's body limit stores ~1 MB.
+MAX_NOTE_CHARS = 10_000
 
 log = logging.getLogger("mcp-ha")
 
@@ -185,7 +190,11 @@ async def get_counter(ctx: Context, session_id: SessionHandle = None) -> dict:
 
 
 @mcp.tool
-async def add_note(note: str, ctx: Context, session_id: SessionHandle = None) -> dict:
+async def add_note(
+    note: Annotated[str, Field(max_length=MAX_NOTE_CHARS, description=f"The note (at most {MAX_NOTE_CHARS} characters).")],
+    ctx: Context,
+    session_id: SessionHandle = None,
+) -> dict:
     """Append a note to this session's notes, atomically."""
     session = await session_of(ctx, session_id)
     return {"notes_count": await session.append("notes", note), "instance": INSTANCE_ID}

@@ -11,6 +11,9 @@ import pytest
 from mcp_http import ACCEPT, PROTOCOL, RawSession, last_jsonrpc_message
 from stack import Stack
 
+# The documented bound on a note (server.MAX_NOTE_CHARS), stated here as the contract clients see.
+MAX_NOTE_CHARS = 10_000
+
 
 async def assert_untouched(session: RawSession, counter: int, notes: list[str]) -> None:
     assert (await session.call("get_counter"))["counter"] == counter
@@ -102,6 +105,17 @@ async def test_a_huge_note_is_refused_before_it_reaches_the_store(raw: RawSessio
     response = await raw.post("tools/call", {"name": "add_note", "arguments": {"note": "x" * (5 * 1024 * 1024)}})
     assert response.status_code == 413
     assert (await raw.call("list_notes"))["notes"] == []
+
+
+async def test_a_note_over_max_note_chars_is_a_tool_error_and_nothing_is_kept(raw: RawSession) -> None:
+    assert (await raw.call("add_note", {"note": "é" * MAX_NOTE_CHARS}))["notes_count"] == 1
+    # ~900 KB passes HAProxy's 1 MB body limit: the tool's own bound refuses it.
+    for note in ("é" * (MAX_NOTE_CHARS + 1), "x" * 900_000):
+        response = await raw.post("tools/call", {"name": "add_note", "arguments": {"note": note}})
+        result = last_jsonrpc_message(response)["result"]
+        assert result["isError"] is True
+        assert f"at most {MAX_NOTE_CHARS} characters" in result["content"][0]["text"]
+    assert (await raw.call("list_notes"))["notes"] == ["é" * MAX_NOTE_CHARS]
 
 
 @pytest.mark.timeout(90)
