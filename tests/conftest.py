@@ -66,6 +66,14 @@ def sentinel_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="session")
+def limited_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One replica behind an HAProxy with a low rate limit (40 requests per 10 s) and two allowed Origins."""
+    with running_stack(tmp_path_factory.mktemp("limited"), replicas=1, rate_limit=40,
+                       allowed_origins="http://app.example https://other.example:8443") as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
 def redis_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A lone redis-server, for the store's own tests."""
     s = Stack(stack_config(tmp_path_factory.mktemp("redis"), replicas=1))

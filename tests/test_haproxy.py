@@ -7,13 +7,11 @@ import os
 import subprocess
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
 import pytest
 
-from conftest import running_stack
 from mcp_http import RawSession
 from stack import Stack
 
@@ -176,14 +174,6 @@ async def test_forged_forwarding_headers_do_not_reach_the_replicas(stack: Stack,
     assert "203.0.113.7" in _access_lines(stack, direct)[0]
     (line,) = _access_lines(stack, via_haproxy)
     assert "127.0.0.1" in line and "203.0.113" not in line, line
-
-
-@pytest.fixture(scope="module")
-def limited_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """One replica behind an HAProxy with a low rate limit and one allowed Origin."""
-    with running_stack(tmp_path_factory.mktemp("limited"), replicas=1, rate_limit=40,
-                       allowed_origins="http://app.example https://other.example:8443") as s:
-        yield s
 
 
 async def test_listed_origins_are_served(limited_stack: Stack, http: httpx2.AsyncClient) -> None:
