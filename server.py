@@ -289,7 +289,9 @@ async def resume_session(old_session_id: str, ctx: Context, session_id: SessionH
 async def session_summary(session_id: str) -> dict:
     """A JSON snapshot of one session's state."""
     if not is_session_id(session_id):
-        raise ResourceError("Unknown session")
+        # The client's mistake, not the server's: FastMCP logs a ResourceError with its traceback at
+        # the error's level, and at ERROR any client could fill the logs with them.
+        raise ResourceError("Unknown session", log_level=logging.DEBUG)
     try:
         state = await Session(store, session_id).items()
     except StoreUnavailable as exc:
