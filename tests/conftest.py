@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -21,6 +22,18 @@ sys.path.insert(0, str(ROOT))
 
 from mcp_http import RawSession  # noqa: E402
 from stack import Stack, StackConfig, free_ports  # noqa: E402,F401 (free_ports: for the tests)
+
+
+# How many inputs of each class tests/test_hostile_input.py sent, printed after the run.
+HOSTILE_INPUTS: Counter[str] = Counter()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if HOSTILE_INPUTS:
+        terminalreporter.section("hostile inputs tried, by class")
+        for kind, count in sorted(HOSTILE_INPUTS.items()):
+            terminalreporter.write_line(f"{count:>6}  {kind}")
+        terminalreporter.write_line(f"{sum(HOSTILE_INPUTS.values()):>6}  in all")
 
 
 def stack_config(state_dir: Path, replicas: int = 3, **options: object) -> StackConfig:
