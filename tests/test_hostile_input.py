@@ -509,6 +509,23 @@ async def test_hostile_header_values_are_refused(unharmed: Guard, attacker: RawS
     assert (await attacker.call("get_counter"))["counter"] == applied
 
 
+@pytest.mark.parametrize("header", ["Mcp-Method", "Mcp-Name", "MCP-Protocol-Version"])
+async def test_hostile_sessionless_header_values_are_refused(
+    unharmed: Guard, attacker: RawSession, header: str
+) -> None:
+    """A sessionless (2026-07-28) request names its method and tool in headers too; a mismatch is refused."""
+    handle = (await attacker.call("create_session"))["session_id"]
+    body, headers = modern_call("increment_counter", {"session_id": handle})
+    for value in [*HOSTILE_HEADER_VALUES, b"", b"tools/list", b"get_counter", b"2025-11-25\x00"]:
+        raw_headers = {name.encode(): text.encode() for name, text in headers.items()}
+        raw_headers[header.encode()] = value
+        for port in (unharmed.stack.config.http_port, unharmed.stack.config.replica_ports[0]):
+            status, _ = await send_raw(port, raw_request("POST", raw_headers, json.dumps(body).encode()))
+            assert 400 <= status < 500, (header, value[:20], port, status)
+            tried("hostile header value")
+    assert (await attacker.call("get_counter", {"session_id": handle}))["counter"] == 0
+
+
 async def test_unknown_or_garbage_session_ids_get_a_4xx(unharmed: Guard, http: httpx2.AsyncClient) -> None:
     for session_id in ["garbage", "*", uuid.uuid4().hex, "a" * 5000, "../../etc/passwd",
                        unharmed.bystander.session_id.upper(), unharmed.handle]:
