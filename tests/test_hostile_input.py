@@ -541,6 +541,15 @@ async def test_a_request_without_a_session_id_is_refused(http: httpx2.AsyncClien
     assert response.status_code == 400
 
 
+async def test_a_delete_naming_a_handle_ends_nothing(unharmed: Guard, http: httpx2.AsyncClient) -> None:
+    """A handle is kept like a session id, but it is no MCP session: a session-era DELETE carrying one as
+    `mcp-session-id` gets 404 on HAProxy and every replica, and the handle lives on (the guard reads it)."""
+    for url in targets(unharmed.stack):
+        response = await http.delete(url, headers={"mcp-session-id": unharmed.handle, "MCP-Protocol-Version": PROTOCOL})
+        tried("hostile DELETE")
+        assert response.status_code == 404, (url, response.status_code)
+
+
 async def test_forged_last_event_ids_are_refused_on_every_replica(unharmed: Guard, attacker: RawSession) -> None:
     async with attacker.stream("tools/call", {"name": "get_counter", "arguments": {}}) as stream:
         own = [event.id async for event in stream if event.id][-1]
