@@ -32,7 +32,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 from pydantic import Field
 from starlette.middleware import Middleware as StarletteMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 import metrics
@@ -147,7 +147,17 @@ class ExpectedToolFailures(logging.Filter):
         return not (record.exc_info and isinstance(record.exc_info[1], (StoreUnavailable, Fenced, OpReused)))
 
 
+class ClientGone(logging.Filter):
+    """The MCP SDK logs a request whose client hung up before its body had arrived (or whose HTTP
+    framing broke there) as an error with a traceback: the client's doing, not the server's, and any
+    client could fill the log with them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], ClientDisconnect))
+
+
 logging.getLogger("fastmcp.server.server").addFilter(ExpectedToolFailures())
+logging.getLogger("mcp.server.streamable_http").addFilter(ClientGone())
 ownership = Ownership()
 drain = Drain()
 # Unexpected errors reach the client as "Error calling tool", without internals.
