@@ -550,6 +550,67 @@ async def test_a_delete_naming_a_handle_ends_nothing(unharmed: Guard, http: http
         assert response.status_code == 404, (url, response.status_code)
 
 
+async def test_malformed_http_framing_is_a_4xx_and_applies_nothing_twice(unharmed: Guard, attacker: RawSession) -> None:
+    """Broken or ambiguous HTTP/1.1 framing (the stuff of request smuggling), unusual methods, and a DELETE
+    aimed at someone else's session."""
+    body = json.dumps(tool_call("increment_counter", {})).encode()
+    headers = b"".join(name.encode() + b": " + value.encode() + b"\r\n" for name, value in attacker.headers().items())
+    headers += b"Connection: close\r\n"  # the answer ends with the connection, not with a keep-alive timeout
+    start = b"POST /mcp HTTP/1.1\r\nHost: x\r\n" + headers
+    chunked = f"{len(body):x}".encode() + b"\r\n" + body + b"\r\n0\r\n\r\n"
+    sized = b"Content-Length: %d\r\n\r\n" % len(body) + body
+    refused = [
+        start + b"Content-Length: 10\r\n\r\n" + body,
+        start + b"Content-Length: -1\r\n\r\n" + body,
+        start + b"Content-Length: abc\r\n\r\n" + body,
+        start + b"Content-Length: %d\r\nContent-Length: 5\r\n\r\n" % len(body) + body,
+        start + b"Content-Length: 99999999999999999999999\r\n\r\n" + body,
+        start + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n" + body + b"\r\n0\r\n\r\n",
+        start + b"Transfer-Encoding : chunked\r\n" + sized,
+        start + b"Bad Name: y\r\n" + sized,
+        b"P\x00ST /mcp HTTP/1.1\r\nHost: x\r\n" + headers + sized,
+        b"X" * 10_000 + b" /mcp HTTP/1.1\r\nHost: x\r\n" + headers + sized,
+        b"POST /mcp?\x00 HTTP/1.1\r\nHost: x\r\n" + headers + sized,
+        b"POST /mcp?" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n" + headers + sized,
+        b"POST /x/../mcp HTTP/1.1\r\nHost: x\r\n" + headers + sized,
+        b"GET /mcp\r\n\r\n",
+        *(method + b" /mcp HTTP/1.1\r\nHost: x\r\n" + headers + sized for method in (b"PUT", b"PATCH", b"TRACE")),
+        *(b"DELETE /mcp HTTP/1.1\r\nHost: x\r\nmcp-session-id: " + sid.encode() + b"\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+          for sid in (unharmed.bystander.session_id.upper(), unharmed.handle, unharmed.bystander.session_id[:-1] + "*")),
+    ]
+    # Ambiguous but repairable: HAProxy normalises these (Transfer-Encoding wins over Content-Length, a folded
+    # header is unfolded, bare LF read as CRLF) and a replica may refuse them; either way no 5xx, and no
+    # more than one call applied.
+    tolerated = [start + b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked,
+                 start + b"X-Fold: a\r\n b\r\n" + sized,
+                 (start + b"Content-Length: %d\r\n\r\n" % len(body)).replace(b"\r\n", b"\n") + body]
+    # A body cut short (200 KB declared, 100 KB sent, then the connection closed): there is no one to answer.
+    for port in (unharmed.stack.config.http_port, unharmed.stack.config.replica_ports[0]):
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(start + b"Content-Length: 200000\r\n\r\n" + b"x" * 100_000)
+        await writer.drain()
+        writer.close()
+        tried("malformed HTTP framing")
+    applied = 0
+    for request in refused + tolerated:
+        for port in (unharmed.stack.config.http_port, unharmed.stack.config.replica_ports[0]):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request)
+            try:
+                response = await asyncio.wait_for(reader.read(), TIMEOUT)
+            finally:
+                writer.close()
+            tried("malformed HTTP framing")
+            statuses = [int(line.split()[1]) for line in response.split(b"\r\n") if line.startswith(b"HTTP/1.")]
+            assert len(statuses) == 1, (request[:80], port, statuses)
+            if request in refused:
+                assert 400 <= statuses[0] < 500, (request[:80], port, statuses)
+            else:
+                assert statuses[0] < 500, (request[:80], port, statuses)
+                applied += b'"isError":false' in response
+    assert (await attacker.call("get_counter"))["counter"] == applied
+
+
 async def test_forged_last_event_ids_are_refused_on_every_replica(unharmed: Guard, attacker: RawSession) -> None:
     async with attacker.stream("tools/call", {"name": "get_counter", "arguments": {}}) as stream:
         own = [event.id async for event in stream if event.id][-1]
