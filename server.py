@@ -34,7 +34,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 from pydantic import Field
 from starlette.middleware import Middleware as StarletteMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 import auth
@@ -81,6 +81,11 @@ WATCH_MAX_SECONDS = 30
 # Under HAProxy's 800 ms check timeout, so a hung Redis is answered (and
 # forgiven, for a while: StoreHealth) before HAProxy counts the check failed.
 HEALTH_PING_SECONDS = 0.5
+# The longest note add_note keeps, in characters. The contract gives `note: str`
+# and nothing more, but every note is kept in the session's hash for the
+# session's life and sent back whole by list_notes: without a bound, one call
+# under HAProxy's body limit stores ~1 MB.
+MAX_NOTE_CHARS = 10_000
 
 log = logging.getLogger("mcp-ha")
 
@@ -155,7 +160,17 @@ class ExpectedToolFailures(logging.Filter):
         return not (record.exc_info and isinstance(record.exc_info[1], (StoreUnavailable, Fenced, OpReused)))
 
 
+class ClientGone(logging.Filter):
+    """The MCP SDK logs a request whose client hung up before its body had arrived (or whose HTTP
+    framing broke there) as an error with a traceback: the client's doing, not the server's, and any
+    client could fill the log with them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], ClientDisconnect))
+
+
 logging.getLogger("fastmcp.server.server").addFilter(ExpectedToolFailures())
+logging.getLogger("mcp.server.streamable_http").addFilter(ClientGone())
 try:
     verifier = auth.verifier_from_env()
 except auth.AuthConfigError as exc:
@@ -203,7 +218,11 @@ async def get_counter(ctx: Context, session_id: SessionHandle = None) -> dict:
 
 
 @mcp.tool
-async def add_note(note: str, ctx: Context, session_id: SessionHandle = None) -> dict:
+async def add_note(
+    note: Annotated[str, Field(max_length=MAX_NOTE_CHARS, description=f"The note (at most {MAX_NOTE_CHARS} characters).")],
+    ctx: Context,
+    session_id: SessionHandle = None,
+) -> dict:
     """Append a note to this session's notes, atomically."""
     session = await session_of(ctx, session_id)
     return {"notes_count": await session.append("notes", note), "instance": INSTANCE_ID}
@@ -301,7 +320,9 @@ async def resume_session(old_session_id: str, ctx: Context, session_id: SessionH
 async def session_summary(session_id: str) -> dict:
     """A JSON snapshot of one session's state."""
     if not is_session_id(session_id):
-        raise ResourceError("Unknown session")
+        # The client's mistake, not the server's: FastMCP logs a ResourceError with its traceback at
+        # the error's level, and at ERROR any client could fill the logs with them.
+        raise ResourceError("Unknown session", log_level=logging.DEBUG)
     try:
         # Another principal's session reads like one that never was.
         state = await Session(store, session_id).items() if await store.owner(session_id) == auth.owner() else {}

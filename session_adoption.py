@@ -233,6 +233,12 @@ class AdoptSessions:
             return True
 
     async def _end(self, manager: Any, session_id: str) -> bool:
+        # A handle (session_handles.py) has an id of the same form and a record under the same key, but
+        # it is no MCP session, and a DELETE naming one must not end it: only a session's record names
+        # a protocol version (_adopt's test too).
+        record = await self.store.session_record(session_id)
+        if record is not None and record.get("version") not in HANDSHAKE_PROTOCOL_VERSIONS:
+            return False
         ended = await self.store.end_session(session_id)
         self.ownership.epochs.pop(session_id, None)
         self.ownership.stale.discard(session_id)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -31,6 +32,18 @@ sys.path.insert(0, str(ROOT))
 
 from mcp_http import RawSession  # noqa: E402
 from stack import Stack, StackConfig, free_ports  # noqa: E402,F401 (free_ports: for the tests)
+
+
+# How many inputs of each class tests/test_hostile_input.py sent, printed after the run.
+HOSTILE_INPUTS: Counter[str] = Counter()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if HOSTILE_INPUTS:
+        terminalreporter.section("hostile inputs tried, by class")
+        for kind, count in sorted(HOSTILE_INPUTS.items()):
+            terminalreporter.write_line(f"{count:>6}  {kind}")
+        terminalreporter.write_line(f"{sum(HOSTILE_INPUTS.values()):>6}  in all")
 
 
 def stack_config(state_dir: Path, replicas: int = 3, **options: object) -> StackConfig:
@@ -72,6 +85,14 @@ def sentinel_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     for a Redis replica's acknowledgement of every write, and haproxy."""
     with running_stack(tmp_path_factory.mktemp("sentinel"), replicas=2, redis_mode="sentinel",
                        redis_wait_replicas=1) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def limited_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One replica behind an HAProxy with a low rate limit (40 requests per 10 s) and two allowed Origins."""
+    with running_stack(tmp_path_factory.mktemp("limited"), replicas=1, rate_limit=40,
+                       allowed_origins="http://app.example https://other.example:8443") as s:
         yield s
 
 

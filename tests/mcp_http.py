@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -117,7 +118,9 @@ def jsonrpc_messages(response: httpx2.Response) -> list[dict]:
     """Every JSON-RPC message in a response, whether JSON or an SSE stream."""
     if response.headers.get("content-type", "").startswith("application/json"):
         return [response.json()]
-    return [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:") and line[5:].strip()]
+    # SSE lines end at CR, LF or CRLF only: str.splitlines would also split at U+0085 or U+2028 inside a JSON string.
+    lines = re.split(r"\r\n|\r|\n", response.text)
+    return [json.loads(line[5:]) for line in lines if line.startswith("data:") and line[5:].strip()]
 
 
 def last_jsonrpc_message(response: httpx2.Response) -> dict:
