@@ -1,5 +1,6 @@
 # One image for every replica; which replica it is comes from the environment
-# (INSTANCE_ID, REDIS_URL, SESSION_TTL_SECONDS, HOST, PORT).
+# (INSTANCE_ID, REDIS_URL, REDIS_USERNAME, REDIS_PASSWORD, SESSION_TTL_SECONDS,
+# MCP_AUTH*, HOST, PORT; see the README's settings table).
 ARG BASE_IMAGE=python:3.11-slim
 
 # uv and its download cache stay in this stage; only the venv moves on.
@@ -26,7 +27,7 @@ WORKDIR /app
 COPY --from=build /app/.venv /app/.venv
 # Owned by root and read-only to the server: a compromised replica can't
 # rewrite its own code.
-COPY server.py session_store.py session_handles.py session_adoption.py resumable_streams.py sdk_sessions.py idempotency.py drain.py metrics.py structured_logs.py ./
+COPY server.py session_store.py session_handles.py session_adoption.py resumable_streams.py sdk_sessions.py idempotency.py drain.py metrics.py structured_logs.py auth.py ./
 COPY stores/ ./stores/
 ENV HOST=0.0.0.0 PORT=8000 PATH=/app/.venv/bin:$PATH PYTHONUNBUFFERED=1
 USER 10001:10001
