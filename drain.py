@@ -7,7 +7,8 @@ On SIGTERM a replica does not stop at once. It:
    replica (which adopts the session). No new sessions start here;
 2. lets the calls already in flight finish (at most `timeout_seconds`);
 3. then answers `/health` with 503 ("draining"), waits until the load balancer
-   has seen that (`notice_checks` health checks, at most `notice_seconds`);
+   has seen that (`notice_checks` of its health checks, at most
+   `notice_seconds`);
 4. exits. Open GET streams are closed, and their clients reconnect elsewhere.
 
 Why health fails only after the calls: HAProxy cuts the requests still open on
@@ -15,6 +16,13 @@ a server when it marks it down (it must, to rescue calls stuck on a hung
 replica), so a replica that failed its health check first would have its own
 in-flight calls cut. Shedding new work with 503 moves traffic away just as
 well, without that.
+
+Only the balancer's own checks count (they carry `BALANCER_CHECK_HEADER`;
+haproxy.cfg sends it and removes it from client requests): anything else
+polling `/health` (Docker's HEALTHCHECK, a probe, a person with curl) would
+otherwise use up the count, and the replica would exit while the balancer
+still had it up, which then sends it a request and cuts that request when
+the refused connection marks it down.
 
 A second SIGTERM (or SIGINT) stops it at once.
 
@@ -35,6 +43,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
+# The header the load balancer's health checks carry (haproxy/haproxy.cfg).
+BALANCER_CHECK_HEADER = "x-balancer-check"
+
 
 class Drain:
     def __init__(self, *, notice_checks: int = 2, notice_seconds: float = 3.0, timeout_seconds: float = 10.0) -> None:
@@ -49,9 +60,9 @@ class Drain:
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def health_checked(self) -> bool:
+    def health_checked(self, *, by_balancer: bool) -> bool:
         """Called by /health; whether this replica is healthy as far as draining goes."""
-        if self._calls_done:
+        if self._calls_done and by_balancer:
             self.refused_checks += 1
         return not self._calls_done
 

@@ -40,7 +40,7 @@ from starlette.responses import JSONResponse
 import auth
 import metrics
 import structured_logs
-from drain import Drain, DrainingServer
+from drain import BALANCER_CHECK_HEADER, Drain, DrainingServer
 from idempotency import KEY_REUSED, IdempotentCalls, current_call
 from resumable_streams import CheckResumption
 from session_adoption import SESSION_MOVED, AdoptSessions, Ownership, RecordSessions
@@ -383,7 +383,7 @@ store_health = StoreHealth(grace_seconds=REDIS_RETRY_SECONDS if (REDIS_URL or RE
 
 @mcp.custom_route("/health", methods=["GET"])
 async def health(request: Request) -> JSONResponse:
-    if not drain.health_checked():
+    if not drain.health_checked(by_balancer=BALANCER_CHECK_HEADER in request.headers):
         return JSONResponse({"status": "draining", "instance": INSTANCE_ID}, status_code=503)
     if await store_health.check():
         return JSONResponse({"status": "ok", "instance": INSTANCE_ID})

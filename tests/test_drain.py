@@ -9,6 +9,7 @@ import time
 import httpx2
 import pytest
 
+from drain import Drain
 from mcp_http import PROTOCOL, RawSession, last_jsonrpc_message
 from stack import Stack
 
@@ -79,3 +80,19 @@ async def test_a_rolling_restart_fails_no_call_of_a_plain_client(healed_stack: S
     assert failures == []
     assert acknowledged > 20
     assert (await raw.call("get_counter"))["counter"] == acknowledged
+
+
+async def test_a_drain_waits_for_the_balancers_checks_and_no_one_elses() -> None:
+    drain = Drain(notice_checks=2, notice_seconds=30.0, timeout_seconds=1.0)
+    run = asyncio.create_task(drain.run())
+    await asyncio.sleep(0.05)  # nothing in flight: the calls are done at once
+    # Docker's HEALTHCHECK, a probe or a person polling /health: told "draining", but not counted.
+    for _ in range(10):
+        assert drain.health_checked(by_balancer=False) is False
+    await asyncio.sleep(0.2)
+    assert not run.done(), "the replica would exit while the balancer has seen none of its checks fail"
+    assert drain.health_checked(by_balancer=True) is False
+    await asyncio.sleep(0.2)
+    assert not run.done()
+    assert drain.health_checked(by_balancer=True) is False
+    await asyncio.wait_for(run, 5)

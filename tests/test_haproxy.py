@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
+from drain import BALANCER_CHECK_HEADER
 from mcp_http import RawSession
 from stack import Stack
 
@@ -274,3 +275,19 @@ async def test_haproxy_tells_replicas_the_clients_scheme_and_not_what_the_client
             assert headers.get("x-forwarded-proto") == expected, (scheme, headers)
             assert "forwarded" not in headers
             assert headers["x-forwarded-for"] == "127.0.0.1"
+
+
+async def test_only_haproxys_health_checks_carry_the_balancer_check_header(
+    stack: Stack, header_probe: tuple[dict[str, str], list[dict[str, str]]]
+) -> None:
+    """A draining replica waits for two of HAProxy's checks (drain.py); a client's forged header would
+    count as one and let it exit while HAProxy still sends it requests."""
+    urls, seen = header_probe
+    probe = uuid.uuid4().hex
+    async with httpx2.AsyncClient(timeout=10) as client:
+        response = await client.get(f"{urls['http']}/health?{probe}", headers={BALANCER_CHECK_HEADER: "1"})
+    assert response.status_code == 200
+    (forged,) = [h for h in seen if h[":path"] == f"/health?{probe}"]
+    assert BALANCER_CHECK_HEADER not in forged
+    checks = [h for h in seen if h[":path"] == "/health"]
+    assert checks and all(h.get(BALANCER_CHECK_HEADER) == "1" for h in checks)
