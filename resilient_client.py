@@ -90,9 +90,14 @@ class ResilientClient:
         max_retries: int = 3,
         call_timeout: float = 10.0,
         total_timeout: float = 30.0,
+        auth: str | None = None,
         **client_kwargs: Any,
     ) -> None:
         self.url = url
+        # A bearer token (auth.py): the calls carry it, and so must the DELETE
+        # that ends the session, or the server answers 401 and the session
+        # lingers until its TTL.
+        self._auth = {"Authorization": f"Bearer {auth}"} if auth else {}
         self.max_retries = max_retries
         self.call_timeout = call_timeout
         self.total_timeout = total_timeout
@@ -118,7 +123,7 @@ class ResilientClient:
         """Close the connection and end the session on the server."""
         await self._abandon()
         if self.session_id:
-            headers = {"mcp-session-id": self.session_id, "mcp-protocol-version": self._protocol}
+            headers = {"mcp-session-id": self.session_id, "mcp-protocol-version": self._protocol, **self._auth}
             try:
                 async with httpx2.AsyncClient(timeout=self.call_timeout) as http:
                     await http.delete(self.url, headers=headers)
@@ -133,8 +138,8 @@ class ResilientClient:
             kwargs["timeout"] = httpx2.Timeout(self.call_timeout)
             return httpx2.AsyncClient(**kwargs, transport=http)
 
-        headers = {"mcp-session-id": self.session_id, "mcp-protocol-version": self._protocol} if rejoin else None
-        transport = StreamableHttpTransport(self.url, headers=headers, httpx_client_factory=factory)
+        headers = {"mcp-session-id": self.session_id, "mcp-protocol-version": self._protocol} if rejoin else {}
+        transport = StreamableHttpTransport(self.url, headers={**headers, **self._auth}, httpx_client_factory=factory)
         client = Client(transport, mode="legacy", timeout=self.call_timeout, auto_initialize=not rejoin, **self._client_kwargs)
         async with asyncio.timeout(self.call_timeout):
             await client.__aenter__()

@@ -26,6 +26,7 @@ from fastmcp.server.auth.providers.jwt import RSAKeyPair
 import auth
 from conftest import JWT_AUDIENCE, JWT_ISSUER, JWT_KID, ROOT
 from mcp_http import RawSession
+from resilient_client import ResilientClient
 from session_handles import UNKNOWN_HANDLE
 from stack import Stack
 from test_server import *  # noqa: F403 (the contract's tests, collected here again: with alice's token)
@@ -323,3 +324,17 @@ def test_a_replica_with_unworkable_auth_settings_refuses_to_start() -> None:
     assert done.returncode != 0
     assert "MCP_AUTH=jwt needs MCP_AUTH_ISSUER, MCP_AUTH_AUDIENCE" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+async def test_a_resilient_client_with_a_token_rides_through_a_stop_and_ends_its_session(
+    http: httpx2.AsyncClient, healed_stack: Stack, auth_tokens: dict[str, str]
+) -> None:
+    async with ResilientClient(healed_stack.config.mcp_url, auth=auth_tokens["alice"]) as client:
+        first = await client.call_tool("increment_counter", {})
+        healed_stack.stop(first.data["instance"])
+        assert (await client.call_tool("increment_counter", {})).data["counter"] == 2
+        session_id = client.session_id
+    # Its DELETE carried the token, so the session ended rather than lingering until its TTL.
+    alice = RawSession(http, healed_stack.config.mcp_url, token=auth_tokens["alice"])
+    alice.session_id = session_id
+    assert (await alice.post("tools/call", GET_COUNTER)).status_code == 404
