@@ -17,6 +17,9 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from fastmcp.server.auth.providers.jwt import JWTVerifier, StaticTokenVerifier
+
+import auth
 
 ROOT = Path(__file__).resolve().parent.parent
 REPLICAS = ["mcp-server-1", "mcp-server-2", "mcp-server-3"]
@@ -181,6 +184,19 @@ def test_redis_persists_with_aof_and_has_a_healthcheck(compose):
     assert check.get("test") and not check.get("disable"), "compose can only wait for a redis with a healthcheck"
     assert "ping" in " ".join(check["test"] if isinstance(check["test"], list) else [check["test"]])
     assert "/data" in bind_mounts(redis), "AOF on the container's writable layer is lost with the container"
+
+
+@pytest.mark.parametrize("name", REPLICAS)
+def test_replicas_take_the_auth_settings_from_the_host_and_are_open_without_them(compose, name):
+    svc = service(compose, name)
+    assert auth.verifier_from_env(environment(svc)) is None
+    token = "a-token-of-twenty-chars"
+    verifier = auth.verifier_from_env(environment(svc, {**HOST_ENV, "MCP_AUTH": "static",
+                                                         "MCP_AUTH_TOKENS": f"alice:{token}"}))
+    assert isinstance(verifier, StaticTokenVerifier) and verifier.tokens[token]["client_id"] == "alice"
+    jwt = environment(svc, {**HOST_ENV, "MCP_AUTH": "jwt", "MCP_AUTH_JWKS_URL": "https://idp.example/jwks.json",
+                            "MCP_AUTH_ISSUER": "https://idp.example", "MCP_AUTH_AUDIENCE": "mcp"})
+    assert isinstance(auth.verifier_from_env(jwt), JWTVerifier)
 
 
 @pytest.mark.parametrize("name", REPLICAS)
