@@ -737,6 +737,10 @@ def tame(tool: object, arguments: object) -> object:
     return arguments
 
 
+FUZZ_SETTINGS = settings(max_examples=150, deadline=None, database=None,
+                         suppress_health_check=[HealthCheck.too_slow])
+
+
 @dataclass
 class Fuzzer:
     """Sends fuzzed requests with a sync client, from a worker thread, so hypothesis drives it simply."""
@@ -763,42 +767,43 @@ class Fuzzer:
                     headers[header] = value
         return http.post(self.urls[url_index % len(self.urls)], headers=headers, content=json.dumps(body))
 
+    async def answers_all(self, bodies: st.SearchStrategy, kind: str) -> None:
+        """Sends FUZZ_SETTINGS' count of `bodies`, to any target, in either generation: each must be answered."""
+        before = HOSTILE_INPUTS[kind]
 
-FUZZ_SETTINGS = settings(max_examples=150, deadline=None, database=None,
-                         suppress_health_check=[HealthCheck.too_slow])
+        def run() -> None:
+            with httpx2.Client(timeout=TIMEOUT) as http:
+                @FUZZ_SETTINGS
+                @given(body=bodies, target=st.integers(0, 3), modern=st.booleans())
+                def one(body: object, target: int, modern: bool) -> None:
+                    response = self.send(http, target, body, modern=modern)
+                    tried(kind)
+                    assert_answered(response)
+
+                one()
+
+        await asyncio.to_thread(run)
+        assert HOSTILE_INPUTS[kind] - before >= 100
+
+
 
 
 @pytest.mark.timeout(120)
 async def test_fuzzed_tool_arguments_are_answered(unharmed: Guard, attacker: RawSession) -> None:
     listed = last_jsonrpc_message(await attacker.post("tools/list"))["result"]["tools"]
     params = {tool["name"]: sorted(tool["inputSchema"]["properties"]) for tool in listed}
+
+    def calls(tool: str) -> st.SearchStrategy:
+        keys = st.sampled_from(params[tool]) | st.text(max_size=8) if params[tool] else st.text(max_size=8)
+        return mostly(st.dictionaries(keys, JSON_VALUES, max_size=4)).map(
+            lambda arguments: tool_call(tool, tame(tool, {} if arguments is DROP else arguments)))
+
     fuzzer = Fuzzer(targets(unharmed.stack), attacker.session_id)
-    before = HOSTILE_INPUTS["fuzzed tool arguments"]
-
-    def run() -> None:
-        with httpx2.Client(timeout=TIMEOUT) as http:
-            @FUZZ_SETTINGS
-            @given(data=st.data())
-            def one(data: st.DataObject) -> None:
-                tool = data.draw(st.sampled_from(sorted(params)))
-                keys = st.sampled_from(params[tool]) | st.text(max_size=8) if params[tool] else st.text(max_size=8)
-                arguments = data.draw(mostly(st.dictionaries(keys, JSON_VALUES, max_size=4)))
-                arguments = {} if arguments is DROP else arguments
-                modern = data.draw(st.booleans())
-                body = tool_call(tool, tame(tool, arguments))
-                response = fuzzer.send(http, data.draw(st.integers(0, 3)), body, modern=modern)
-                tried("fuzzed tool arguments")
-                assert_answered(response)
-
-            one()
-
-    await asyncio.to_thread(run)
-    assert HOSTILE_INPUTS["fuzzed tool arguments"] - before >= 100
+    await fuzzer.answers_all(st.sampled_from(sorted(params)).flatmap(calls), "fuzzed tool arguments")
 
 
 @pytest.mark.timeout(120)
 async def test_fuzzed_json_rpc_envelopes_are_answered(unharmed: Guard, attacker: RawSession) -> None:
-    fuzzer = Fuzzer(targets(unharmed.stack), attacker.session_id)
     tools = sorted(STATEFUL_TOOLS) + ["get_server_info", "create_session"]
     params = st.fixed_dictionaries(
         {"name": mostly(st.sampled_from(tools)), "arguments": mostly(st.dictionaries(st.text(max_size=16), JSON_VALUES,
@@ -813,26 +818,15 @@ async def test_fuzzed_json_rpc_envelopes_are_answered(unharmed: Guard, attacker:
          "method": mostly(st.sampled_from(METHODS)), "params": mostly(params)},
         optional={"result": JSON_VALUES, "error": JSON_VALUES},
     ).map(present)
-    before = HOSTILE_INPUTS["fuzzed JSON-RPC envelope"]
 
-    def run() -> None:
-        with httpx2.Client(timeout=TIMEOUT) as http:
-            @FUZZ_SETTINGS
-            @given(body=st.sampled_from([envelope] * 4 + [st.lists(envelope, max_size=3), JSON_VALUES]).flatmap(
-                       lambda chosen: chosen),
-                   target=st.integers(0, 3),
-                   modern=st.booleans())
-            def one(body: object, target: int, modern: bool) -> None:
-                if isinstance(body, dict) and isinstance(body.get("params"), dict) and "arguments" in body["params"]:
-                    body["params"]["arguments"] = tame(body["params"].get("name"), body["params"].get("arguments"))
-                response = fuzzer.send(http, target, body, modern=modern)
-                tried("fuzzed JSON-RPC envelope")
-                assert_answered(response)
+    def tamed(body: object) -> object:
+        if isinstance(body, dict) and isinstance(body.get("params"), dict) and "arguments" in body["params"]:
+            body["params"]["arguments"] = tame(body["params"].get("name"), body["params"].get("arguments"))
+        return body
 
-            one()
-
-    await asyncio.to_thread(run)
-    assert HOSTILE_INPUTS["fuzzed JSON-RPC envelope"] - before >= 100
+    bodies = st.sampled_from([envelope] * 4 + [st.lists(envelope, max_size=3), JSON_VALUES]).flatmap(
+        lambda chosen: chosen).map(tamed)
+    await Fuzzer(targets(unharmed.stack), attacker.session_id).answers_all(bodies, "fuzzed JSON-RPC envelope")
 
 
 # -- a lost store ---------------------------------------------------------------------------------
