@@ -8,12 +8,18 @@ from __future__ import annotations
 import ast
 import base64
 import copy
+import csv
 import inspect
 import json
 import os
 import re
 import shutil
+import socket
+import struct
 import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -22,6 +28,7 @@ import pytest
 import yaml
 
 from drain import Drain
+from stack import http_status
 from test_compose import acl_users, instruction, interpolate, start_compose_redis, wait_for_pong
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -438,3 +445,129 @@ def test_the_repository_ships_no_secrets_file():
     assert tracked and str(SECRETS_ENV.relative_to(ROOT)) not in tracked
     ignored = subprocess.run(["git", "check-ignore", "-q", str(SECRETS_ENV)], cwd=ROOT)
     assert ignored.returncode == 0, "secrets.env must be git-ignored"
+
+
+# -- HAProxy's DNS discovery, live -----------------------------------------------------------------
+
+
+class FakeClusterDns:
+    """Kubernetes' DNS for one headless Service, on 127.0.0.1:53: A records for the pods listed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name.lower()
+        self.addresses: list[str] = []
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 53))
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                query, peer = self.sock.recvfrom(4096)
+            except OSError:
+                return
+            tid, = struct.unpack(">H", query[:2])
+            i, labels = 12, []
+            while query[i]:
+                labels.append(query[i + 1:i + 1 + query[i]].decode())
+                i += 1 + query[i]
+            qtype, = struct.unpack(">H", query[i + 1:i + 3])
+            known = ".".join(labels).lower() == self.name
+            records = [a for a in self.addresses if known and qtype == 1]
+            answer = b"".join(b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 1, 4) + socket.inet_aton(a) for a in records)
+            header = struct.pack(">HHHHHH", tid, 0x8180 | (0 if known else 3), 1, len(records), 0, 0)
+            self.sock.sendto(header + query[12:i + 5] + answer, peer)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def can_fake_cluster_dns() -> str | None:
+    """Why the live DNS test cannot run here, or None: it needs port 53 and a private /etc/resolv.conf."""
+    if HAPROXY is None:
+        return "haproxy is not installed"
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return "needs root and unshare, to give HAProxy a resolv.conf of its own"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", 53))
+        except OSError:
+            return "127.0.0.1:53 is taken"
+    return None
+
+
+def pod_states(stats_url: str, password: str) -> dict[str, tuple[str, str]]:
+    """HAProxy's DNS slots: name -> (status, address)."""
+    from stack import read_stats_csv
+
+    rows = csv.DictReader(read_stats_csv(stats_url, "stats", password).lstrip("# ").splitlines())
+    return {row["svname"]: (row["status"], row["addr"]) for row in rows if row["svname"].startswith("mcp-pod-")}
+
+
+def wait_for(condition, what: str, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := condition():
+            return result
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.skipif(can_fake_cluster_dns() is not None, reason=str(can_fake_cluster_dns()))
+@pytest.mark.timeout(90)
+def test_haproxy_follows_the_pods_the_headless_service_resolves_to(haproxy_env, tmp_path):
+    """HAProxy with the Deployment's settings and a cluster DNS faked on loopback: pods found as their
+    addresses appear, a draining one taken out by HAProxy's own checks (which it counted, so it left
+    in well under drain.py's notice bound) while still resolvable, and its slot emptied once it is not."""
+    from conftest import free_ports
+
+    http_port, stats_port, pod_port = free_ports(3)
+    host = haproxy_env["MCP_SERVER_DNS"].rsplit(":", 1)[0]
+    env = {**haproxy_env, "HAPROXY_BIND": f"127.0.0.1:{http_port}", "HAPROXY_STATS_BIND": f"127.0.0.1:{stats_port}",
+           "MCP_SERVER_DNS": f"{host}:{pod_port}", "MCP_SERVER_DNS_SLOTS": "3",
+           "HAPROXY_LUA_DIR": str(ROOT / "haproxy")}
+    (tmp_path / "resolv.conf").write_text("nameserver 127.0.0.1\n")
+    pods = {ip: subprocess.Popen([sys.executable, "server.py"], cwd=ROOT, stdout=open(tmp_path / f"{ip}.log", "wb"),
+                                 stderr=subprocess.STDOUT,
+                                 env={"PATH": os.environ["PATH"], "INSTANCE_ID": f"pod-{ip}", "HOST": ip,
+                                      "PORT": str(pod_port), "LOG_FORMAT": "text"})
+            for ip in ("127.0.0.2", "127.0.0.3")}
+    dns = FakeClusterDns(host)
+    haproxy = None
+    stats = f"http://127.0.0.1:{stats_port}/stats"
+    password = env["HAPROXY_STATS_PASSWORD"]
+    try:
+        for ip in pods:
+            wait_for(lambda: http_status(f"http://{ip}:{pod_port}/health") == 200, f"the replica on {ip}")
+        dns.addresses = ["127.0.0.2"]
+        # Its own mount namespace, where /etc/resolv.conf names the fake DNS; the host's is untouched.
+        script = f"mount --bind {tmp_path / 'resolv.conf'} /etc/resolv.conf && exec {HAPROXY} -db -f haproxy/haproxy.cfg"
+        haproxy = subprocess.Popen(["unshare", "-m", "sh", "-c", script], cwd=ROOT, env=env,
+                                   stdout=open(tmp_path / "haproxy.log", "wb"), stderr=subprocess.STDOUT)
+        wait_for(lambda: http_status(stats) == 401, "HAProxy's stats port")
+        up = wait_for(lambda: [a for s, a in pod_states(stats, password).values() if s == "UP"], "the first pod")
+        assert up == [f"127.0.0.2:{pod_port}"]
+        assert sum(s.startswith("MAINT") for s, _ in pod_states(stats, password).values()) == 2, "empty slots"
+
+        dns.addresses = ["127.0.0.2", "127.0.0.3"]
+        wait_for(lambda: sorted(a for s, a in pod_states(stats, password).values() if s == "UP")
+                 == [f"127.0.0.2:{pod_port}", f"127.0.0.3:{pod_port}"], "a new pod found")
+
+        # Terminating, and still resolvable (publishNotReadyAddresses): HAProxy's checks take it out.
+        draining = pods["127.0.0.3"]
+        draining.terminate()
+        assert draining.wait(timeout=Drain().timeout_seconds + Drain().notice_seconds + 5) == 0
+        drained = re.search(r"drained in ([\d.]+) s", (tmp_path / "127.0.0.3.log").read_text())
+        assert drained and float(drained.group(1)) < Drain().notice_seconds, "it did not see HAProxy's checks"
+        slot = next(n for n, (_, a) in pod_states(stats, password).items() if a == f"127.0.0.3:{pod_port}")
+        assert wait_for(lambda: pod_states(stats, password)[slot][0] == "DOWN", "the draining pod down")
+
+        dns.addresses = ["127.0.0.2"]
+        wait_for(lambda: pod_states(stats, password)[slot][0].startswith("MAINT"), "its slot emptied")
+        assert http_status(f"http://127.0.0.1:{http_port}/health") == 200
+    finally:
+        dns.close()
+        for proc in [haproxy, *pods.values()]:
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=20)
