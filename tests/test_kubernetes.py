@@ -1,0 +1,575 @@
+"""The Kubernetes manifests (kustomization.yaml at the root, deploy/kubernetes/), statically: built
+the way kustomize builds them, validated against the Kubernetes schemas kubernetes-validate bundles
+(strict: an unknown field fails), and held to what the kit needs of them; then HAProxy's DNS
+discovery run live against replicas and a cluster DNS faked on loopback. No cluster, no network;
+the haproxy.cfg checks need the haproxy binary, the comparison with real kustomize needs kubectl,
+the live test root, unshare and 127.0.0.1:53."""
+
+from __future__ import annotations
+
+import ast
+import base64
+import copy
+import csv
+import inspect
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from drain import Drain
+from stack import http_status
+from test_compose import acl_users, instruction, interpolate, start_compose_redis, wait_for_pong
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFESTS = ROOT / "deploy" / "kubernetes"
+# kustomization.yaml's secretGenerator reads this file, which the user writes and git ignores.
+SECRETS_ENV = MANIFESTS / "secrets.env"
+# Dummy values, as a user would write them: none may appear anywhere but in the Secret.
+SECRETS = {"HAPROXY_STATS_PASSWORD": "test-stats-password", "REDIS_ADMIN_PASSWORD": "test-admin-password",
+           "REDIS_PASSWORD": "test-kit-password"}
+# The oldest version whose schema has every field used (preStop `sleep`, on by default from 1.30),
+# and the newest the package bundles.
+KUBERNETES_VERSIONS = ["1.30", "1.37"]
+NAMESPACE = "mcp"
+HAPROXY = shutil.which("haproxy")
+needs_haproxy = pytest.mark.skipif(HAPROXY is None, reason="haproxy is not installed (apt-get install haproxy)")
+KUBECTL = shutil.which("kubectl")
+
+# -- kustomize, for what the kit's kustomizations use ----------------------------------------------
+
+# Anything else in a kustomization fails the build here rather than being ignored.
+KUSTOMIZATION_KEYS = {"apiVersion", "kind", "resources", "configMapGenerator", "secretGenerator"}
+
+
+def inside(path: Path, root: Path) -> Path:
+    """kustomize's load restrictor: a kustomization reads files under its own directory only."""
+    resolved = path.resolve()
+    assert resolved.is_relative_to(root.resolve()), f"{path} is outside {root}: kustomize would refuse it"
+    assert resolved.is_file(), f"{path} does not exist"
+    return resolved
+
+
+def read_env_file(text: str) -> dict[str, str]:
+    """A secretGenerator `envs` file: KEY=value lines; blank lines and # comments skipped."""
+    pairs = {}
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, sep, value = line.partition("=")
+            assert sep, f"not KEY=value: {line!r}"
+            pairs[key.strip()] = value
+    return pairs
+
+
+def build(directory: Path, given: dict[Path, str]) -> list[dict]:
+    """`kustomize build directory`, without the hash suffix on generated names; `given` holds the
+    contents of files the repository does not ship (the user's secrets.env)."""
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    assert set(kustomization) <= KUSTOMIZATION_KEYS, set(kustomization) - KUSTOMIZATION_KEYS
+    assert kustomization["kind"] == "Kustomization"
+    objects = []
+    for resource in kustomization.get("resources", []):
+        path = directory / resource
+        if path.is_dir():
+            objects += build(path, given)
+        else:
+            objects += [doc for doc in yaml.safe_load_all(inside(path, directory).read_text()) if doc]
+    for generator in kustomization.get("configMapGenerator", []):
+        assert set(generator) <= {"name", "files", "literals"}, generator
+        data = {Path(f).name: inside(directory / f, directory).read_text() for f in generator.get("files", [])}
+        data |= dict(literal.split("=", 1) for literal in generator.get("literals", []))
+        objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": generator["name"]},
+                        "data": data})
+    for generator in kustomization.get("secretGenerator", []):
+        assert set(generator) <= {"name", "envs"}, generator
+        data = {}
+        for env_file in generator["envs"]:
+            path = directory / env_file
+            if path.resolve() in given:
+                assert path.resolve().is_relative_to(directory.resolve())
+                text = given[path.resolve()]
+            else:
+                text = inside(path, directory).read_text()
+            data |= read_env_file(text)
+        objects.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": generator["name"]},
+                        "type": "Opaque", "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}})
+    return objects
+
+
+def secrets_env_text(secrets: dict[str, str] = SECRETS) -> str:
+    return "".join(f"{key}={value}\n" for key, value in secrets.items())
+
+
+@pytest.fixture(scope="module")
+def objects() -> list[dict]:
+    return build(ROOT, {SECRETS_ENV.resolve(): secrets_env_text()})
+
+
+def find(objects: list[dict], kind: str, name: str) -> dict:
+    matches = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"{len(matches)} {kind} named {name!r}"
+    return matches[0]
+
+
+def container(workload: dict, name: str | None = None) -> dict:
+    containers = workload["spec"]["template"]["spec"]["containers"]
+    name = name or workload["metadata"]["name"]
+    return next(c for c in containers if c["name"] == name)
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' expansion in env values and commands: $(NAME) from the variables before, $$ a $."""
+    return re.sub(r"\$\$|\$\((\w+)\)", lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+
+
+def pod_env(objects: list[dict], workload: dict, name: str | None = None) -> dict[str, str]:
+    """A container's environment as the kubelet would give it to pod `<workload>-0` in NAMESPACE."""
+    env: dict[str, str] = {}
+    fields = {"metadata.name": f"{workload['metadata']['name']}-0", "metadata.namespace": NAMESPACE}
+    for var in container(workload, name).get("env", []):
+        if "value" in var:
+            env[var["name"]] = expand(var["value"], env)
+            continue
+        source = var["valueFrom"]
+        if "fieldRef" in source:
+            env[var["name"]] = fields[source["fieldRef"]["fieldPath"]]
+        elif "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            env[var["name"]] = find(objects, "ConfigMap", ref["name"])["data"][ref["key"]]
+        else:
+            ref = source["secretKeyRef"]
+            env[var["name"]] = base64.b64decode(find(objects, "Secret", ref["name"])["data"][ref["key"]]).decode()
+    return env
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    return set(selector) == {"matchLabels"} and selector["matchLabels"].items() <= labels.items()
+
+
+def named_port(c: dict, port: int | str) -> int:
+    return next(p["containerPort"] for p in c["ports"] if port in (p["name"], p["containerPort"]))
+
+
+# -- the build -------------------------------------------------------------------------------------
+
+
+def test_the_kustomization_builds_the_whole_kit(objects):
+    assert {(o["kind"], o["metadata"]["name"]) for o in objects} == {
+        ("StatefulSet", "redis"), ("Service", "redis"),
+        ("Deployment", "mcp-server"), ("Service", "mcp-server"), ("PodDisruptionBudget", "mcp-server"),
+        ("Deployment", "haproxy"), ("Service", "haproxy"),
+        ("ConfigMap", "haproxy-config"), ("ConfigMap", "mcp-settings"), ("Secret", "mcp-ha-kit-secrets"),
+    }
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_object_is_valid_for_kubernetes(objects, version):
+    for obj in objects:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} (Kubernetes {version}): {exc.message} "
+                        f"at {'.'.join(map(str, exc.path))}")
+
+
+def test_the_validation_is_strict(objects):
+    broken = copy.deepcopy(find(objects, "Deployment", "mcp-server"))
+    container(broken)["readinessProbe"]["httpGet"]["pth"] = "/health"
+    with pytest.raises(kubernetes_validate.ValidationError, match="pth"):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+def test_every_reference_names_an_object_and_key_that_exist(objects):
+    for workload in (o for o in objects if o["kind"] in ("Deployment", "StatefulSet")):
+        pod = workload["spec"]["template"]["spec"]
+        for c in pod["containers"]:
+            pod_env(objects, workload, c["name"])  # raises on a missing ConfigMap, Secret or key
+        for volume in pod.get("volumes", []):
+            if "configMap" in volume:
+                find(objects, "ConfigMap", volume["configMap"]["name"])
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed: its kustomize checks what build() does here")
+def test_real_kustomize_builds_the_same_objects(objects, tmp_path):
+    """kubectl's own kustomize, on a copy of the files it reads plus a secrets.env: the same objects,
+    once its hash suffixes are taken off the generated names (and the references to them)."""
+    for part in ("kustomization.yaml", "deploy", "haproxy"):
+        source = ROOT / part
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, tmp_path / part)
+    (tmp_path / SECRETS_ENV.relative_to(ROOT)).write_text(secrets_env_text())
+    result = subprocess.run([KUBECTL, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    built = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    text = json.dumps(built)
+    for obj in built:
+        if obj["kind"] in ("ConfigMap", "Secret"):
+            hashed = obj["metadata"]["name"]
+            text = text.replace(f'"{hashed}"', f'"{hashed.rsplit("-", 1)[0]}"')
+    key = lambda o: (o["kind"], o["metadata"]["name"])  # noqa: E731
+    assert sorted(json.loads(text), key=key) == sorted(objects, key=key)
+
+
+# -- the replicas ----------------------------------------------------------------------------------
+
+
+def test_replicas_are_ready_on_health_and_alive_while_listening(objects):
+    deployment = find(objects, "Deployment", "mcp-server")
+    c = container(deployment)
+    env = pod_env(objects, deployment)
+    readiness = c["readinessProbe"]["httpGet"]
+    assert readiness["path"] == "/health"
+    assert named_port(c, readiness["port"]) == int(env["PORT"])
+    # /health is 503 while Redis is down: a liveness probe on it would restart every replica for it.
+    liveness = c["livenessProbe"]
+    assert "httpGet" not in liveness or liveness["httpGet"]["path"] != "/health"
+    assert named_port(c, liveness["tcpSocket"]["port"]) == int(env["PORT"])
+    assert env["HOST"] == "0.0.0.0", "a replica on loopback is unreachable from HAProxy's pod"
+
+
+def uvicorn_graceful_shutdown_seconds() -> float:
+    """server.py's timeout_graceful_shutdown: what open streams get once the drain is done."""
+    tree = ast.parse((ROOT / "server.py").read_text())
+    values = [kw.value.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+              for kw in node.keywords if kw.arg == "timeout_graceful_shutdown"]
+    assert len(values) == 1
+    return values[0]
+
+
+def test_the_grace_period_covers_the_drain(objects):
+    pod = find(objects, "Deployment", "mcp-server")["spec"]["template"]["spec"]
+    defaults = {name: p.default for name, p in inspect.signature(Drain).parameters.items()}
+    drain_bound = defaults["timeout_seconds"] + defaults["notice_seconds"] + uvicorn_graceful_shutdown_seconds()
+    c = container(find(objects, "Deployment", "mcp-server"))
+    sleep = c.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+    assert pod["terminationGracePeriodSeconds"] >= sleep + drain_bound
+
+
+def test_the_replicas_identity_store_and_ttl(objects):
+    deployment = find(objects, "Deployment", "mcp-server")
+    env = pod_env(objects, deployment)
+    assert env["INSTANCE_ID"] == "mcp-server-0", "each pod reports its own name"
+    url = urlsplit(env["REDIS_URL"])
+    redis = find(objects, "Service", url.hostname)
+    labels = find(objects, "StatefulSet", "redis")["spec"]["template"]["metadata"]["labels"]
+    assert redis["spec"]["selector"].items() <= labels.items()
+    assert url.port == redis["spec"]["ports"][0]["port"] and url.password is None
+    assert (env["REDIS_USERNAME"], env["REDIS_PASSWORD"]) == ("mcp", SECRETS["REDIS_PASSWORD"])
+    haproxy_env = pod_env(objects, find(objects, "Deployment", "haproxy"))
+    assert env["SESSION_TTL_SECONDS"] == haproxy_env["SESSION_TTL_SECONDS"], "one TTL for state and stick table"
+
+
+def test_replicas_run_as_the_dockerfiles_user_read_only(objects):
+    pod = find(objects, "Deployment", "mcp-server")["spec"]["template"]["spec"]
+    user, group = instruction("USER")[-1].split(":")
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]) == (int(user), int(group))
+    security = container(find(objects, "Deployment", "mcp-server"))["securityContext"]
+    assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
+
+
+def test_rollouts_and_evictions_keep_replicas_serving(objects):
+    deployment = find(objects, "Deployment", "mcp-server")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["replicas"] >= 3
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pdb = find(objects, "PodDisruptionBudget", "mcp-server")
+    assert selects(pdb["spec"]["selector"], labels)
+    for other in ("haproxy", "redis"):
+        workload = next(o for o in objects if o["kind"] in ("Deployment", "StatefulSet")
+                        and o["metadata"]["name"] == other)
+        assert not selects(pdb["spec"]["selector"], workload["spec"]["template"]["metadata"]["labels"])
+    budget = pdb["spec"].get("maxUnavailable", deployment["spec"]["replicas"] - pdb["spec"].get("minAvailable", 0))
+    assert budget == 1
+
+
+# -- HAProxy ---------------------------------------------------------------------------------------
+
+
+def test_haproxys_config_is_the_repositorys_byte_for_byte(objects):
+    data = find(objects, "ConfigMap", "haproxy-config")["data"]
+    assert data == {"haproxy.cfg": (ROOT / "haproxy" / "haproxy.cfg").read_text(),
+                    "refuse_body.lua": (ROOT / "haproxy" / "refuse_body.lua").read_text()}
+    deployment = find(objects, "Deployment", "haproxy")
+    env = pod_env(objects, deployment)
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in container(deployment)["volumeMounts"]}
+    # The image's default config path, and where haproxy.cfg looks for the Lua file.
+    assert mounts["/usr/local/etc/haproxy"]["configMap"]["name"] == "haproxy-config"
+    assert env["HAPROXY_LUA_DIR"] == "/usr/local/etc/haproxy"
+
+
+def test_haproxy_finds_the_replicas_through_their_headless_service(objects):
+    env = pod_env(objects, find(objects, "Deployment", "haproxy"))
+    host, port = env["MCP_SERVER_DNS"].rsplit(":", 1)
+    service_name, namespace, *domain = host.split(".")
+    assert (namespace, domain) == (NAMESPACE, ["svc", "cluster", "local"]), "HAProxy's resolvers need the full name"
+    service = find(objects, "Service", service_name)
+    deployment = find(objects, "Deployment", "mcp-server")
+    assert service["spec"]["clusterIP"] == "None", "a headless Service resolves to every pod"
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    # A draining pod stays resolvable until HAProxy's own check takes it out (drain.py).
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert int(port) == named_port(container(deployment), service["spec"]["ports"][0]["targetPort"])
+    assert not any(re.fullmatch(r"MCP_SERVER_\d", key) for key in env)
+
+
+def haproxy_check(env: dict[str, str]) -> subprocess.CompletedProcess:
+    # Only the pod's variables; the Lua file from where the ConfigMap takes it.
+    return subprocess.run([HAPROXY, "-c", "-f", str(ROOT / "haproxy" / "haproxy.cfg")], cwd=ROOT,
+                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env,
+                               "HAPROXY_LUA_DIR": str(ROOT / "haproxy")},
+                          capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def haproxy_env(objects) -> dict[str, str]:
+    return pod_env(objects, find(objects, "Deployment", "haproxy"))
+
+
+@needs_haproxy
+def test_haproxy_cfg_is_valid_with_the_deployments_environment(haproxy_env):
+    # The name does not resolve here; HAProxy starts anyway (init-addr none) and finds the pods later.
+    result = haproxy_check(haproxy_env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Configuration file is valid" in result.stdout + result.stderr
+
+
+@needs_haproxy
+def test_haproxy_cfg_reads_every_variable_the_deployment_sets(haproxy_env):
+    """Poisoned one at a time, each variable must break the check (a misspelt name would be ignored)."""
+    poison = {"HAPROXY_STATS_USER": "", "HAPROXY_STATS_PASSWORD": ""}
+    # POD_NAMESPACE is the kubelet's, for MCP_SERVER_DNS; haproxy_check sets HAPROXY_LUA_DIR itself.
+    for key in haproxy_env.keys() - {"POD_NAMESPACE", "HAPROXY_LUA_DIR"}:
+        result = haproxy_check({**haproxy_env, key: poison.get(key, "127.0.0.1:notaport")})
+        assert result.returncode != 0, f"haproxy.cfg ignores {key}"
+
+
+@needs_haproxy
+def test_the_dns_branch_sits_beside_the_fixed_server_lines(haproxy_env):
+    result = haproxy_check({**haproxy_env, "MCP_SERVER_1": "127.0.0.1:8001", "MCP_SERVER_DNS_SLOTS": "3"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    result = haproxy_check({**haproxy_env, "MCP_SERVER_DNS_SLOTS": "none"})
+    assert result.returncode != 0
+
+
+def test_haproxy_listens_where_its_service_points(objects, haproxy_env):
+    deployment = find(objects, "Deployment", "haproxy")
+    service = find(objects, "Service", "haproxy")
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    ports = {p["name"]: named_port(container(deployment), p["targetPort"]) for p in service["spec"]["ports"]}
+    for name, variable in (("mcp", "HAPROXY_BIND"), ("stats", "HAPROXY_STATS_BIND")):
+        address, port = haproxy_env[variable].rsplit(":", 1)
+        assert address in ("", "*", "0.0.0.0", "::", "[::]") and int(port) == ports[name], variable
+    assert haproxy_env["HAPROXY_STATS_PASSWORD"] == SECRETS["HAPROXY_STATS_PASSWORD"]
+
+
+# -- Redis -----------------------------------------------------------------------------------------
+
+
+def redis_command(objects: list[dict]) -> list[str]:
+    return container(find(objects, "StatefulSet", "redis"))["command"]
+
+
+def test_redis_has_the_kits_acl(objects):
+    from stack import REDIS_KIT_ACL
+
+    script = expand(redis_command(objects)[2], {})
+    assert acl_users(script) == {"default": "~* &* +@all", "mcp": REDIS_KIT_ACL}
+
+
+def test_redis_persists_to_its_volume(objects):
+    statefulset = find(objects, "StatefulSet", "redis")
+    argv = expand(redis_command(objects)[2], {}).rstrip().splitlines()[-1].split()
+    assert argv[argv.index("--appendonly") + 1] == "yes"
+    claims = {t["metadata"]["name"] for t in statefulset["spec"]["volumeClaimTemplates"]}
+    mounts = {m["mountPath"]: m["name"] for m in container(statefulset)["volumeMounts"]}
+    assert mounts["/data"] in claims, "the append-only file must outlive the pod"
+    # Ready on PONG only (an error while the AOF loads), asked as the admin.
+    assert "redis-cli ping | grep -q PONG" in container(statefulset)["readinessProbe"]["exec"]["command"][-1]
+    assert pod_env(objects, statefulset)["REDISCLI_AUTH"] == SECRETS["REDIS_ADMIN_PASSWORD"]
+
+
+@pytest.mark.timeout(60)
+def test_the_redis_command_runs_with_its_acl(objects, tmp_path):
+    """The StatefulSet's command, run here on loopback (compose's runner: compose and Kubernetes both
+    read $$ as $, and this command has no other variable syntax of either)."""
+    from conftest import free_ports
+    from stack import redis_command as send
+
+    command = redis_command(objects)
+    assert expand(command[2], {}) == interpolate(command[2], {})
+    env = pod_env(objects, find(objects, "StatefulSet", "redis"))
+    (port,) = free_ports(1)
+    proc = start_compose_redis(command, tmp_path, port, env)
+    try:
+        wait_for_pong(port, SECRETS["REDIS_ADMIN_PASSWORD"], tmp_path / "redis.log")
+        assert str(send("127.0.0.1", port, "PING")).startswith("NOAUTH")
+        kit = {"user": "mcp", "password": SECRETS["REDIS_PASSWORD"]}
+        assert send("127.0.0.1", port, "HSET", "mcp:k8s", "n", "1", **kit) == 1
+        assert str(send("127.0.0.1", port, "FLUSHALL", **kit)).startswith("NOPERM")
+        assert not any(v in (tmp_path / "users.acl").read_text() for v in SECRETS.values())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+# -- secrets ---------------------------------------------------------------------------------------
+
+
+def test_no_secret_value_outside_the_secret(objects):
+    for obj in objects:
+        if obj["kind"] != "Secret":
+            text = json.dumps(obj)
+            assert not any(value in text for value in SECRETS.values()), f"{obj['kind']}/{obj['metadata']['name']}"
+    assert set(read_env_file(secrets_env_text())) == set(SECRETS)
+    # Every password reaches a container from the Secret, never as a value in the manifest.
+    for workload in (o for o in objects if o["kind"] in ("Deployment", "StatefulSet")):
+        for c in workload["spec"]["template"]["spec"]["containers"]:
+            for var in c.get("env", []):
+                if re.search("PASSWORD|AUTH", var["name"]):
+                    assert "secretKeyRef" in var.get("valueFrom", {}), f"{workload['metadata']['name']}: {var}"
+            assert not any(v in json.dumps(c.get("command", [])) for v in SECRETS.values())
+
+
+def test_the_repository_ships_no_secrets_file():
+    tracked = subprocess.run(["git", "ls-files", "deploy"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    assert tracked and str(SECRETS_ENV.relative_to(ROOT)) not in tracked
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(SECRETS_ENV)], cwd=ROOT)
+    assert ignored.returncode == 0, "secrets.env must be git-ignored"
+
+
+# -- HAProxy's DNS discovery, live -----------------------------------------------------------------
+
+
+class FakeClusterDns:
+    """Kubernetes' DNS for one headless Service, on 127.0.0.1:53: A records for the pods listed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name.lower()
+        self.addresses: list[str] = []
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 53))
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                query, peer = self.sock.recvfrom(4096)
+            except OSError:
+                return
+            tid, = struct.unpack(">H", query[:2])
+            i, labels = 12, []
+            while query[i]:
+                labels.append(query[i + 1:i + 1 + query[i]].decode())
+                i += 1 + query[i]
+            qtype, = struct.unpack(">H", query[i + 1:i + 3])
+            known = ".".join(labels).lower() == self.name
+            records = [a for a in self.addresses if known and qtype == 1]
+            answer = b"".join(b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 1, 4) + socket.inet_aton(a) for a in records)
+            header = struct.pack(">HHHHHH", tid, 0x8180 | (0 if known else 3), 1, len(records), 0, 0)
+            self.sock.sendto(header + query[12:i + 5] + answer, peer)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def can_fake_cluster_dns() -> str | None:
+    """Why the live DNS test cannot run here, or None: it needs port 53 and a private /etc/resolv.conf."""
+    if HAPROXY is None:
+        return "haproxy is not installed"
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return "needs root and unshare, to give HAProxy a resolv.conf of its own"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", 53))
+        except OSError:
+            return "127.0.0.1:53 is taken"
+    return None
+
+
+def pod_states(stats_url: str, password: str) -> dict[str, tuple[str, str]]:
+    """HAProxy's DNS slots: name -> (status, address)."""
+    from stack import read_stats_csv
+
+    rows = csv.DictReader(read_stats_csv(stats_url, "stats", password).lstrip("# ").splitlines())
+    return {row["svname"]: (row["status"], row["addr"]) for row in rows if row["svname"].startswith("mcp-pod-")}
+
+
+def wait_for(condition, what: str, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := condition():
+            return result
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.skipif(can_fake_cluster_dns() is not None, reason=str(can_fake_cluster_dns()))
+@pytest.mark.timeout(90)
+def test_haproxy_follows_the_pods_the_headless_service_resolves_to(haproxy_env, tmp_path):
+    """HAProxy with the Deployment's settings and a cluster DNS faked on loopback: pods found as their
+    addresses appear, a draining one taken out by HAProxy's own checks (which it counted, so it left
+    in well under drain.py's notice bound) while still resolvable, and its slot emptied once it is not."""
+    from conftest import free_ports
+
+    http_port, stats_port, pod_port = free_ports(3)
+    host = haproxy_env["MCP_SERVER_DNS"].rsplit(":", 1)[0]
+    env = {**haproxy_env, "HAPROXY_BIND": f"127.0.0.1:{http_port}", "HAPROXY_STATS_BIND": f"127.0.0.1:{stats_port}",
+           "MCP_SERVER_DNS": f"{host}:{pod_port}", "MCP_SERVER_DNS_SLOTS": "3",
+           "HAPROXY_LUA_DIR": str(ROOT / "haproxy")}
+    (tmp_path / "resolv.conf").write_text("nameserver 127.0.0.1\n")
+    pods = {ip: subprocess.Popen([sys.executable, "server.py"], cwd=ROOT, stdout=open(tmp_path / f"{ip}.log", "wb"),
+                                 stderr=subprocess.STDOUT,
+                                 env={"PATH": os.environ["PATH"], "INSTANCE_ID": f"pod-{ip}", "HOST": ip,
+                                      "PORT": str(pod_port), "LOG_FORMAT": "text"})
+            for ip in ("127.0.0.2", "127.0.0.3")}
+    dns = FakeClusterDns(host)
+    haproxy = None
+    stats = f"http://127.0.0.1:{stats_port}/stats"
+    password = env["HAPROXY_STATS_PASSWORD"]
+    try:
+        for ip in pods:
+            wait_for(lambda: http_status(f"http://{ip}:{pod_port}/health") == 200, f"the replica on {ip}")
+        dns.addresses = ["127.0.0.2"]
+        # Its own mount namespace, where /etc/resolv.conf names the fake DNS; the host's is untouched.
+        script = f"mount --bind {tmp_path / 'resolv.conf'} /etc/resolv.conf && exec {HAPROXY} -db -f haproxy/haproxy.cfg"
+        haproxy = subprocess.Popen(["unshare", "-m", "sh", "-c", script], cwd=ROOT, env=env,
+                                   stdout=open(tmp_path / "haproxy.log", "wb"), stderr=subprocess.STDOUT)
+        wait_for(lambda: http_status(stats) == 401, "HAProxy's stats port")
+        up = wait_for(lambda: [a for s, a in pod_states(stats, password).values() if s == "UP"], "the first pod")
+        assert up == [f"127.0.0.2:{pod_port}"]
+        assert sum(s.startswith("MAINT") for s, _ in pod_states(stats, password).values()) == 2, "empty slots"
+
+        dns.addresses = ["127.0.0.2", "127.0.0.3"]
+        wait_for(lambda: sorted(a for s, a in pod_states(stats, password).values() if s == "UP")
+                 == [f"127.0.0.2:{pod_port}", f"127.0.0.3:{pod_port}"], "a new pod found")
+
+        # Terminating, and still resolvable (publishNotReadyAddresses): HAProxy's checks take it out.
+        draining = pods["127.0.0.3"]
+        draining.terminate()
+        assert draining.wait(timeout=Drain().timeout_seconds + Drain().notice_seconds + 5) == 0
+        drained = re.search(r"drained in ([\d.]+) s", (tmp_path / "127.0.0.3.log").read_text())
+        assert drained and float(drained.group(1)) < Drain().notice_seconds, "it did not see HAProxy's checks"
+        slot = next(n for n, (_, a) in pod_states(stats, password).items() if a == f"127.0.0.3:{pod_port}")
+        assert wait_for(lambda: pod_states(stats, password)[slot][0] == "DOWN", "the draining pod down")
+
+        dns.addresses = ["127.0.0.2"]
+        wait_for(lambda: pod_states(stats, password)[slot][0].startswith("MAINT"), "its slot emptied")
+        assert http_status(f"http://127.0.0.1:{http_port}/health") == 200
+    finally:
+        dns.close()
+        for proc in [haproxy, *pods.values()]:
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=20)
