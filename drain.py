@@ -6,9 +6,9 @@ On SIGTERM a replica does not stop at once. It:
    before anything is done with it, and HAProxy re-sends it to another
    replica (which adopts the session). No new sessions start here;
 2. lets the calls already in flight finish (at most `timeout_seconds`);
-3. then answers `/health` with 503 ("draining"), waits until the load balancer
-   has seen that (`notice_checks` of its health checks, at most
-   `notice_seconds`);
+3. then answers `/health` with 503 ("draining"), waits until every load
+   balancer checking it has seen that (`notice_checks` of each one's health
+   checks, at most `notice_seconds`);
 4. exits. Open GET streams are closed, and their clients reconnect elsewhere.
 
 Why health fails only after the calls: HAProxy cuts the requests still open on
@@ -17,12 +17,14 @@ replica), so a replica that failed its health check first would have its own
 in-flight calls cut. Shedding new work with 503 moves traffic away just as
 well, without that.
 
-Only the balancer's own checks count (they carry `BALANCER_CHECK_HEADER`;
-haproxy.cfg sends it and removes it from client requests): anything else
-polling `/health` (Docker's HEALTHCHECK, a probe, a person with curl) would
-otherwise use up the count, and the replica would exit while the balancer
-still had it up, which then sends it a request and cuts that request when
-the refused connection marks it down.
+Only the balancers' own checks count, each balancer's on its own: a check
+carries `BALANCER_CHECK_HEADER` naming the balancer that sent it (haproxy.cfg
+sends it, and removes it from client requests). Each balancer marks a server
+down on its own count of failed checks, so anything else polling `/health`
+(Docker's HEALTHCHECK, a probe, a person with curl), or a second HAProxy's
+checks, would otherwise make up the count, and the replica would exit while
+a balancer still had it up; that balancer then sends it a request and cuts
+the request when the refused connection marks the server down.
 
 A second SIGTERM (or SIGINT) stops it at once.
 
@@ -43,8 +45,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
-# The header the load balancer's health checks carry (haproxy/haproxy.cfg).
+# The header the load balancers' health checks carry, naming the balancer (haproxy/haproxy.cfg).
 BALANCER_CHECK_HEADER = "x-balancer-check"
+# How many balancers a replica keeps track of: a handful run in front of it,
+# and a client reaching a replica directly could name any number.
+MAX_BALANCERS = 32
 
 
 class Drain:
@@ -54,17 +59,31 @@ class Drain:
         self.timeout_seconds = timeout_seconds
         self.draining = False
         self.in_flight = 0
-        self.refused_checks = 0
+        # Per balancer: when it last checked, and how many checks it got "draining" for.
+        self._last_check: dict[str, float] = {}
+        self._refused: dict[str, int] = {}
         self._shedding: ASGIApp | None = None
         self._calls_done = False
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def health_checked(self, *, by_balancer: bool) -> bool:
-        """Called by /health; whether this replica is healthy as far as draining goes."""
-        if self._calls_done and by_balancer:
-            self.refused_checks += 1
+    def health_checked(self, *, balancer: str | None) -> bool:
+        """Called by /health with the balancer the check came from (None: not a balancer's check);
+        whether this replica is healthy as far as draining goes."""
+        if balancer is not None:
+            if balancer not in self._last_check and len(self._last_check) >= MAX_BALANCERS:
+                oldest = min(self._last_check, key=self._last_check.__getitem__)
+                del self._last_check[oldest]
+                self._refused.pop(oldest, None)
+            self._last_check[balancer] = time.monotonic()
+            if self._calls_done:
+                self._refused[balancer] = self._refused.get(balancer, 0) + 1
         return not self._calls_done
+
+    def _noticed_by_all(self, since: float) -> bool:
+        """Whether every balancer that checked this replica lately has had `notice_checks` refusals."""
+        watching = [b for b, at in self._last_check.items() if at >= since - self.notice_seconds]
+        return bool(watching) and all(self._refused.get(b, 0) >= self.notice_checks for b in watching)
 
     def shed(self, response: ASGIApp | None) -> None:
         """Answer new work with `response` instead of doing it; None: take work again."""
@@ -105,7 +124,7 @@ class Drain:
             log.warning("drain bound reached with %d calls still in flight", self.in_flight)
         self._calls_done = True
         noticed = time.monotonic()
-        while self.refused_checks < self.notice_checks and time.monotonic() - noticed < self.notice_seconds:
+        while not self._noticed_by_all(noticed) and time.monotonic() - noticed < self.notice_seconds:
             await asyncio.sleep(0.05)
         log.info("drained in %.1f s", time.monotonic() - started)
 

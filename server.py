@@ -383,7 +383,7 @@ store_health = StoreHealth(grace_seconds=REDIS_RETRY_SECONDS if (REDIS_URL or RE
 
 @mcp.custom_route("/health", methods=["GET"])
 async def health(request: Request) -> JSONResponse:
-    if not drain.health_checked(by_balancer=BALANCER_CHECK_HEADER in request.headers):
+    if not drain.health_checked(balancer=request.headers.get(BALANCER_CHECK_HEADER)):
         return JSONResponse({"status": "draining", "instance": INSTANCE_ID}, status_code=503)
     if await store_health.check():
         return JSONResponse({"status": "ok", "instance": INSTANCE_ID})

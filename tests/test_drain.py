@@ -9,7 +9,7 @@ import time
 import httpx2
 import pytest
 
-from drain import Drain
+from drain import MAX_BALANCERS, Drain
 from mcp_http import PROTOCOL, RawSession, last_jsonrpc_message
 from stack import Stack
 
@@ -82,17 +82,30 @@ async def test_a_rolling_restart_fails_no_call_of_a_plain_client(healed_stack: S
     assert (await raw.call("get_counter"))["counter"] == acknowledged
 
 
-async def test_a_drain_waits_for_the_balancers_checks_and_no_one_elses() -> None:
+async def test_a_drain_waits_for_each_balancers_checks_and_no_one_elses() -> None:
     drain = Drain(notice_checks=2, notice_seconds=30.0, timeout_seconds=1.0)
+    for balancer in ("haproxy-a/1", "haproxy-b/1"):
+        assert drain.health_checked(balancer=balancer) is True
     run = asyncio.create_task(drain.run())
     await asyncio.sleep(0.05)  # nothing in flight: the calls are done at once
     # Docker's HEALTHCHECK, a probe or a person polling /health: told "draining", but not counted.
     for _ in range(10):
-        assert drain.health_checked(by_balancer=False) is False
+        assert drain.health_checked(balancer=None) is False
+    # Two checks, one from each HAProxy: neither has seen the two failures it marks a server down on.
+    assert drain.health_checked(balancer="haproxy-a/1") is False
+    assert drain.health_checked(balancer="haproxy-b/1") is False
     await asyncio.sleep(0.2)
-    assert not run.done(), "the replica would exit while the balancer has seen none of its checks fail"
-    assert drain.health_checked(by_balancer=True) is False
+    assert not run.done(), "the replica would exit while its balancers still have it up"
+    assert drain.health_checked(balancer="haproxy-a/1") is False
     await asyncio.sleep(0.2)
     assert not run.done()
-    assert drain.health_checked(by_balancer=True) is False
+    assert drain.health_checked(balancer="haproxy-b/1") is False
     await asyncio.wait_for(run, 5)
+
+
+async def test_a_drain_keeps_track_of_a_bounded_number_of_balancers() -> None:
+    """A client reaching a replica directly can name any balancer: it costs a bounded table."""
+    drain = Drain()
+    for n in range(MAX_BALANCERS * 4):
+        drain.health_checked(balancer=f"forged-{n}")
+    assert len(drain._last_check) == MAX_BALANCERS and f"forged-{MAX_BALANCERS * 4 - 1}" in drain._last_check
