@@ -83,6 +83,12 @@ REDIS_SECRETS = {
     "redis_replication_password": "REDIS_REPLICATION_PASSWORD",
 }
 REDIS_SECRETS_FILE = "redis-secrets.json"
+# Secrets a shell may hold for stack.py itself, never handed on with the rest
+# of its environment: each service gets what it needs in Service.env (the
+# replicas the kit's Redis user, not the admin; HAProxy no Redis password at
+# all), so a compromised replica does not find the admin password in its own
+# environment.
+STACK_SECRETS = {*REDIS_SECRETS.values(), "HAPROXY_STATS_PASSWORD", "MCP_AUTH_TOKENS"}
 
 INSTALL_HINT = {
     "redis-server": "apt-get install redis-server (make demo installs it)",
@@ -599,9 +605,10 @@ class Stack:
 
     def _make_state_dir(self) -> None:
         # This user's only: Redis and Sentinel rewrite their config files (passwords in them) with
-        # the umask's mode, and the logs say what the stack serves.
-        if not self.config.state_dir.exists():
-            self.config.state_dir.mkdir(parents=True, mode=0o700)
+        # the umask's mode, and the logs say what the stack serves. Also a directory that was
+        # already there (an old .stack, a STACK_DIR made by hand).
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        self.config.state_dir.chmod(0o700)
 
     def _keep_redis_secrets(self) -> None:
         """The Redis passwords, for the next `up` in this stack dir: its config files and data outlive `down`."""
@@ -741,7 +748,7 @@ class Stack:
         proc = subprocess.Popen(
             argv,
             cwd=ROOT,
-            env={**os.environ, **svc.env},
+            env={**{k: v for k, v in os.environ.items() if k not in STACK_SECRETS}, **svc.env},
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -907,8 +914,10 @@ def _print_urls(stack: Stack) -> None:
         console.print(f"Redis         Sentinel {c.sentinels}, primary {SENTINEL_MASTER!r}")
     else:
         console.print(f"Redis         {c.redis_url}")
-    console.print(f"Redis users   {c.redis_user} (the replicas)  password {c.redis_password};"
-                  f" default (admin)  password {c.redis_admin_password}")
+    # Where the passwords are, not the passwords: the admin's opens all of Redis, and a
+    # terminal's scrollback or a CI log is no place for it.
+    console.print(f"Redis users   {c.redis_user} (the replicas), default (admin): passwords in "
+                  f"{c.state_dir / REDIS_SECRETS_FILE}")
 
 
 @click.group()

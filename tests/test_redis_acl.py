@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stack import REDIS_SECRETS, REDIS_SECRETS_FILE, Stack, StackConfig, redis_command
+from conftest import running_stack
+from stack import REDIS_SECRETS, REDIS_SECRETS_FILE, STACK_SECRETS, Stack, StackConfig, redis_command
 
 # Harmless forms of what the kit never needs: reading everything, wiping, reconfiguring, replicating.
 REFUSED = [
@@ -120,3 +121,25 @@ def test_a_stack_dir_keeps_its_redis_passwords_across_down_and_up(tmp_path: Path
     monkeypatch.setenv("REDIS_ADMIN_PASSWORD", "from-the-environment")
     assert StackConfig.from_env().redis_admin_password == "from-the-environment"
     assert os.stat(tmp_path / REDIS_SECRETS_FILE).st_mode & 0o077 == 0
+
+
+def test_no_service_gets_the_admin_password_and_the_stack_dir_is_made_private(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shell's secrets are stack.py's: a replica (or HAProxy) holding the admin password in its environment
+    would give whoever compromises it all of Redis, ACL or not. A stack dir that already existed is made private
+    too: Redis and Sentinel rewrite their password-holding config files under the umask. (Redis itself is not
+    read: it writes its process title over its environment.)"""
+    for variable in STACK_SECRETS:
+        monkeypatch.setenv(variable, f"the-shells-{variable.lower()}")
+    state_dir = tmp_path / "stack"
+    state_dir.mkdir(mode=0o755)
+    state_dir.chmod(0o755)
+    with running_stack(state_dir, replicas=1) as s:
+        assert state_dir.stat().st_mode & 0o077 == 0
+        for name in ("mcp-server-1", "haproxy"):
+            environ = dict(item.split("=", 1) for item in
+                           Path(f"/proc/{s.pid(name)}/environ").read_bytes().decode().split("\0") if "=" in item)
+            assert environ, name
+            assert not STACK_SECRETS & environ.keys() - s.service(name).env.keys(), name
+            assert not any(value.startswith("the-shells-") for value in environ.values()), name
+            assert s.config.redis_admin_password not in environ.values(), name
