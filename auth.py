@@ -33,7 +33,7 @@ Settings, from the environment (`settings_from_env`):
   the principal `name`. For local use and tests; tokens of 16 characters or more;
 - `MCP_AUTH_JWKS_URL`, `MCP_AUTH_ISSUER`, `MCP_AUTH_AUDIENCE` (jwt, all
   required), `MCP_AUTH_ALGORITHM` (default RS256): tokens signed by a key the
-  JWKS URL publishes, for this issuer and this audience;
+  JWKS URL publishes, for this issuer and this audience, naming a subject;
 - `MCP_AUTH_REQUIRED_SCOPES` (jwt): scopes every token must carry,
   separated by spaces or commas.
 """
@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from fastmcp.server.auth import TokenVerifier
+from fastmcp.server.auth import AccessToken, TokenVerifier
 from fastmcp.server.auth.providers.jwt import JWTVerifier, StaticTokenVerifier
 from fastmcp.server.sessions import current_principal
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
@@ -63,6 +63,19 @@ OWNER = "owner"
 
 class AuthConfigError(ValueError):
     """The auth settings cannot work; the message says which and why."""
+
+
+class SubjectRequired(JWTVerifier):
+    """JWTs that name their subject, and only those.
+
+    The principal is (client_id, issuer, subject); a token without `sub` has
+    no subject, so every such token one client was given would be the same
+    principal, and its holders would share each other's sessions.
+    """
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        verified = await super().verify_token(token)
+        return verified if verified is not None and verified.subject else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,7 +164,7 @@ def make_verifier(settings: AuthSettings) -> TokenVerifier | None:
         raise AuthConfigError(f"MCP_AUTH_ALGORITHM={settings.algorithm!r}: a JWKS URL publishes public keys; "
                               "use an asymmetric algorithm (RS256, ES256, ...)")
     try:
-        return JWTVerifier(
+        return SubjectRequired(
             jwks_uri=settings.jwks_url,
             issuer=settings.issuer,
             audience=settings.audience,

@@ -15,6 +15,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 import uuid
 
 import httpx2
@@ -22,6 +23,8 @@ import pytest
 from fastmcp import Client
 from fastmcp.exceptions import ToolError
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
+from joserfc import jwk as joserfc_jwk
+from joserfc import jwt as joserfc_jwt
 
 import auth
 from conftest import JWT_AUDIENCE, JWT_ISSUER, JWT_KID, ROOT
@@ -267,7 +270,16 @@ async def test_a_jwt_signed_by_the_jwks_key_for_this_issuer_and_audience_is_serv
     assert (await carol.at(carol.url, token=jwt(jwt_keys)).call("increment_counter"))["counter"] == 2
 
 
-@pytest.mark.parametrize("case", ["wrong issuer", "wrong audience", "expired", "wrong key", "unknown key id"])
+def jwt_without_subject(keys: RSAKeyPair) -> str:
+    """Signed like `jwt`, valid in every way but one: no `sub` (RSAKeyPair.create_token always sets one)."""
+    now = int(time.time())
+    key = joserfc_jwk.RSAKey.import_key(keys.private_key.get_secret_value())
+    claims = {"iss": JWT_ISSUER, "aud": JWT_AUDIENCE, "iat": now, "exp": now + 600}
+    return joserfc_jwt.encode({"alg": "RS256", "kid": JWT_KID}, claims, key)
+
+
+@pytest.mark.parametrize("case", ["wrong issuer", "wrong audience", "expired", "wrong key", "unknown key id",
+                                  "no subject"])
 async def test_a_jwt_that_does_not_verify_gets_401(
     http: httpx2.AsyncClient, jwt_stack: Stack, jwt_keys: RSAKeyPair, case: str
 ) -> None:
@@ -277,6 +289,7 @@ async def test_a_jwt_that_does_not_verify_gets_401(
         "expired": lambda: jwt(jwt_keys, expires_in_seconds=-600),
         "wrong key": lambda: jwt(RSAKeyPair.generate()),
         "unknown key id": lambda: jwt(jwt_keys, kid="another-key"),
+        "no subject": lambda: jwt_without_subject(jwt_keys),
     }[case]()
     session = RawSession(http, jwt_stack.config.mcp_url, token=token)
     response = await session.post("initialize", {
