@@ -59,6 +59,12 @@ def holds(manager: StreamableHTTPSessionManager, session_id: str) -> bool:
     return session_id in manager._server_instances
 
 
+def refuses(manager: StreamableHTTPSessionManager, session_id: str, user: object) -> bool:
+    """Whether the SDK will answer `user`'s request for a session it holds with 404: another principal's."""
+    requestor = authorization_context(user) if isinstance(user, AuthenticatedUser) else None
+    return requestor != manager._session_owners.get(session_id)
+
+
 def held_count(manager: StreamableHTTPSessionManager) -> int:
     """How many sessions this replica holds a transport for (opened here or adopted)."""
     return len(manager._server_instances)

@@ -168,6 +168,12 @@ class AdoptSessions:
             elif not sdk_sessions.holds(manager, session_id) or session_id in self.ownership.stale:
                 if not await self._adopt(manager, session_id, scope, take_over=not resumes_stream(scope)):
                     return await SESSION_NOT_FOUND(scope, receive, send)
+            elif sdk_sessions.refuses(manager, session_id, scope.get("user")):
+                # Another principal's session held here: the SDK would answer the same 404 without
+                # asking the store, where an unknown id costs a read of its owner. The same read
+                # here, so not even the store's work tells the two apart.
+                await self.store.owner(session_id)
+                return await SESSION_NOT_FOUND(scope, receive, send)
         except StoreUnavailable:
             # Nothing was processed, so the proxy may safely try another replica.
             return await _error(503, "Session store unavailable")(scope, receive, send)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -351,3 +352,25 @@ async def test_a_resilient_client_with_a_token_rides_through_a_stop_and_ends_its
     alice = RawSession(http, healed_stack.config.mcp_url, token=auth_tokens["alice"])
     alice.session_id = session_id
     assert (await alice.post("tools/call", GET_COUNTER)).status_code == 404
+
+
+def store_work(metrics_text: str) -> float:
+    """Store operations a replica has made, its health checks' pings aside (they run on their own clock)."""
+    found = re.findall(r'^mcp_store_operation_duration_seconds_count\{operation="([^"]+)"\} (\S+)$', metrics_text, re.M)
+    return sum(float(count) for operation, count in found if operation != "ping")
+
+
+async def test_a_stranger_costs_the_holding_replica_the_store_work_an_unknown_id_does(
+    http: httpx2.AsyncClient, stack: Stack, auth_tokens: dict[str, str]
+) -> None:
+    """No oracle in the store's work either: the SDK refuses a stranger without the store, an unknown id costs
+    a read of its owner."""
+    alice, owner = await open_session(http, stack, auth_tokens["alice"])
+    metrics = f"http://127.0.0.1:{stack.service(owner).port}/metrics"
+    bob, nobody = stranger_and_nobody(alice, replica_url(stack, owner), auth_tokens["bob"])
+    work = []
+    for session in (bob, nobody):
+        before = store_work((await http.get(metrics)).text)
+        assert (await session.post("tools/call", GET_COUNTER)).status_code == 404
+        work.append(store_work((await http.get(metrics)).text) - before)
+    assert work[0] == work[1] > 0, work

@@ -144,6 +144,12 @@ async def test_a_session_adopted_for_a_principal_is_served_to_it_and_to_nobody_e
         assert as_alice.status_code == 200, "the adopted session is not bound to its principal in the SDK"
         as_bob = await http.post(url, headers={**headers, "Authorization": f"Bearer {PROBE_TOKENS['bob']}"}, json=body)
         assert as_bob.status_code == 404, "the SDK no longer refuses a session to another principal"
+    # refuses() predicts that answer, so the kit can do an unknown id's store work first.
+    bob = AuthenticatedUser(await StaticTokenVerifier(
+        tokens={PROBE_TOKENS["bob"]: {"client_id": "bob", "sub": "bob", "scopes": []}}).verify_token(PROBE_TOKENS["bob"]))
+    assert sdk_sessions.refuses(manager, session_id, bob) and not sdk_sessions.refuses(manager, session_id, alice)
+    assert sdk_sessions.refuses(manager, session_id, None), "an unauthenticated request would be served"
+    async with httpx2.AsyncClient(timeout=10) as http:
         delete = await http.delete(url, headers={**headers, "Authorization": f"Bearer {PROBE_TOKENS['alice']}"})
         assert delete.status_code == 200
     assert session_id not in manager._session_owners, "the SDK no longer forgets an ended session's owner"
