@@ -11,7 +11,7 @@ UV := $(or $(shell command -v uv 2>/dev/null),.tools/uv/bin/uv)
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?=
 
-.PHONY: demo test down up deps system-deps python-deps lock
+.PHONY: demo test test-docker down up deps system-deps python-deps lock
 
 demo: deps
 	$(PY) stack.py up -d
@@ -50,3 +50,8 @@ python-deps: $(if $(shell command -v uv 2>/dev/null),,.tools/uv/bin/uv)
 
 lock:
 	$(UV) lock
+
+# docker-compose.yaml run for real (.ci/docker-stage): images built locally,
+# host networking on loopback, tests/test_docker.py against the containers.
+test-docker: deps
+	.ci/docker-stage
