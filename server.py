@@ -354,6 +354,7 @@ class StoreHealth:
     def __init__(self, *, grace_seconds: float) -> None:
         self.grace_seconds = grace_seconds
         self.unreachable_since: float | None = None
+        self.reached = False
 
     async def check(self) -> bool:
         try:
@@ -363,11 +364,15 @@ class StoreHealth:
         now = time.monotonic()
         if reachable:
             self.unreachable_since = None
+            self.reached = True
             drain.shed(None)
             return True
         if self.unreachable_since is None:
             self.unreachable_since = now
-        if now - self.unreachable_since < self.grace_seconds:
+        # The grace rides out a failover of a store that worked. A replica that has never reached
+        # its store has nothing to ride out: healthy, it would be sent traffic (compose's
+        # service_healthy, HAProxy) for the grace's length, only to fail every call.
+        if self.reached and now - self.unreachable_since < self.grace_seconds:
             return True
         drain.shed(STORE_GONE)
         return drain.in_flight > 0

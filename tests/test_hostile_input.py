@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx2
 import pytest
@@ -25,10 +27,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from conftest import HOSTILE_INPUTS
+from conftest import HOSTILE_INPUTS, stack_config
 from mcp_http import ACCEPT, PROTOCOL, RawSession, jsonrpc_messages, last_jsonrpc_message
 from session_handles import UNKNOWN_HANDLE
-from stack import Stack
+from stack import Stack, http_status
 
 # No answer within this long is a hang, and fails the test.
 TIMEOUT = 20.0
@@ -830,6 +832,23 @@ async def test_fuzzed_json_rpc_envelopes_are_answered(unharmed: Guard, attacker:
 
 
 # -- a lost store ---------------------------------------------------------------------------------
+
+
+def test_a_replica_that_never_reached_its_store_is_not_healthy(tmp_path: Path) -> None:
+    """The grace for a Redis failover (REDIS_RETRY_SECONDS) is for a store that worked: a replica whose Redis
+    has never answered fails /health from its first check, so neither compose's service_healthy nor HAProxy
+    sends it calls it can only fail."""
+    s = Stack(stack_config(tmp_path, replicas=1))  # its Redis is never started
+    try:
+        s.start("mcp-server-1", wait=False)
+        url = f"http://127.0.0.1:{s.service('mcp-server-1').port}/health"
+        status, deadline = None, time.monotonic() + 30
+        while status is None and time.monotonic() < deadline and s.pid("mcp-server-1"):
+            status = http_status(url)  # None until it listens
+            time.sleep(0.05)
+        assert status == 503
+    finally:
+        s.down()
 
 
 @pytest.mark.timeout(90)
