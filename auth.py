@@ -55,10 +55,10 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import principal_components
 from starlette.types import Scope
 
+from session_store import OWNER
+
 MODES = ("none", "static", "jwt")
 MIN_TOKEN_LENGTH = 16
-# The record entry naming the session's principal (stores keep it beside the state).
-OWNER = "owner"
 
 
 class AuthConfigError(ValueError):

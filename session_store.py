@@ -58,6 +58,9 @@ DEFAULT_EVENT_TTL_SECONDS = 5 * 60
 # How many events of a session are kept for replay: enough for a long call's
 # progress, bounded so a chatty session cannot grow without limit.
 DEFAULT_MAX_EVENTS = 1000
+# The session record's entry naming the principal that opened the session
+# (`auth.py`): the one entry that outlives `end_session`, read by `owner`.
+OWNER = "owner"
 
 # The only form of id this kit mints: 128 random bits as lowercase hex, the
 # same form as the MCP SDK's `uuid4().hex` session ids. Anything else is not a

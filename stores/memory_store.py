@@ -18,6 +18,7 @@ from typing import Any
 from session_store import (
     Fenced,
     Op,
+    OWNER,
     OpReused,
     SessionStore,
     check_key,
@@ -154,8 +155,8 @@ class InMemorySessionStore(SessionStore):
     async def open_session(self, session_id: str, record: dict[str, Any]) -> int:
         self._live(session_id)
         self._records[session_id] = (copy.deepcopy(record), 1)
-        if record.get("owner") is not None:
-            self._owners[session_id] = record["owner"]
+        if record.get(OWNER) is not None:
+            self._owners[session_id] = record[OWNER]
         return 1
 
     async def session_record(self, session_id: str) -> dict[str, Any] | None:
