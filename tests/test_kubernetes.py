@@ -1,5 +1,5 @@
-"""The Kubernetes manifests (kustomization.yaml at the root, deploy/kubernetes/), statically: built
-the way kustomize builds them, validated against the Kubernetes schemas kubernetes-validate bundles
+"""The Kubernetes manifests (deploy/kubernetes, and deploy/kubernetes-sentinel where it shares their
+checks), statically: built the way kustomize builds them, validated against the Kubernetes schemas kubernetes-validate bundles
 (strict: an unknown field fails), and held to what the kit needs of them; then HAProxy's DNS
 discovery run live against replicas and a cluster DNS faked on loopback. No cluster, no network;
 the haproxy.cfg checks need the haproxy binary, the comparison with real kustomize needs kubectl,
@@ -35,11 +35,15 @@ from test_compose import acl_users, instruction, interpolate, start_compose_redi
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "deploy" / "kubernetes"
+# Both ways to apply the kit: with one Redis, and with Redis Sentinel (an overlay of the first).
+KUSTOMIZATIONS = {"single": MANIFESTS, "sentinel": ROOT / "deploy" / "kubernetes-sentinel"}
 # kustomization.yaml's secretGenerator reads this file, which the user writes and git ignores.
 SECRETS_ENV = MANIFESTS / "secrets.env"
-# Dummy values, as a user would write them: none may appear anywhere but in the Secret.
+# Dummy values, as a user would write them: none may appear anywhere but in the Secret. The last
+# two only the Sentinel overlay uses.
 SECRETS = {"HAPROXY_STATS_PASSWORD": "test-stats-password", "REDIS_ADMIN_PASSWORD": "test-admin-password",
-           "REDIS_PASSWORD": "test-kit-password"}
+           "REDIS_PASSWORD": "test-kit-password", "REDIS_SENTINEL_AUTH_PASSWORD": "test-sentinel-password",
+           "REDIS_REPLICATION_PASSWORD": "test-replication-password"}
 # The oldest version whose schema has every field used (preStop `sleep`, on by default from 1.30),
 # and the newest the package bundles.
 KUBERNETES_VERSIONS = ["1.30", "1.37"]
@@ -51,7 +55,10 @@ KUBECTL = shutil.which("kubectl")
 # -- kustomize, for what the kit's kustomizations use ----------------------------------------------
 
 # Anything else in a kustomization fails the build here rather than being ignored.
-KUSTOMIZATION_KEYS = {"apiVersion", "kind", "resources", "configMapGenerator", "secretGenerator"}
+KUSTOMIZATION_KEYS = {"apiVersion", "kind", "resources", "patches", "configMapGenerator", "secretGenerator"}
+# Lists a strategic merge patch merges item by item, by this key (the Kubernetes API's patchMergeKey),
+# for the fields the kit's patches touch; any other list in a patch replaces the one it patches.
+MERGE_KEYS = {"containers": "name", "env": "name", "volumeMounts": "name", "volumes": "name"}
 
 
 def inside(path: Path, root: Path) -> Path:
@@ -86,6 +93,11 @@ def build(directory: Path, given: dict[Path, str]) -> list[dict]:
             objects += build(path, given)
         else:
             objects += [doc for doc in yaml.safe_load_all(inside(path, directory).read_text()) if doc]
+    for patch in kustomization.get("patches", []):
+        assert set(patch) == {"path"}, patch
+        for doc in yaml.safe_load_all(inside(directory / patch["path"], directory).read_text()):
+            target = find(objects, doc["kind"], doc["metadata"]["name"])
+            objects[objects.index(target)] = strategic_merge(target, doc)
     for generator in kustomization.get("configMapGenerator", []):
         assert set(generator) <= {"name", "files", "literals"}, generator
         data = {Path(f).name: inside(directory / f, directory).read_text() for f in generator.get("files", [])}
@@ -108,13 +120,38 @@ def build(directory: Path, given: dict[Path, str]) -> list[dict]:
     return objects
 
 
+def strategic_merge(target, patch, field: str = ""):
+    """kustomize's strategic merge, for what the kit's patches use: maps merged key by key, the
+    MERGE_KEYS lists item by item (the patch's items first, as kustomize orders them), and anything
+    else replaced."""
+    if isinstance(target, dict) and isinstance(patch, dict):
+        return {**target, **{k: strategic_merge(target[k], v, k) if k in target else v for k, v in patch.items()}}
+    if field in MERGE_KEYS and isinstance(target, list):
+        key = MERGE_KEYS[field]
+        old = {item[key]: item for item in target}
+        patched = [strategic_merge(old[item[key]], item) if item[key] in old else item for item in patch]
+        return patched + [item for item in target if item[key] not in {i[key] for i in patch}]
+    return patch
+
+
 def secrets_env_text(secrets: dict[str, str] = SECRETS) -> str:
     return "".join(f"{key}={value}\n" for key, value in secrets.items())
 
 
+def build_kit(directory: Path) -> list[dict]:
+    return build(directory, {SECRETS_ENV.resolve(): secrets_env_text()})
+
+
 @pytest.fixture(scope="module")
 def objects() -> list[dict]:
-    return build(ROOT, {SECRETS_ENV.resolve(): secrets_env_text()})
+    """The kit with one Redis."""
+    return build_kit(MANIFESTS)
+
+
+@pytest.fixture(scope="module", params=list(KUSTOMIZATIONS))
+def each_kit(request) -> tuple[Path, list[dict]]:
+    """Each kustomization a user applies, built: for what holds of both."""
+    return KUSTOMIZATIONS[request.param], build_kit(KUSTOMIZATIONS[request.param])
 
 
 def find(objects: list[dict], kind: str, name: str) -> dict:
@@ -134,10 +171,12 @@ def expand(text: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\$|\$\((\w+)\)", lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
 
 
-def pod_env(objects: list[dict], workload: dict, name: str | None = None) -> dict[str, str]:
-    """A container's environment as the kubelet would give it to pod `<workload>-0` in NAMESPACE."""
+def pod_env(objects: list[dict], workload: dict, name: str | None = None, *, ordinal: int = 0) -> dict[str, str]:
+    """A container's environment as the kubelet would give it to pod `<workload>-<ordinal>` in NAMESPACE."""
     env: dict[str, str] = {}
-    fields = {"metadata.name": f"{workload['metadata']['name']}-0", "metadata.namespace": NAMESPACE}
+    fields = {"metadata.name": f"{workload['metadata']['name']}-{ordinal}", "metadata.namespace": NAMESPACE}
+    for source in container(workload, name).get("envFrom", []):
+        env |= find(objects, "ConfigMap", source["configMapRef"]["name"])["data"]
     for var in container(workload, name).get("env", []):
         if "value" in var:
             env[var["name"]] = expand(var["value"], env)
@@ -175,7 +214,8 @@ def test_the_kustomization_builds_the_whole_kit(objects):
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-def test_every_object_is_valid_for_kubernetes(objects, version):
+def test_every_object_is_valid_for_kubernetes(each_kit, version):
+    _, objects = each_kit
     for obj in objects:
         try:
             kubernetes_validate.validate(obj, version, strict=True)
@@ -191,7 +231,8 @@ def test_the_validation_is_strict(objects):
         kubernetes_validate.validate(broken, KUBERNETES_VERSIONS[-1], strict=True)
 
 
-def test_every_reference_names_an_object_and_key_that_exist(objects):
+def test_every_reference_names_an_object_and_key_that_exist(each_kit):
+    _, objects = each_kit
     for workload in (o for o in objects if o["kind"] in ("Deployment", "StatefulSet")):
         pod = workload["spec"]["template"]["spec"]
         for c in pod["containers"]:
@@ -202,14 +243,15 @@ def test_every_reference_names_an_object_and_key_that_exist(objects):
 
 
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed: its kustomize checks what build() does here")
-def test_real_kustomize_builds_the_same_objects(objects, tmp_path):
+def test_real_kustomize_builds_the_same_objects(each_kit, tmp_path):
     """kubectl's own kustomize, on a copy of the files it reads plus a secrets.env: the same objects,
     once its hash suffixes are taken off the generated names (and the references to them)."""
-    for part in ("kustomization.yaml", "deploy", "haproxy"):
-        source = ROOT / part
-        (shutil.copytree if source.is_dir() else shutil.copy)(source, tmp_path / part)
+    directory, objects = each_kit
+    for part in ("deploy", "haproxy"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns(SECRETS_ENV.name))
     (tmp_path / SECRETS_ENV.relative_to(ROOT)).write_text(secrets_env_text())
-    result = subprocess.run([KUBECTL, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([KUBECTL, "kustomize", str(tmp_path / directory.relative_to(ROOT))],
+                            capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     built = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
     text = json.dumps(built)
@@ -427,7 +469,8 @@ def test_the_redis_command_runs_with_its_acl(objects, tmp_path):
 # -- secrets ---------------------------------------------------------------------------------------
 
 
-def test_no_secret_value_outside_the_secret(objects):
+def test_no_secret_value_outside_the_secret(each_kit):
+    _, objects = each_kit
     for obj in objects:
         if obj["kind"] != "Secret":
             text = json.dumps(obj)

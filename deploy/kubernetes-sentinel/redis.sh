@@ -1,0 +1,34 @@
+# A Redis server of the Sentinel topology (StatefulSet redis, from the
+# ConfigMap redis-scripts), run in its volume (workingDir /data). It starts as
+# the replica of whatever is the primary now (primary.sh), so a server coming
+# back after a failover is never a second primary, not even for the seconds
+# Sentinel would take to reconfigure it. The users are docker-compose.yaml's
+# and stack.py's, written at each start with hashed passwords, except
+# masterauth, which Redis must send; the file is the redis user's only.
+set -eu
+. "$(dirname "$0")/primary.sh"
+me=$(own_entry "$REDIS_SERVERS")
+primary=$(current_primary "$me")
+umask 077
+hash() { printf %s "$1" | sha256sum | cut -d' ' -f1; }
+{
+  cat <<CONF
+port ${me##*:}
+user default on #$(hash "$REDIS_ADMIN_PASSWORD") ~* &* +@all
+user mcp on #$(hash "$REDIS_PASSWORD") resetkeys ~mcp:* resetchannels -@all +ping +evalsha +script|load +wait +time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget +hexists +hdel +lindex +rpush +ltrim +lrange
+user sentinel on #$(hash "$REDIS_SENTINEL_AUTH_PASSWORD") resetkeys resetchannels &__sentinel__:hello -@all +multi +exec +slaveof +ping +info +role +config|rewrite +client|setname +client|kill +script|kill +publish +subscribe
+user replication on #$(hash "$REDIS_REPLICATION_PASSWORD") resetkeys resetchannels -@all +psync +replconf +ping
+masteruser replication
+masterauth "$REDIS_REPLICATION_PASSWORD"
+appendonly yes
+appendfsync everysec
+save ""
+repl-diskless-sync-delay 0
+replica-announce-ip ${me%:*}
+CONF
+  # By name: the sentinels and the replicas resolve it, whatever address the pod has now.
+  if [ "$primary" != "$me" ]; then
+    echo "replicaof ${primary%:*} ${primary##*:}"
+  fi
+} > redis.conf
+exec redis-server redis.conf "$@"
