@@ -154,7 +154,7 @@ async def test_sessions_are_isolated(connect: Connect) -> None:
 
 
 async def test_every_contract_tool_is_listed_with_the_contracts_required_arguments(client: Client) -> None:
-    required = {tool.name: set(tool.inputSchema.get("required", [])) for tool in await client.list_tools()}
+    required = {tool.name: set(tool.input_schema.get("required", [])) for tool in await client.list_tools()}
     assert required == {
         "increment_counter": set(), "get_counter": set(), "add_note": {"note"}, "list_notes": set(),
         "get_server_info": set(), "get_status": set(), "analyze_data": {"num_items"},
