@@ -26,6 +26,7 @@ import io
 import ipaddress
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -73,6 +74,11 @@ REDIS_REPLICATION_USER = "replication"
 REDIS_REPLICATION_ACL = "resetkeys resetchannels -@all +psync +replconf +ping"
 # The kit's user on the sentinels: asking for the primary, nothing that changes them.
 REDIS_SENTINEL_KIT_ACL = "-@all +ping +sentinel|masters +sentinel|get-master-addr-by-name"
+# What a Redis password may hold: printable ASCII but space, quotes and
+# backslash. Sentinel writes its passwords back into sentinel.conf unquoted
+# (CONFIG REWRITE), where a space breaks the file at the next start and a
+# newline would start a line of its own: a user, say, with no password.
+REDIS_PASSWORD_FORM = re.compile(r"[!#-&(-\[\]-~]+")
 # Passwords the stack generates unless set in the environment, kept in the
 # stack dir (REDIS_SECRETS_FILE) across down and up with the Redis data and
 # config files that need them: StackConfig field -> variable.
@@ -205,6 +211,12 @@ class StackConfig:
     # The replicas' MCP_AUTH* settings (auth.py), e.g. {"MCP_AUTH": "static",
     # "MCP_AUTH_TOKENS": "alice:…"}; none: authentication off.
     auth: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for name, variable in REDIS_SECRETS.items():
+            if not REDIS_PASSWORD_FORM.fullmatch(getattr(self, name)):
+                raise StackError(f"{variable}: use printable ASCII without spaces, quotes or backslashes "
+                                 "(Sentinel writes its passwords back into its config file as they are)")
 
     @classmethod
     def from_env(cls, *, redis_mode: str = "single") -> StackConfig:

@@ -4,6 +4,7 @@ tests/test_session_store.py's job: the store suite runs as this user, alone and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import uuid
@@ -11,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import running_stack
-from stack import REDIS_SECRETS, REDIS_SECRETS_FILE, STACK_SECRETS, Stack, StackConfig, redis_command
+from conftest import running_stack, stack_config
+from stack import (REDIS_SECRETS, REDIS_SECRETS_FILE, SENTINEL_MASTER, STACK_SECRETS, Stack, StackConfig, StackError,
+                   http_status, redis_command)
 
 # Harmless forms of what the kit never needs: reading everything, wiping, reconfiguring, replicating.
 REFUSED = [
@@ -143,3 +145,37 @@ def test_no_service_gets_the_admin_password_and_the_stack_dir_is_made_private(
             assert not STACK_SECRETS & environ.keys() - s.service(name).env.keys(), name
             assert not any(value.startswith("the-shells-") for value in environ.values()), name
             assert s.config.redis_admin_password not in environ.values(), name
+
+
+
+@pytest.mark.parametrize("character", [" ", '"', "'", "\\", "\n", "\t", "\x7f", "é"])
+def test_a_password_sentinel_could_not_write_back_is_refused_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     character: str) -> None:
+    """Sentinel writes its passwords back into sentinel.conf unquoted: a space would break the file at the next
+    start, a newline start a line of the password's choosing (here, a user with no password)."""
+    monkeypatch.setenv("STACK_DIR", str(tmp_path))
+    monkeypatch.setenv("REDIS_ADMIN_PASSWORD", f"a{character}user intruder on nopass ~* &* +@all")
+    with pytest.raises(StackError, match=r"^REDIS_ADMIN_PASSWORD: use printable ASCII without spaces"):
+        StackConfig.from_env(redis_mode="sentinel")
+    assert not list(tmp_path.iterdir()), "nothing is written for a config that is refused"
+
+
+def test_every_other_printable_character_works_in_every_password_through_a_sentinel_restart(tmp_path: Path) -> None:
+    """The servers, the replica link, the sentinels with each other and with the servers, and the replicas all log
+    in with such passwords, and a sentinel still starts from the file it rewrote with them."""
+    punctuation = "!#$%&()*+,-./:;<=>?@[]^_`{|}~"
+    passwords = {name: f"{name[:5]}{punctuation}" for name in REDIS_SECRETS}
+    stack = Stack(dataclasses.replace(stack_config(tmp_path, replicas=1, redis_mode="sentinel"), **passwords))
+    try:
+        stack.up()
+        assert as_kit(stack, "redis-1", "PING") == "PONG"
+        assert stack.redis_info("redis-2", "replication")["master_link_status"] == "up"
+        # Sentinel's own rewrite, unquoted, which the restart below reads.
+        rewritten = (tmp_path / "sentinel-1" / "sentinel.conf").read_text()
+        assert f"sentinel sentinel-pass {passwords['redis_admin_password']}\n" in rewritten
+        stack.restart("sentinel-1")
+        for sentinel in ("sentinel-1", "sentinel-2", "sentinel-3"):
+            assert stack.redis_command(sentinel, "SENTINEL", "CKQUORUM", SENTINEL_MASTER).startswith("OK"), sentinel
+        assert http_status(f"http://{stack.config.host}:{stack.config.replica_ports[0]}/health") == 200
+    finally:
+        stack.down()
