@@ -140,6 +140,18 @@ def test_no_secret_reaches_a_script_but_through_the_environment(kit):
         assert all("secretKeyRef" in var["valueFrom"] for var in env if "PASSWORD" in var["name"])
 
 
+@pytest.mark.parametrize("name,variable", [("redis", "REDIS_REPLICATION_PASSWORD"), ("sentinel", "REDIS_ADMIN_PASSWORD"),
+                                           ("sentinel", "REDIS_SENTINEL_AUTH_PASSWORD")])
+def test_a_password_the_config_cannot_hold_stops_the_pod_by_name_without_printing_it(kit, tmp_path, name, variable):
+    """The passwords written in clear: a quote or a space would make Redis refuse its file and print the line."""
+    env = pod_env(kit, find(kit, "StatefulSet", name)) | {variable: 'a "pass\\word" with spaces'}
+    result = subprocess.run(["sh", str(OVERLAY / f"{name}.sh")], cwd=tmp_path, capture_output=True, text=True,
+                            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env}, timeout=30)
+    assert result.returncode != 0
+    assert result.stdout + result.stderr == f"{variable}: use printable ASCII without spaces, quotes or backslashes\n"
+    assert not list(tmp_path.iterdir()), "nothing written"
+
+
 # -- the pods, live --------------------------------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
 # Sourced by redis.sh and sentinel.sh: where the Redis primary is now, asked
-# by a server or a sentinel as it starts. Neither may trust what it knew
+# by a server or a sentinel as it starts (and a check of the passwords they
+# write in clear, at the end). Neither may trust what it knew
 # before: a failover may have happened while it was away. In order:
 #   1. what a sentinel answers (once any runs, the sentinels know);
 #   2. else a Redis server that says it is a primary (every sentinel is down
@@ -50,4 +51,16 @@ current_primary() {
   server=$(words "$REDIS_SERVERS" | cut -d' ' -f1)
   echo "no sentinel answered and no other server is a primary (a new install): the primary is $server, the first of REDIS_SERVERS" >&2
   echo "$server"
+}
+
+# A password written in clear into redis.conf or sentinel.conf (and written
+# back unquoted by Sentinel's own rewrite) must be one the file can hold;
+# otherwise Redis would refuse the file and print the line, password and all,
+# in its log. $1: the variable's name, $2: its value.
+plain_password() {
+  case $2 in
+    '' | *[!!-~]* | *[\"\'\\]*)
+      echo "$1: use printable ASCII without spaces, quotes or backslashes" >&2
+      return 1 ;;
+  esac
 }

@@ -7,6 +7,7 @@
 # masterauth, which Redis must send; the file is the redis user's only.
 set -eu
 . "$(dirname "$0")/primary.sh"
+plain_password REDIS_REPLICATION_PASSWORD "$REDIS_REPLICATION_PASSWORD"
 me=$(own_entry "$REDIS_SERVERS")
 primary=$(current_primary "$me")
 umask 077

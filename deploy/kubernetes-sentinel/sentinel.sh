@@ -9,6 +9,8 @@
 # only ask where the primary is.
 set -eu
 . "$(dirname "$0")/primary.sh"
+plain_password REDIS_ADMIN_PASSWORD "$REDIS_ADMIN_PASSWORD"
+plain_password REDIS_SENTINEL_AUTH_PASSWORD "$REDIS_SENTINEL_AUTH_PASSWORD"
 me=$(own_entry "$REDIS_SENTINELS")
 primary=$(current_primary)
 quorum=$(( $(words "$REDIS_SENTINELS" | wc -w) / 2 + 1 ))
