@@ -426,6 +426,25 @@ def test_with_the_sentinel_file_the_replicas_ask_the_sentinels(compose: dict, se
         assert set(sentinel_file["services"][name]["depends_on"]) == set(SENTINELS)
 
 
+@pytest.mark.parametrize("name,variable", [("redis", "REDIS_REPLICATION_PASSWORD"),
+                                           ("redis-2", "REDIS_REPLICATION_PASSWORD"),
+                                           ("sentinel-1", "REDIS_ADMIN_PASSWORD"),
+                                           ("sentinel-1", "REDIS_SENTINEL_AUTH_PASSWORD")])
+def test_a_password_the_config_cannot_hold_stops_the_container_without_printing_it(sentinel_file: dict, tmp_path: Path,
+                                                                                  name: str, variable: str) -> None:
+    """The passwords written in clear (masterauth; the sentinels', which Sentinel writes back unquoted): a quote
+    or a space would make Redis refuse its file and print the line, password and all, in the container's log."""
+    host_env = {**HOST_ENV, variable: 'a "pass\\word" with spaces'}
+    command = sentinel_file["services"][name]["command"]
+    argv = ["sh", "-c", interpolate(command[2], host_env), *[interpolate(a, host_env) for a in command[3:]]]
+    result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=30,
+                            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                 **environment(sentinel_file["services"][name], host_env)})
+    assert result.returncode == 1
+    assert f"{variable}" in result.stderr and "use printable ASCII without spaces, quotes or backslashes" in result.stderr
+    assert host_env[variable] not in result.stdout + result.stderr
+
+
 @pytest.mark.timeout(60)
 def test_the_sentinel_config_compose_writes_runs_in_a_real_sentinel(sentinel_file: dict, tmp_path: Path) -> None:
     """The directives themselves, on redis-server --sentinel here, logging in to the sentinel file's own
