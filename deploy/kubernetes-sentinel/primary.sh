@@ -1,7 +1,7 @@
-# Sourced by redis.sh and sentinel.sh: where the Redis primary is now, asked
-# by a server or a sentinel as it starts (and a check of the passwords they
-# write in clear, at the end). Neither may trust what it knew
-# before: a failover may have happened while it was away. In order:
+# Sourced by redis.sh and sentinel.sh (with, at the end, the check of the
+# passwords they write in clear): where the Redis primary is now, asked by a
+# server or a sentinel as it starts. Neither may trust what it knew before:
+# a failover may have happened while it was away. In order:
 #   1. what a sentinel answers (once any runs, the sentinels know);
 #   2. else a Redis server that says it is a primary (every sentinel is down
 #      or not yet started);
