@@ -1,9 +1,9 @@
 """The Kubernetes manifests (deploy/kubernetes, and deploy/kubernetes-sentinel where it shares their
-checks), statically: built the way kustomize builds them, validated against the Kubernetes schemas kubernetes-validate bundles
-(strict: an unknown field fails), and held to what the kit needs of them; then HAProxy's DNS
-discovery run live against replicas and a cluster DNS faked on loopback. No cluster, no network;
-the haproxy.cfg checks need the haproxy binary, the comparison with real kustomize needs kubectl,
-the live test root, unshare and 127.0.0.1:53."""
+checks), statically: built the way kustomize builds them, validated against the Kubernetes schemas
+kubernetes-validate bundles (strict: an unknown field fails), and held to what the kit needs of them;
+then HAProxy's DNS discovery run live against replicas and a cluster DNS faked on loopback. No
+cluster, no network; the haproxy.cfg checks need the haproxy binary, the comparison with real
+kustomize needs kubectl, the live test root, unshare and 127.0.0.1:53."""
 
 from __future__ import annotations
 
