@@ -78,6 +78,7 @@ REDIS_SENTINEL_KIT_ACL = "-@all +ping +sentinel|masters +sentinel|get-master-add
 # backslash. Sentinel writes its passwords back into sentinel.conf unquoted
 # (CONFIG REWRITE), where a space breaks the file at the next start and a
 # newline would start a line of its own: a user, say, with no password.
+# Such a password needs no quoting, so the config files below hold them as they are.
 REDIS_PASSWORD_FORM = re.compile(r"[!#-&(-\[\]-~]+")
 # Passwords the stack generates unless set in the environment, kept in the
 # stack dir (REDIS_SECRETS_FILE) across down and up with the Redis data and
@@ -334,11 +335,6 @@ class StackConfig:
                       "sentinel_ports": tuple(data["sentinel_ports"])})
 
 
-def _quoted(value: str) -> str:
-    """A value for a Redis config file, read back exactly whatever characters it holds."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 @dataclass
 class Service:
     name: str
@@ -509,7 +505,7 @@ class Stack:
         if c.redis_mode == "sentinel":
             users += [(REDIS_SENTINEL_USER, c.redis_sentinel_auth_password, REDIS_SENTINEL_ACL),
                       (REDIS_REPLICATION_USER, c.redis_replication_password, REDIS_REPLICATION_ACL)]
-        return "".join(f"user {name} reset on {_quoted('>' + password)} {rules}\n" for name, password, rules in users)
+        return "".join(f"user {name} reset on >{password} {rules}\n" for name, password, rules in users)
 
     def _redis_services(self) -> list[Service]:
         c = self.config
@@ -528,7 +524,7 @@ class Stack:
             text = (f"bind {c.host}\nport {port}\ndir {conf.parent}\nprotected-mode yes\n"
                     "appendonly yes\nappendfsync everysec\nsave \"\"\nrepl-diskless-sync-delay 0\n"
                     f"{self._redis_users()}masteruser {REDIS_REPLICATION_USER}\n"
-                    f"masterauth {_quoted(c.redis_replication_password)}\n")
+                    f"masterauth {c.redis_replication_password}\n")
             if name == "redis-2":
                 text += f"replicaof {c.host} {c.redis_port}\n"
             services.append(Service(name, ["redis-server", str(conf)], port, config_file=(conf, text)))
@@ -538,12 +534,12 @@ class Stack:
             # want a password too (`default`, the admin, which they also use with each other), and
             # the replicas ask them as the kit's user, which may only ask.
             text = (f"bind {c.host}\nport {port}\ndir {conf.parent}\n"
-                    f"user default reset on {_quoted('>' + c.redis_admin_password)} ~* &* +@all\n"
-                    f"user {c.redis_user} reset on {_quoted('>' + c.redis_password)} {REDIS_SENTINEL_KIT_ACL}\n"
-                    f"sentinel sentinel-pass {_quoted(c.redis_admin_password)}\n"
+                    f"user default reset on >{c.redis_admin_password} ~* &* +@all\n"
+                    f"user {c.redis_user} reset on >{c.redis_password} {REDIS_SENTINEL_KIT_ACL}\n"
+                    f"sentinel sentinel-pass {c.redis_admin_password}\n"
                     f"sentinel monitor {SENTINEL_MASTER} {c.host} {c.redis_port} 2\n"
                     f"sentinel auth-user {SENTINEL_MASTER} {REDIS_SENTINEL_USER}\n"
-                    f"sentinel auth-pass {SENTINEL_MASTER} {_quoted(c.redis_sentinel_auth_password)}\n"
+                    f"sentinel auth-pass {SENTINEL_MASTER} {c.redis_sentinel_auth_password}\n"
                     f"sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n"
                     f"sentinel failover-timeout {SENTINEL_MASTER} 10000\n"
                     f"sentinel parallel-syncs {SENTINEL_MASTER} 1\n")
