@@ -152,25 +152,25 @@ class StoreErrors(Middleware):
             raise
 
 
-class ExpectedToolFailures(logging.Filter):
-    """FastMCP logs a full traceback for every failed tool call; a store outage, a
-    fenced write or a reused idempotency key is an expected condition, not a bug to trace."""
+class Expected(logging.Filter):
+    """Drops the records of a logger that carry one of these exceptions: conditions the server
+    expects, whose tracebacks would only bury real bugs (and, for a client's doing, let any client
+    fill the log)."""
+
+    def __init__(self, *exceptions: type[BaseException]) -> None:
+        super().__init__()
+        self.exceptions = exceptions
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], (StoreUnavailable, Fenced, OpReused)))
+        return not (record.exc_info and isinstance(record.exc_info[1], self.exceptions))
 
 
-class ClientGone(logging.Filter):
-    """The MCP SDK logs a request whose client hung up before its body had arrived (or whose HTTP
-    framing broke there) as an error with a traceback: the client's doing, not the server's, and any
-    client could fill the log with them."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], ClientDisconnect))
-
-
-logging.getLogger("fastmcp.server.server").addFilter(ExpectedToolFailures())
-logging.getLogger("mcp.server.streamable_http").addFilter(ClientGone())
+# FastMCP logs a full traceback for every failed tool call: a store outage, a fenced write or a
+# reused idempotency key is expected, not a bug to trace.
+logging.getLogger("fastmcp.server.server").addFilter(Expected(StoreUnavailable, Fenced, OpReused))
+# The MCP SDK logs a request whose client hung up before its body had arrived (or whose HTTP
+# framing broke there) as an error with a traceback: the client's doing, not the server's.
+logging.getLogger("mcp.server.streamable_http").addFilter(Expected(ClientDisconnect))
 try:
     verifier = auth.verifier_from_env()
 except auth.AuthConfigError as exc:
