@@ -9,8 +9,8 @@ The contract has three parts, each small enough to implement for another
 backend; the shared suite in `tests/test_session_store.py` tells you whether
 you got it right.
 
-- **State**: `get`, `set`, `incr`, `append`, `items`, `copy`, `touch`,
-  `count_sessions`. Every operation is atomic on its own (no read-modify-write
+- **State**: `get`, `set`, `incr`, `append`, `delete`, `items`, `copy`,
+  `touch`, `count_sessions`, and `apply`, several writes as one (below). Every operation is atomic on its own (no read-modify-write
   in Python), slides the session's TTL and marks it live in an index, so
   counting never walks the keyspace. Session ids are data, never patterns.
 - **Session records**, for adoption: `open_session` records what a replica
@@ -18,7 +18,7 @@ you got it right.
   `adopt_session` hands it to a new replica and advances its ownership epoch,
   `end_session` removes it so nobody can adopt it again. The record lives and
   expires with the session's state. Its `owner` entry, when it has one (the
-  principal that opened the session, `auth.py`), is the one part that
+  principal that opened the session, `mcp_ha/principals.py`), is the one part that
   outlives `end_session`, because the state it guards does: `owner` reads it.
 - **Safe writes**: every write takes `epoch=` and `op=`. With `epoch`, the
   write applies only while the session's epoch is still that one, so a replica
@@ -27,9 +27,12 @@ you got it right.
   at most once: a repeat returns the recorded result, the record commits
   together with the change, and the same op id sent for a different call is
   refused (`OpReused`). A call's op records are kept for `op_ttl_seconds`
-  after its latest write.
+  after its latest write. `apply` commits several writes together, only if
+  the entries the caller read are still what it read (else `Conflict`), and
+  records a result of the caller's choosing under its op; `recall` reads that
+  record back, so a retry can answer without running anything again.
 - **Session events**, for SSE streams that resume on any replica
-  (`resumable_streams.py`): `add_event` appends a stream's message to the
+  (`mcp_ha/streams.py`): `add_event` appends a stream's message to the
   session's event log and names it; `events_after` answers a `Last-Event-ID`
   with what that stream sent since. The log is bounded by count
   (`max_events`) and kept `event_ttl_seconds` after its latest event (a cut
@@ -41,12 +44,15 @@ State keys are chosen by tool code; keys starting with "." are the store's own.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 DEFAULT_TTL_SECONDS = 30 * 60
 # How long a write's op is remembered: a retry later than this counts as new.
@@ -59,7 +65,7 @@ DEFAULT_EVENT_TTL_SECONDS = 5 * 60
 # progress, bounded so a chatty session cannot grow without limit.
 DEFAULT_MAX_EVENTS = 1000
 # The session record's entry naming the principal that opened the session
-# (`auth.py`): the one entry that outlives `end_session`, read by `owner`.
+# (`mcp_ha/principals.py`): the one entry that outlives `end_session`, read by `owner`.
 OWNER = "owner"
 
 # The only form of id this kit mints: 128 random bits as lowercase hex, the
@@ -143,6 +149,16 @@ class OpReused(Exception):
     """The op id was already used by a different call: this write was not applied."""
 
 
+class Conflict(Exception):
+    """An entry `apply` was told to expect changed meanwhile: nothing was applied."""
+
+
+# One write of an `apply`: (operation, key, argument). Operations: "set" (the
+# value), "incr" (by how much), "append" (the item) and "delete" (None).
+Write = tuple[str, str, Any]
+WRITE_OPERATIONS = ("set", "incr", "append", "delete")
+
+
 class SessionStore(ABC):
     """Where session state lives. Values are anything JSON can hold."""
 
@@ -188,6 +204,37 @@ class SessionStore(ABC):
     @abstractmethod
     async def append(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> int:
         """Atomically append `value` to the list under `key`; the list's new length."""
+
+    @abstractmethod
+    async def delete(self, session_id: str, key: str, *, epoch: int | None = None, op: Op | None = None) -> bool:
+        """Remove the entry under `key`; whether there was one."""
+
+    @abstractmethod
+    async def apply(
+        self,
+        session_id: str,
+        writes: Sequence[Write],
+        *,
+        expect: Mapping[str, Any],
+        result: Any,
+        epoch: int | None = None,
+        op: Op | None = None,
+    ) -> Any:
+        """Apply `writes` in order, all or none, and record `result` under `op`; the result.
+
+        In this order: an op already applied is not applied again, and its
+        recorded result is the answer (OpReused for another call's digest);
+        a stale `epoch` is Fenced; an entry of `expect` whose value is no
+        longer the one given (None: absent) is a Conflict. Nothing is applied
+        unless everything passes.
+        """
+
+    @abstractmethod
+    async def recall(self, session_id: str, op: Op) -> tuple[bool, Any]:
+        """Whether `op` was applied (by `apply` or a single write), and its recorded result. Writes nothing.
+
+        OpReused when the op's call was recorded with another digest.
+        """
 
     @abstractmethod
     async def items(self, session_id: str) -> dict[str, Any]:
@@ -268,32 +315,42 @@ class SessionStore(ABC):
 class Session:
     """One session's view of the store: what a tool author works with.
 
-    `epoch` is this replica's ownership epoch of the session (None where there
-    is no owner to fence, as for sessionless handles); `call` is the call being
+    Made by the layer (`HighAvailability.session`), never by hand: `epoch` is
+    this replica's ownership epoch of the session (None where there is no
+    owner to fence, as for sessionless handles); `call` is the call being
     served, as (idempotency key, digest), so each write of a retried call is
-    applied only once. A retry runs the tool again, so its writes are matched
-    to the first run's by what they do: the n-th write of an operation to a key.
+    applied only once; `owner` is the caller's principal (None when
+    unauthenticated), which `copy_from` checks. All three are required, so a
+    Session made without them fails at once instead of silently losing a guarantee.
+
+    A retry runs the tool again, so its writes are matched to the first run's
+    by what they do: the n-th write of an operation to a key. A tool whose
+    writes depend on what it read puts them in `apply_once`, which needs no
+    such reasoning.
     """
 
     def __init__(
-        self, store: SessionStore, session_id: str, *, epoch: int | None = None, call: tuple[str, str] | None = None
+        self, store: SessionStore, session_id: str, *, epoch: int | None, call: tuple[str, str] | None, owner: str | None
     ) -> None:
         self.store = store
         self.id = session_id
         self.epoch = epoch
+        self.owner = owner
         self._call = call
         self._writes: dict[tuple[str, str], int] = {}
 
+    def _op(self, operation: str, key: str) -> Op | None:
+        if self._call is None:
+            return None
+        # Named by what the write does, not only its place in the call: a
+        # retry that skips a write (say, after a read that now differs)
+        # still finds the records of the writes it does make.
+        n = self._writes[operation, key] = self._writes.get((operation, key), 0) + 1
+        call_key, digest = self._call
+        return Op(call_key, digest, f"{operation}:{key}:{n}")
+
     def _safe(self, operation: str, key: str) -> dict[str, Any]:
-        op = None
-        if self._call is not None:
-            # Named by what the write does, not only its place in the call: a
-            # retry that skips a write (say, after a read that now differs)
-            # still finds the records of the writes it does make.
-            n = self._writes[operation, key] = self._writes.get((operation, key), 0) + 1
-            call_key, digest = self._call
-            op = Op(call_key, digest, f"{operation}:{key}:{n}")
-        return {"epoch": self.epoch, "op": op}
+        return {"epoch": self.epoch, "op": self._op(operation, key)}
 
     async def get(self, key: str, default: Any = None) -> Any:
         value = await self.store.get(self.id, key)
@@ -308,11 +365,78 @@ class Session:
     async def append(self, key: str, value: Any) -> int:
         return await self.store.append(self.id, key, value, **self._safe("append", key))
 
+    async def delete(self, key: str) -> bool:
+        return await self.store.delete(self.id, key, **self._safe("delete", key))
+
     async def items(self) -> dict[str, Any]:
         return await self.store.items(self.id)
 
     async def copy_from(self, other_id: str) -> int:
+        """Copy another session's state over this one's; how many entries.
+
+        Only from a session of the same principal: an id this kit could not
+        have minted, or another principal's session, copies nothing (0), as
+        one with no state does.
+        """
+        if other_id == self.id or not is_session_id(other_id) or await self.store.owner(other_id) != self.owner:
+            return 0
         return await self.store.copy(other_id, self.id, **self._safe("copy", other_id))
 
     async def touch(self) -> None:
         await self.store.touch(self.id)
+
+    async def apply_once(self, block: Callable[[Transaction], Awaitable[T]], *, attempts: int = 5) -> T:
+        """Run `block`, then commit the writes it staged and its return value as one; once per call.
+
+        `block` reads through `tx.get` and stages writes with `tx.set`,
+        `tx.incr`, `tx.append` and `tx.delete`; it returns what the tool
+        answers (JSON: a retry gets it back through JSON). The writes commit
+        all together, only if nothing `block` read has changed meanwhile
+        (else `block` runs again, up to `attempts` times, then `Conflict`).
+        A retry of a call whose block already committed does not run the
+        block at all: it answers with the recorded return value.
+        """
+        op = self._op("apply", "")
+        if op is not None:
+            applied, recorded = await self.store.recall(self.id, op)
+            if applied:
+                self.store.replayed(op)
+                return recorded
+        for _ in range(attempts):
+            tx = Transaction(self)
+            value = await block(tx)
+            try:
+                return await self.store.apply(
+                    self.id, tx.writes, expect=tx.reads, result=value, epoch=self.epoch, op=op
+                )
+            except Conflict:
+                continue
+        raise Conflict(f"the session kept changing under an apply_once block ({attempts} attempts)")
+
+
+class Transaction:
+    """The reads and staged writes of one `Session.apply_once` block."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        self.reads: dict[str, Any] = {}
+        self.writes: list[Write] = []
+
+    async def get(self, key: str, default: Any = None) -> Any:
+        """The entry's value now; the commit checks it is still that."""
+        value = await self._session.store.get(self._session.id, check_key(key))
+        # A copy: the block may change what it was given, and the commit checks what was read.
+        self.reads.setdefault(key, copy.deepcopy(value))
+        return default if value is None else value
+
+    def set(self, key: str, value: Any) -> None:
+        self.writes.append(("set", check_key(key), value))
+
+    def incr(self, key: str, by: int = 1) -> None:
+        self.writes.append(("incr", check_key(key), by))
+
+    def append(self, key: str, value: Any) -> None:
+        self.writes.append(("append", check_key(key), value))
+
+    def delete(self, key: str) -> None:
+        self.writes.append(("delete", check_key(key), None))

@@ -11,16 +11,18 @@ import copy
 import itertools
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from session_store import (
+    Conflict,
     Fenced,
     Op,
     OWNER,
     OpReused,
     SessionStore,
+    Write,
     check_key,
     event_position,
     mint_event_id,
@@ -78,17 +80,24 @@ class InMemorySessionStore(SessionStore):
         self._seen[session_id] = self._clock()
         return data
 
+    def _recorded(self, session_id: str, op: Op) -> tuple[bool, Any]:
+        done = self._ops.get((session_id, op.call))
+        if done is None:
+            return False, None
+        if done[0] != op.digest:
+            raise OpReused(op.call)
+        if op.write not in done[1]:
+            return False, None
+        return True, copy.deepcopy(done[1][op.write])
+
     def _write(self, session_id: str, epoch: int | None, op: Op | None, apply: Callable[[dict[str, Any]], Any]) -> Any:
         """The one path every write takes: replay, fence, apply, record."""
         self._expire()
         if op is not None:
-            done = self._ops.get((session_id, op.call))
-            if done is not None:
-                if done[0] != op.digest:
-                    raise OpReused(op.call)
-                if op.write in done[1]:
-                    self.replayed(op)
-                    return copy.deepcopy(done[1][op.write])
+            applied, result = self._recorded(session_id, op)
+            if applied:
+                self.replayed(op)
+                return result
         if epoch is not None:
             record = self._records.get(session_id)
             if record is None or record[1] != epoch:
@@ -131,6 +140,53 @@ class InMemorySessionStore(SessionStore):
             return len(current)
 
         return self._write(session_id, epoch, op, apply)
+
+    async def delete(self, session_id: str, key: str, *, epoch: int | None = None, op: Op | None = None) -> bool:
+        key = check_key(key)
+        return self._write(session_id, epoch, op, lambda data: data.pop(key, None) is not None)
+
+    async def apply(
+        self,
+        session_id: str,
+        writes: Sequence[Write],
+        *,
+        expect: Mapping[str, Any],
+        result: Any,
+        epoch: int | None = None,
+        op: Op | None = None,
+    ) -> Any:
+        staged = [(operation, check_key(key), copy.deepcopy(value)) for operation, key, value in writes]
+        result = copy.deepcopy(result)
+
+        def apply(data: dict[str, Any]) -> Any:
+            if any(data.get(check_key(key)) != value for key, value in expect.items()):
+                raise Conflict(session_id)
+            work = dict(data)  # all or none: applied to a copy, swapped in at the end
+            for operation, key, value in staged:
+                current = work.get(key)
+                if operation == "set":
+                    work[key] = value
+                elif operation == "delete":
+                    work.pop(key, None)
+                elif operation == "incr":
+                    if not (current is None or isinstance(current, int)):
+                        raise TypeError(f"{key!r} does not hold an integer")
+                    work[key] = (current or 0) + value
+                elif operation == "append":
+                    if not (current is None or isinstance(current, list)):
+                        raise TypeError(f"{key!r} does not hold a list")
+                    work[key] = [*(current or []), value]
+                else:
+                    raise ValueError(f"unknown write operation {operation!r}")
+            data.clear()
+            data.update(work)
+            return result
+
+        return self._write(session_id, epoch, op, apply)
+
+    async def recall(self, session_id: str, op: Op) -> tuple[bool, Any]:
+        self._expire()
+        return self._recorded(session_id, op)
 
     async def items(self, session_id: str) -> dict[str, Any]:
         return copy.deepcopy(self._live(session_id))

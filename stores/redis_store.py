@@ -3,7 +3,8 @@
 Layout, with the default prefix `mcp`:
 
 - `mcp:session:<id>`: one hash per session, a field per state entry, each
-  value JSON text, and beside them the session's record for adoption (a
+  value compact JSON text (`_json`: the same value, keys in the same order,
+  is always the same text), and beside them the session's record for adoption (a
   field per record entry, named ".<entry>", and ".epoch", the ownership
   epoch). One small key per session: Redis keeps a hash of short fields in
   its compact listpack encoding, and one command reads, copies or expires
@@ -12,17 +13,26 @@ Layout, with the default prefix `mcp`:
   Redis server's clock, so replicas never disagree). Counting live sessions
   trims and counts it: O(log n), never a SCAN.
 - `mcp:op:<id>:<call>`: one hash per keyed call, the call's digest
-  (`.digest`) and the result of each write it applied, kept the op TTL
-  after its latest write, so a retried call applies each write once.
+  (`.digest`) and the result of each write it applied (for an `apply`, the
+  result its caller chose), kept the op TTL after its latest write, so a
+  retried call applies each write once; `recall` reads it (one HMGET).
 - `mcp:events:<id>`: the session's event log for resumable SSE streams, a
   list of "<position> <stream length> <stream><message>", trimmed to the
   last `max_events` on every add and kept the event TTL after the latest.
   A list, not a Redis stream: a stream preallocates a 4 KB node, ten times
   what a short call's events take.
 
-Every operation is one Lua script: the change, the sliding TTL and the index
-update happen atomically in one round trip, so 200 concurrent increments end at
-exactly 200 and no reader sees half a copy.
+Every operation is one Lua script (or one read command): the change, the
+sliding TTL and the index update happen atomically in one round trip, so 200
+concurrent increments end at exactly 200 and no reader sees half a copy.
+Every write (`set`, `incr`, `append`, `delete`, `copy`, `apply`) is the
+same script, `_WRITE`: replay, fence, change, record. `apply` runs the
+single writes' own Lua functions over staged entries: it compares each
+expected entry's stored text with the expected value's JSON text (Conflict
+on any difference), checks every write against the entries as the writes
+before it left them (TypeError, nothing applied), and only then changes the
+hash. Counters are added in Lua exactly, as 64-bit integers (HINCRBY's
+range and its rules for what is an integer), not in Lua's doubles.
 
 Retries: redis-py's own retry is switched off, because retrying a write
 after a timeout can apply it twice. Reads, and writes that carry an op (which
@@ -32,21 +42,21 @@ bound (`retry_seconds`) is meant to outlast a Sentinel failover, so a call
 caught by one waits for the new primary instead of failing. It counts from
 the first failure of the outage, not from each call's start: once Redis has
 been gone that long, every call fails at once, and none is still waiting
-when the replica's health check gives up on Redis (server.py) and HAProxy
+when the replica's health check gives up on Redis (mcp_ha/health.py) and HAProxy
 cuts what is left on it.
 
 High availability of Redis itself: given `sentinels`, the store asks them
 for the current primary of `master_name` whenever it connects, so after a
 failover it reconnects to the new primary without a replica restart.
 Replication is asynchronous, so a failover can lose the primary's last
-writes; with `wait_replicas=N` every state write, session record and
-adoption is acknowledged only once N replicas have it (Redis WAIT), and
-otherwise fails with StoreUnavailable, which a retry with the same op
-replays. Event logs and TTL touches are not waited for: losing one costs a
+writes; with `wait_replicas=N` every state write (an `apply` and a
+`delete` included), session record and adoption is acknowledged only once
+N replicas have it (Redis WAIT), and otherwise fails with StoreUnavailable,
+which a retry with the same op replays. Event logs and TTL touches are not waited for: losing one costs a
 stream resumption or a few seconds of TTL, not state.
 
 Credentials: `username`/`password` authenticate every connection to Redis
-(an ACL user limited to what this module sends; see the README), and
+(an ACL user limited to what this module sends; docs/security.md), and
 `sentinel_username`/`sentinel_password` the connections to the sentinels,
 which keep their own users. Credentials in `url` serve as well.
 """
@@ -56,7 +66,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as redis
@@ -70,11 +80,14 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from session_store import (
+    WRITE_OPERATIONS,
+    Conflict,
     Fenced,
     Op,
     OpReused,
     SessionStore,
     StoreUnavailable,
+    Write,
     check_key,
     event_position,
     mint_event_id,
@@ -110,19 +123,113 @@ _TOUCH_ONLY = _TOUCH + """
 touch()
 """
 
+# Integers as HINCRBY reads and writes them (64-bit, no leading zeros, no
+# '+'), kept exact: Lua's numbers are doubles, exact only to 2^53, so an
+# integer is held as two limbs of nine digits, each with the number's sign.
+_INTEGERS = """
+local LIMB = 1e9
+local function fits(high, low)
+  if high > 0 or low > 0 then return high < 9223372036 or (high == 9223372036 and low <= 854775807) end
+  return high > -9223372036 or (high == -9223372036 and low >= -854775808)
+end
+-- An integer's text as its limbs; nil for anything HINCRBY would refuse.
+local function integer(text)
+  if text == '0' then return 0, 0 end
+  local sign, digits = string.match(text, '^(%-?)([1-9]%d*)$')
+  if not digits or #digits > 19 then return nil end
+  local high, low = tonumber(string.sub(digits, 1, -10)) or 0, tonumber(string.sub(digits, -9))
+  if sign == '-' then high, low = 0 - high, 0 - low end
+  if not fits(high, low) then return nil end
+  return high, low
+end
+local function add(high, low, by_high, by_low)
+  high, low = high + by_high, low + by_low
+  if low >= LIMB then high, low = high + 1, low - LIMB
+  elseif low <= -LIMB then high, low = high - 1, low + LIMB end
+  if high > 0 and low < 0 then high, low = high - 1, low + LIMB
+  elseif high < 0 and low > 0 then high, low = high + 1, low - LIMB end
+  return high, low
+end
+local function integer_text(high, low)
+  if high == 0 then return string.format('%.0f', low) end
+  return string.format(high < 0 and '-%.0f%09.0f' or '%.0f%09.0f', math.abs(high), math.abs(low))
+end
+"""
+
 # Every write, in one script, in this order (answering {result, replayed}):
 #   1. an op already applied (KEYS[3], the call's records, holds its result)
 #      is not applied again, and a call whose digest is not the recorded
 #      one (the same key sent with another call) is refused;
 #   2. a writer whose epoch is no longer the session's is refused (fencing);
-#   3. the change and the op's result commit together, so a replica that dies
+#   3. for an apply, an entry whose JSON text is no longer the expected one
+#      is a conflict ('' expects it absent, or null, which reads the same);
+#   4. the change and the op's result commit together, so a replica that dies
 #      right after cannot leave a change without its record.
 # ARGV[3] epoch or '', ARGV[4] op ttl, ARGV[5] the op's digest or '' (no op),
 # ARGV[6] the write's name in the call, ARGV[7] the operation, ARGV[8..] its
-# arguments; KEYS[4] a copy's source.
+# arguments; KEYS[4] a copy's source. The operations: 'set', 'incr',
+# 'append' and 'delete' (ARGV[8] the entry, ARGV[9] the value, amount or
+# item), 'copy', and 'apply': ARGV[8] the result to record, ARGV[9] how many
+# expected entries follow as (entry, JSON text or ''), then the writes as
+# (operation, entry, argument).
+# The single writes and an apply's run through the same functions, which
+# read an entry through value() and change it through put(): a single write
+# changes the hash at once; an apply stages its writes in `staged`, each
+# seeing the ones before it, and changes the hash only once every one of them
+# passed, so a refused write leaves nothing of the apply behind.
 # Appends splice the new item (JSON text) into the stored JSON array, so
 # nothing is decoded and re-encoded on the way (cjson would round floats).
-_WRITE = _TOUCH + """
+_WRITE = _TOUCH + _INTEGERS + """
+local staged, staged_order = nil, {}
+local function value(field)
+  if staged and staged[field] ~= nil then return staged[field] end
+  return redis.call('HGET', KEYS[1], field)
+end
+local function put(field, text)
+  if staged then
+    if staged[field] == nil then staged_order[#staged_order + 1] = field end
+    staged[field] = text
+  elseif text then
+    redis.call('HSET', KEYS[1], field, text)
+  else
+    redis.call('HDEL', KEYS[1], field)
+  end
+end
+-- Each answers its result as JSON text, or nil and the error.
+local write = {}
+function write.set(field, text)
+  put(field, text)
+  return 'null'
+end
+function write.delete(field)
+  local existed = value(field) and 'true' or 'false'
+  put(field, false)
+  return existed
+end
+function write.incr(field, by)
+  local high, low = integer(value(field) or '0')
+  if not high then return nil, redis.error_reply('WRONGTYPE entry does not hold an integer') end
+  local by_high, by_low = integer(by)
+  if not by_high then return nil, redis.error_reply('ERR increment is not an integer or out of range') end
+  high, low = add(high, low, by_high, by_low)
+  if not fits(high, low) then return nil, redis.error_reply('ERR increment or decrement would overflow') end
+  local text = integer_text(high, low)
+  put(field, text)
+  return text
+end
+function write.append(field, item)
+  local current, updated = value(field), nil
+  if not current or current == '[]' then
+    updated = '[' .. item .. ']'
+  elseif string.sub(current, 1, 1) == '[' then
+    updated = string.sub(current, 1, -2) .. ',' .. item .. ']'
+  else
+    return nil, redis.error_reply('WRONGTYPE entry does not hold a list')
+  end
+  put(field, updated)
+  return tostring(#cjson.decode(updated))
+end
+
 if ARGV[5] ~= '' then
   local recorded = redis.call('HGET', KEYS[3], '.digest')
   if recorded and recorded ~= ARGV[5] then
@@ -139,25 +246,32 @@ end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], '.epoch') ~= ARGV[3] then
   return redis.error_reply('FENCED the session has a newer owner')
 end
-local op, result = ARGV[7], nil
-if op == 'set' then
-  redis.call('HSET', KEYS[1], ARGV[8], ARGV[9])
-  result = 'null'
-elseif op == 'incr' then
-  -- Not tostring(): Lua prints numbers with 14 significant digits.
-  result = string.format('%.0f', redis.call('HINCRBY', KEYS[1], ARGV[8], ARGV[9]))
-elseif op == 'append' then
-  local current = redis.call('HGET', KEYS[1], ARGV[8])
-  local updated
-  if not current or current == '[]' then
-    updated = '[' .. ARGV[9] .. ']'
-  elseif string.sub(current, 1, 1) == '[' then
-    updated = string.sub(current, 1, -2) .. ',' .. ARGV[9] .. ']'
-  else
-    return redis.error_reply('WRONGTYPE entry does not hold a list')
+local op, result, failed = ARGV[7], nil, nil
+if write[op] then
+  result, failed = write[op](ARGV[8], ARGV[9])
+  if failed then return failed end
+elseif op == 'apply' then
+  local expected = tonumber(ARGV[9])
+  for i = 10, 9 + 2 * expected, 2 do
+    local wanted, current = ARGV[i + 1], redis.call('HGET', KEYS[1], ARGV[i])
+    local unchanged
+    if wanted == '' then unchanged = not current or current == 'null' else unchanged = current == wanted end
+    if not unchanged then return redis.error_reply('CONFLICT an entry changed since it was read') end
   end
-  redis.call('HSET', KEYS[1], ARGV[8], updated)
-  result = tostring(#cjson.decode(updated))
+  staged = {}
+  for i = 10 + 2 * expected, #ARGV, 3 do
+    if not write[ARGV[i]] then return redis.error_reply('ERR unknown write ' .. ARGV[i]) end
+    local _, refused = write[ARGV[i]](ARGV[i + 1], ARGV[i + 2])
+    if refused then return refused end
+  end
+  for _, field in ipairs(staged_order) do
+    if staged[field] then
+      redis.call('HSET', KEYS[1], field, staged[field])
+    else
+      redis.call('HDEL', KEYS[1], field)
+    end
+  end
+  result = ARGV[8]
 elseif op == 'copy' then
   -- State only (the source's record stays its own), in chunks, so unpack()
   -- stays far below Lua's stack limit.
@@ -285,8 +399,28 @@ return {found, events}
 """
 
 
+def _json(value: Any) -> str:
+    """The JSON text the store keeps: compact, and always the same for the same value (key order kept),
+    so an apply's expected value compares with a stored one as text."""
+    return json.dumps(value, separators=(",", ":"))
+
+
+# An apply's expected value for an entry that must be absent (or null): no JSON text is empty.
+_ABSENT = ""
+
+
+def _write_argument(operation: str, argument: Any) -> Any:
+    if operation in ("set", "append"):
+        return _json(argument)
+    if operation == "incr":
+        return argument
+    if operation == "delete":
+        return ""
+    raise ValueError(f"unknown write operation {operation!r}; one of {WRITE_OPERATIONS}")
+
+
 def _flat_record(record: dict[str, Any]) -> list[str]:
-    return [item for name, value in record.items() for item in (f".{name}", json.dumps(value, separators=(",", ":")))]
+    return [item for name, value in record.items() for item in (f".{name}", _json(value))]
 
 
 def _record_of(flat: list[str]) -> dict[str, Any]:
@@ -381,6 +515,8 @@ class RedisSessionStore(SessionStore):
                 raise Fenced(message) from exc
             if message.startswith("OPREUSED"):
                 raise OpReused(message) from exc
+            if message.startswith("CONFLICT"):
+                raise Conflict(message) from exc
             if "WRONGTYPE" in message or "not an integer" in message:
                 raise TypeError(message) from exc
             raise
@@ -420,7 +556,7 @@ class RedisSessionStore(SessionStore):
         self, session_id: str, operation: str, *args: Any, epoch: int | None, op: Op | None, source: str | None = None
     ) -> Any:
         keys = self._keys(session_id)
-        keys.append(f"{self._prefix}:op:{session_id}:{op.call}" if op is not None else keys[0])
+        keys.append(self._op_key(session_id, op) if op is not None else keys[0])
         if source is not None:
             keys.append(f"{self._prefix}:session:{source}")
         argv = [session_id, self.ttl_seconds, "" if epoch is None else epoch, self.op_ttl_seconds,
@@ -434,6 +570,9 @@ class RedisSessionStore(SessionStore):
         if replayed:
             self.replayed(op)
         return json.loads(result)
+
+    def _op_key(self, session_id: str, op: Op) -> str:
+        return f"{self._prefix}:op:{session_id}:{op.call}"
 
     def _durable(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Awaitable[Any]:
         """A script that changes what a failover must not lose: waited for when wait_replicas is set."""
@@ -472,13 +611,42 @@ class RedisSessionStore(SessionStore):
         return None if raw is None else json.loads(raw)
 
     async def set(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> None:
-        await self._write(session_id, "set", check_key(key), json.dumps(value), epoch=epoch, op=op)
+        await self._write(session_id, "set", check_key(key), _json(value), epoch=epoch, op=op)
 
     async def incr(self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op: Op | None = None) -> int:
         return await self._write(session_id, "incr", check_key(key), by, epoch=epoch, op=op)
 
     async def append(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> int:
-        return await self._write(session_id, "append", check_key(key), json.dumps(value), epoch=epoch, op=op)
+        return await self._write(session_id, "append", check_key(key), _json(value), epoch=epoch, op=op)
+
+    async def delete(self, session_id: str, key: str, *, epoch: int | None = None, op: Op | None = None) -> bool:
+        return await self._write(session_id, "delete", check_key(key), epoch=epoch, op=op)
+
+    async def apply(
+        self,
+        session_id: str,
+        writes: Sequence[Write],
+        *,
+        expect: Mapping[str, Any],
+        result: Any,
+        epoch: int | None = None,
+        op: Op | None = None,
+    ) -> Any:
+        expected = [item for key, value in expect.items()
+                    for item in (check_key(key), _ABSENT if value is None else _json(value))]
+        staged = [item for operation, key, argument in writes
+                  for item in (operation, check_key(key), _write_argument(operation, argument))]
+        return await self._write(session_id, "apply", _json(result), len(expect), *expected, *staged,
+                                 epoch=epoch, op=op)
+
+    async def recall(self, session_id: str, op: Op) -> tuple[bool, Any]:
+        key = self._op_key(session_id, op)
+        digest, done = await self._read(lambda: self._redis.hmget(key, [".digest", op.write]))
+        if digest is None:
+            return False, None
+        if digest != op.digest:
+            raise OpReused(op.call)
+        return (False, None) if done is None else (True, json.loads(done))
 
     async def items(self, session_id: str) -> dict[str, Any]:
         flat = await self._read(lambda: self._items(keys=self._keys(session_id), args=[session_id, self.ttl_seconds]))

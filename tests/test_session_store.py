@@ -12,18 +12,20 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
 from conftest import free_ports
 from session_store import (
+    Conflict,
     Fenced,
     Op,
     OpReused,
     Session,
     SessionStore,
     StoreUnavailable,
+    Transaction,
     is_event_id,
     is_session_id,
     mint_event_id,
@@ -182,7 +184,8 @@ async def test_count_sessions_counts_touched_sessions(store: SessionStore) -> No
 
 
 async def test_session_wrapper_binds_one_session(store: SessionStore) -> None:
-    session, other = Session(store, new_id()), Session(store, new_id())
+    session = Session(store, new_id(), epoch=None, call=None, owner=None)
+    other = Session(store, new_id(), epoch=None, call=None, owner=None)
     assert await session.get("counter", 0) == 0
     assert await session.incr("counter") == 1
     assert await session.append("notes", "n") == 1
@@ -247,6 +250,8 @@ async def test_a_stale_owner_cannot_write(store: SessionStore) -> None:
         store.append(sid, "notes", "late", epoch=first),
         store.set(sid, "analysis", 1, epoch=first),
         store.copy(new_id(), sid, epoch=first),
+        store.delete(sid, "counter", epoch=first),
+        store.apply(sid, [("incr", "counter", 1)], expect={}, result="late", epoch=first),
     ):
         with pytest.raises(Fenced):
             await stale_write
@@ -314,7 +319,11 @@ async def test_a_call_key_sent_with_another_call_is_refused_and_applies_nothing(
 async def test_keys_starting_with_a_dot_belong_to_the_store(store: SessionStore, key: str) -> None:
     sid = new_id()
     await store.open_session(sid, RECORD)
-    for misuse in (store.get(sid, key), store.set(sid, key, 1), store.incr(sid, key), store.append(sid, key, 1)):
+    for misuse in (
+        store.get(sid, key), store.set(sid, key, 1), store.incr(sid, key), store.append(sid, key, 1),
+        store.delete(sid, key), store.apply(sid, [("set", key, 1)], expect={}, result=None),
+        store.apply(sid, [("set", "x", 1)], expect={key: None}, result=None),
+    ):
         with pytest.raises(ValueError):
             await misuse
     assert await store.items(sid) == {}
@@ -337,7 +346,7 @@ async def test_session_wrapper_numbers_the_writes_of_a_call(store: SessionStore)
     sid = new_id()
     epoch = await store.open_session(sid, RECORD)
     for _ in range(2):  # the same call, retried: every write replays
-        session = Session(store, sid, epoch=epoch, call=("call-7", "digest"))
+        session = Session(store, sid, epoch=epoch, call=("call-7", "digest"), owner=None)
         assert await session.incr("counter") == 1
         assert await session.incr("counter") == 2
     assert await store.get(sid, "counter") == 2
@@ -346,10 +355,10 @@ async def test_session_wrapper_numbers_the_writes_of_a_call(store: SessionStore)
 async def test_a_retry_that_skips_a_write_still_replays_the_others(store: SessionStore) -> None:
     """First run: set then incr. The retry reads differently and skips the set: its incr must still replay."""
     sid = new_id()
-    first = Session(store, sid, call=("call-8", "digest"))
+    first = Session(store, sid, epoch=None, call=("call-8", "digest"), owner=None)
     await first.set("flag", True)
     assert await first.incr("counter") == 1
-    retry = Session(store, sid, call=("call-8", "digest"))
+    retry = Session(store, sid, epoch=None, call=("call-8", "digest"), owner=None)
     assert await retry.incr("counter") == 1
     assert await store.items(sid) == {"flag": True, "counter": 1}
 
@@ -358,6 +367,360 @@ async def test_counters_stay_exact_integers_past_the_14_digits_lua_prints(store:
     sid = new_id()
     assert await store.incr(sid, "counter", 123_456_789_012_345) == 123_456_789_012_345
     assert await store.incr(sid, "counter") == 123_456_789_012_346
+    # Past 2^53 too, where a double (Lua's only number) could no longer hold them.
+    assert await store.incr(sid, "big", 2**62 + 1) == 2**62 + 1
+    assert await store.incr(sid, "big", 2**62 - 2) == 2**63 - 1
+    assert await store.incr(sid, "big", -(2**63 - 1)) == 0
+    assert await store.incr(sid, "big", -(2**63)) == -(2**63)
+    assert await store.get(sid, "big") == -(2**63)
+
+
+# -- delete, apply, recall, apply_once ------------------------------------------------------
+
+
+async def test_delete_removes_an_entry_and_says_whether_there_was_one(store: SessionStore) -> None:
+    sid = new_id()
+    await store.set(sid, "x", {"a": 1})
+    await store.incr(sid, "counter")
+    assert await store.delete(sid, "x") is True
+    assert await store.delete(sid, "x") is False
+    assert await store.delete(sid, "never") is False
+    assert await store.get(sid, "x") is None
+    assert await store.items(sid) == {"counter": 1}
+    # A deleted counter starts again at zero.
+    assert await store.delete(sid, "counter") is True
+    assert await store.incr(sid, "counter") == 1
+
+
+async def test_a_repeated_delete_replays_its_first_answer(store: SessionStore) -> None:
+    sid = new_id()
+    await store.set(sid, "x", 1)
+    assert await store.delete(sid, "x", op=Op("k", "d")) is True
+    await store.set(sid, "x", 2)
+    assert await store.delete(sid, "x", op=Op("k", "d")) is True  # replayed: not deleted again
+    assert await store.get(sid, "x") == 2
+    assert await store.delete(sid, "missing", op=Op("k", "d", write="2")) is False
+    assert await store.delete(sid, "missing", op=Op("k", "d", write="2")) is False
+    with pytest.raises(OpReused):
+        await store.delete(sid, "x", op=Op("k", "other digest"))
+    assert await store.get(sid, "x") == 2
+    assert await store.recall(sid, Op("k", "d")) == (True, True)
+
+
+async def test_delete_and_apply_mark_the_session_live(store: SessionStore) -> None:
+    before = await store.count_sessions()
+    await store.delete(new_id(), "x")
+    await store.apply(new_id(), [], expect={}, result=None)
+    await store.apply(new_id(), [("set", "x", 1)], expect={}, result=None, op=Op("k", "d"))
+    assert await store.count_sessions() == before + 3
+
+
+async def test_apply_applies_every_write_in_order_and_answers_its_result(store: SessionStore) -> None:
+    sid = new_id()
+    await store.set(sid, "gone", "soon")
+    await store.set(sid, "kept", "as is")
+    writes = [
+        ("set", "counter", 5), ("incr", "counter", 2), ("incr", "fresh", 3),
+        ("append", "notes", {"n": 1}), ("append", "notes", "two"),
+        ("delete", "gone", None), ("delete", "never", None),
+        ("set", "temp", 1), ("delete", "temp", None),
+        ("delete", "recreated", None), ("append", "recreated", 1),
+        ("set", "value", {"b": [1.5, None], "a": "x"}),
+    ]
+    result = {"answer": [1, "two"], "none": None}
+    assert await store.apply(sid, writes, expect={}, result=result) == result
+    assert await store.items(sid) == {
+        "kept": "as is", "counter": 7, "fresh": 3, "notes": [{"n": 1}, "two"], "recreated": [1],
+        "value": {"b": [1.5, None], "a": "x"},
+    }
+    assert await store.apply(sid, [], expect={}, result=None) is None
+    assert await store.apply(sid, [("incr", "counter", -7)], expect={"counter": 7}, result=3.5) == 3.5
+    assert await store.get(sid, "counter") == 0
+
+
+async def test_apply_checks_expected_entries_against_what_is_stored(store: SessionStore) -> None:
+    sid = new_id()
+    value = {"b": [1.5, None, "é"], "a": {"nested": True}}
+    await store.set(sid, "value", value)
+    await store.incr(sid, "counter", 3)
+    await store.append(sid, "notes", "a")
+    await store.append(sid, "notes", {"k": [1]})
+    await store.set(sid, "nothing", None)
+    # What the store holds, as a reader got it back: no conflict.
+    expect = {"value": await store.get(sid, "value"), "counter": 3, "notes": ["a", {"k": [1]}],
+              "absent": None, "nothing": None}
+    assert await store.apply(sid, [("incr", "counter", 1)], expect=expect, result="ok") == "ok"
+    assert await store.get(sid, "counter") == 4
+
+
+@pytest.mark.parametrize("expect", [
+    {"counter": 1},  # it moved on to 2
+    {"counter": 2, "notes": ["a"]},  # one entry still as read, another not
+    {"absent": None, "notes": None},  # read as absent, now there
+    {"counter": "2"},  # the same text, another JSON value
+])
+async def test_apply_refuses_when_an_expected_entry_changed_and_applies_nothing(
+    store: SessionStore, expect: dict
+) -> None:
+    sid = new_id()
+    await store.incr(sid, "counter", 2)
+    await store.append(sid, "notes", "a")
+    await store.append(sid, "notes", "b")
+    with pytest.raises(Conflict):
+        await store.apply(sid, [("set", "x", 1), ("incr", "counter", 1), ("delete", "notes", None)],
+                          expect=expect, result="r", op=Op("k", "d"))
+    assert await store.items(sid) == {"counter": 2, "notes": ["a", "b"]}
+    assert await store.recall(sid, Op("k", "d")) == (False, None)  # nothing recorded: a retry applies it
+    assert await store.apply(sid, [("set", "x", 1)], expect={"counter": 2}, result="r", op=Op("k", "d")) == "r"
+    assert await store.get(sid, "x") == 1
+
+
+@pytest.mark.parametrize("writes", [
+    [("set", "x", 1), ("incr", "notes", 1)],  # a list is no integer
+    [("append", "notes", "c"), ("append", "counter", "c")],  # an integer is no list
+    [("set", "x", 1), ("set", "counter", "text"), ("incr", "counter", 1)],  # as an earlier write left it
+    [("incr", "fresh", 1), ("append", "fresh", "c")],
+    [("append", "fresh", "c"), ("incr", "fresh", 1)],
+    [("delete", "counter", None), ("set", "counter", 1.5), ("incr", "counter", 1)],
+])
+async def test_a_write_of_the_wrong_type_leaves_the_whole_apply_unapplied(store: SessionStore, writes: list) -> None:
+    sid = new_id()
+    await store.incr(sid, "counter", 2)
+    await store.append(sid, "notes", "a")
+    with pytest.raises(TypeError):
+        await store.apply(sid, writes, expect={"counter": 2}, result="r", op=Op("k", "d"))
+    assert await store.items(sid) == {"counter": 2, "notes": ["a"]}
+    assert await store.recall(sid, Op("k", "d")) == (False, None)
+
+
+async def test_a_type_checked_write_sees_the_writes_before_it(store: SessionStore) -> None:
+    sid = new_id()
+    await store.set(sid, "counter", "text")
+    await store.incr(sid, "notes")
+    writes = [("delete", "counter", None), ("incr", "counter", 2), ("set", "notes", []), ("append", "notes", 1)]
+    assert await store.apply(sid, writes, expect={}, result=None) is None
+    assert await store.items(sid) == {"counter": 2, "notes": [1]}
+
+
+async def test_a_repeated_apply_replays_its_result_and_applies_nothing(store: SessionStore) -> None:
+    sid = new_id()
+    op = Op("call-1", "digest", "apply::1")
+    first = await store.apply(sid, [("incr", "counter", 1)], expect={"counter": None}, result={"n": 1}, op=op)
+    assert first == {"n": 1}
+    # Replayed even though the writes, the expectations and the result differ, and no longer hold.
+    again = await store.apply(sid, [("incr", "counter", 5), ("set", "x", 1)], expect={"counter": 40},
+                              result={"n": 99}, op=op)
+    assert again == {"n": 1}
+    assert await store.items(sid) == {"counter": 1}
+    assert await store.recall(sid, op) == (True, {"n": 1})
+    # Another write of the same call applies.
+    assert await store.apply(sid, [("incr", "counter", 1)], expect={}, result=2, op=Op("call-1", "digest", "2")) == 2
+    assert await store.get(sid, "counter") == 2
+
+
+async def test_an_apply_with_another_calls_digest_is_refused_and_applies_nothing(store: SessionStore) -> None:
+    sid = new_id()
+    assert await store.apply(sid, [("set", "x", 1)], expect={}, result="first", op=Op("k", "digest-a")) == "first"
+    for write in ("1", "a write the first call never made"):
+        with pytest.raises(OpReused):
+            await store.apply(sid, [("set", "x", 2), ("set", "y", 2)], expect={}, result="second",
+                              op=Op("k", "digest-b", write))
+    assert await store.items(sid) == {"x": 1}
+
+
+async def test_a_stale_apply_is_fenced_and_its_replay_is_not(store: SessionStore) -> None:
+    sid = new_id()
+    first = await store.open_session(sid, RECORD)
+    op = Op("k", "d", "apply::1")
+    assert await store.apply(sid, [("incr", "counter", 1)], expect={}, result="done", epoch=first, op=op) == "done"
+    _, second = await store.adopt_session(sid)
+    # A retry of the apply that did commit answers, however the epoch moved on...
+    assert await store.apply(sid, [("incr", "counter", 1)], expect={}, result="x", epoch=first, op=op) == "done"
+    # ...and a new one from the stale owner is refused, expectations unchecked.
+    with pytest.raises(Fenced):
+        await store.apply(sid, [("incr", "counter", 1)], expect={"counter": 99}, result="x", epoch=first,
+                          op=Op("k", "d", "apply::2"))
+    assert await store.items(sid) == {"counter": 1}
+    assert await store.apply(sid, [("incr", "counter", 1)], expect={"counter": 1}, result="y", epoch=second) == "y"
+    assert await store.get(sid, "counter") == 2
+
+
+async def test_recall_tells_whether_an_op_was_applied_and_its_result(store: SessionStore) -> None:
+    sid = new_id()
+    before = await store.count_sessions()
+    assert await store.recall(sid, Op("k", "d", "apply::1")) == (False, None)
+    assert await store.count_sessions() == before  # a read that wrote nothing, not even the index
+    assert await store.apply(sid, [("set", "x", 1)], expect={}, result=[1, {"a": None}],
+                             op=Op("k", "d", "apply::1")) == [1, {"a": None}]
+    assert await store.recall(sid, Op("k", "d", "apply::1")) == (True, [1, {"a": None}])
+    assert await store.recall(sid, Op("k", "d", "apply::2")) == (False, None)  # the call's other writes
+    # A single write's op is recalled as well, with the write's answer.
+    assert await store.incr(sid, "counter", 4, op=Op("k", "d", "incr:counter:1")) == 4
+    assert await store.recall(sid, Op("k", "d", "incr:counter:1")) == (True, 4)
+    await store.set(sid, "y", 1, op=Op("k", "d", "set:y:1"))
+    assert await store.recall(sid, Op("k", "d", "set:y:1")) == (True, None)
+    with pytest.raises(OpReused):
+        await store.recall(sid, Op("k", "another digest", "apply::1"))
+    assert await store.recall(new_id(), Op("k", "d", "apply::1")) == (False, None)  # op records are per session
+
+
+def counter_block(runs: list[int], meddle: Callable[[], Awaitable[None]] | None = None):
+    """An apply_once block: reads the counter, stages it plus one and a note, answers what it saw."""
+
+    async def block(tx: Transaction) -> dict:
+        runs.append(1)
+        seen = await tx.get("counter", 0)
+        if meddle is not None:
+            await meddle()  # another writer, between the block's read and its commit
+        tx.set("counter", seen + 1)
+        tx.append("log", f"saw {seen}")
+        return {"saw": seen}
+
+    return block
+
+
+async def test_apply_once_runs_its_block_once_per_call(store: SessionStore) -> None:
+    sid = new_id()
+    epoch = await store.open_session(sid, RECORD)
+    runs: list[int] = []
+    first = Session(store, sid, epoch=epoch, call=("call-1", "digest"), owner=None)
+    assert await first.apply_once(counter_block(runs)) == {"saw": 0}
+    assert len(runs) == 1
+    # The call retried (say, on another replica): the block does not run, its answer is the recorded one.
+    retry = Session(store, sid, epoch=epoch, call=("call-1", "digest"), owner=None)
+    assert await retry.apply_once(counter_block(runs)) == {"saw": 0}
+    assert len(runs) == 1
+    assert await store.items(sid) == {"counter": 1, "log": ["saw 0"]}
+    # Another call runs it again.
+    other = Session(store, sid, epoch=epoch, call=("call-2", "digest"), owner=None)
+    assert await other.apply_once(counter_block(runs)) == {"saw": 1}
+    assert len(runs) == 2
+    assert await store.items(sid) == {"counter": 2, "log": ["saw 0", "saw 1"]}
+    # The same key sent with another call is refused, and the block does not run.
+    with pytest.raises(OpReused):
+        await Session(store, sid, epoch=epoch, call=("call-1", "other"), owner=None).apply_once(counter_block(runs))
+    assert len(runs) == 2
+
+
+async def test_apply_once_runs_its_block_again_when_what_it_read_changed(store: SessionStore) -> None:
+    sid = new_id()
+    runs: list[int] = []
+    meddled: list[int] = []
+
+    async def meddle_once() -> None:
+        if not meddled:
+            meddled.append(1)
+            await store.incr(sid, "counter", 10)
+
+    session = Session(store, sid, epoch=None, call=("call-1", "digest"), owner=None)
+    assert await session.apply_once(counter_block(runs, meddle_once)) == {"saw": 10}
+    assert len(runs) == 2
+    assert await store.items(sid) == {"counter": 11, "log": ["saw 10"]}
+
+
+async def test_apply_once_gives_up_with_a_conflict_after_its_attempts(store: SessionStore) -> None:
+    sid = new_id()
+    runs: list[int] = []
+
+    async def meddle() -> None:
+        await store.incr(sid, "counter")
+
+    session = Session(store, sid, epoch=None, call=("call-1", "digest"), owner=None)
+    with pytest.raises(Conflict):
+        await session.apply_once(counter_block(runs, meddle), attempts=3)
+    assert len(runs) == 3
+    assert await store.items(sid) == {"counter": 3}  # the meddler's increments, none of the block's writes
+    assert await store.recall(sid, Op("call-1", "digest", "apply::1")) == (False, None)
+
+
+async def test_apply_once_without_a_call_applies_atomically_each_time(store: SessionStore) -> None:
+    sid = new_id()
+    runs: list[int] = []
+    session = Session(store, sid, epoch=None, call=None, owner=None)
+    assert await session.apply_once(counter_block(runs)) == {"saw": 0}
+    assert await session.apply_once(counter_block(runs)) == {"saw": 1}
+    assert len(runs) == 2
+    assert await store.items(sid) == {"counter": 2, "log": ["saw 0", "saw 1"]}
+
+
+async def test_concurrent_apply_once_blocks_lose_no_update(store: SessionStore) -> None:
+    sid = new_id()
+    runs: list[int] = []
+    sessions = [Session(store, sid, epoch=None, call=(f"call-{i}", "d"), owner=None) for i in range(10)]
+    answers = await asyncio.gather(*(s.apply_once(counter_block(runs), attempts=50) for s in sessions))
+    assert sorted(answer["saw"] for answer in answers) == list(range(10))
+    assert await store.get(sid, "counter") == 10
+
+
+async def test_apply_once_of_a_stale_owner_is_fenced(store: SessionStore) -> None:
+    sid = new_id()
+    first = await store.open_session(sid, RECORD)
+    await store.adopt_session(sid)
+    runs: list[int] = []
+    with pytest.raises(Fenced):
+        await Session(store, sid, epoch=first, call=("c", "d"), owner=None).apply_once(counter_block(runs))
+    assert await store.items(sid) == {}
+
+
+async def test_copy_from_copies_only_another_session_of_the_same_owner(store: SessionStore) -> None:
+    mine, theirs, also_mine, unowned = new_id(), new_id(), new_id(), new_id()
+    for sid, owner in ((mine, "alice"), (theirs, "bob"), (also_mine, "alice"), (unowned, None)):
+        await store.open_session(sid, {**RECORD, "owner": owner} if owner else RECORD)
+        await store.incr(sid, f"from {owner}")
+    session = Session(store, mine, epoch=None, call=None, owner="alice")
+    for not_copied in ("*", mine.upper(), "", mine, theirs, unowned, new_id()):
+        assert await session.copy_from(not_copied) == 0
+    assert await store.items(mine) == {"from alice": 1}
+    assert await session.copy_from(also_mine) == 1
+    # Unauthenticated, a session copies only unowned ones.
+    anonymous = Session(store, new_id(), epoch=None, call=None, owner=None)
+    assert await anonymous.copy_from(also_mine) == 0
+    assert await anonymous.copy_from(unowned) == 1
+
+
+async def test_memory_store_slides_the_ttl_on_delete_and_apply() -> None:
+    clock = FakeClock()
+    store = InMemorySessionStore(ttl_seconds=60, clock=clock)
+    deleted, applied = new_id(), new_id()
+    for sid in (deleted, applied):
+        await store.set(sid, "x", 1)
+        await store.set(sid, "y", 1)
+    clock.now += 45
+    await store.delete(deleted, "x")
+    await store.apply(applied, [("delete", "x", None)], expect={}, result=None)
+    clock.now += 30
+    assert await store.count_sessions() == 2
+    assert await store.items(deleted) == await store.items(applied) == {"y": 1}
+
+
+async def test_redis_store_slides_the_ttl_on_delete_and_apply_and_keeps_compact_json(redis_stack: Stack) -> None:
+    prefix = f"mcp:t{new_id()[:8]}"
+    store = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=prefix,
+                              ttl_seconds=600)
+    cli = ["redis-cli", "-p", str(redis_stack.config.redis_port)]
+
+    def redis(*args: str) -> str:
+        return subprocess.run([*cli, *args], capture_output=True, text=True, check=True,
+                              env=redis_stack.config.redis_cli_env).stdout.strip()
+
+    try:
+        sid = new_id()
+        key = f"{prefix}:session:{sid}"
+        await store.set(sid, "value", {"a": [1, 2.5], "b": "c d"})
+        await store.append(sid, "notes", {"x": [1, {"y": None}]})
+        await store.set(sid, "other", 1)
+        # Compact and as given, so an apply's expected value compares as text.
+        assert redis("HGET", key, "value") == '{"a":[1,2.5],"b":"c d"}'
+        assert redis("HGET", key, "notes") == '[{"x":[1,{"y":null}]}]'
+        for write in (lambda: store.delete(sid, "other"),
+                      lambda: store.apply(sid, [("set", "x", 1)], expect={}, result=None, op=Op("k", "d"))):
+            redis("EXPIRE", key, "100")
+            await write()
+            assert 590 <= int(redis("TTL", key)) <= 600
+        assert 0 < int(redis("TTL", f"{prefix}:op:{sid}:k")) <= store.op_ttl_seconds
+        assert await store.count_sessions() == 1
+    finally:
+        await store.aclose()
 
 
 async def test_memory_store_expires_idle_sessions() -> None:
@@ -723,6 +1086,18 @@ async def test_a_store_reports_each_write_it_replays(kind: str, request: pytest.
         assert await store.incr(sid, "counter", op=Op("k", "d")) == 1
         assert await store.incr(sid, "counter", op=Op("k", "d", write="2")) == 2  # another write of the call
         assert replays == [Op("k", "d")]
+        op = Op("k", "d", write="apply::1")
+        assert await store.apply(sid, [("incr", "counter", 1)], expect={}, result="r", op=op) == "r"
+        assert await store.apply(sid, [], expect={}, result="other", op=op) == "r"
+        assert await store.recall(sid, op) == (True, "r")  # a read, not a replay
+        assert replays == [Op("k", "d"), op]
+
+        async def block(tx: Transaction) -> str:
+            raise AssertionError("a retry of a committed block must not run it")
+
+        assert await Session(store, sid, epoch=None, call=("k", "d"), owner=None).apply_once(block) == "r"
+        assert replays == [Op("k", "d"), op, op]
+        assert await store.get(sid, "counter") == 3
     finally:
         await store.aclose()
 
