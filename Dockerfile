@@ -1,6 +1,6 @@
 # One image for every replica; which replica it is comes from the environment
 # (INSTANCE_ID, REDIS_URL, REDIS_USERNAME, REDIS_PASSWORD, SESSION_TTL_SECONDS,
-# MCP_AUTH*, HOST, PORT; see the README's settings table).
+# MCP_AUTH*, HOST, PORT; see docs/operations.md).
 ARG BASE_IMAGE=python:3.11-slim
 
 # uv and its download cache stay in this stage; only the venv moves on.
@@ -16,7 +16,7 @@ RUN python3 -m pip install --no-cache-dir --target /opt/uv uv==0.13.9
 WORKDIR /app
 # Dependencies before sources, so editing server.py doesn't re-resolve them.
 COPY pyproject.toml uv.lock ./
-RUN /opt/uv/bin/uv sync --frozen --no-dev --no-install-project
+RUN /opt/uv/bin/uv sync --frozen --no-default-groups --no-install-project
 
 FROM ${BASE_IMAGE}
 RUN groupadd --system --gid 10001 app \
@@ -27,7 +27,8 @@ WORKDIR /app
 COPY --from=build /app/.venv /app/.venv
 # Owned by root and read-only to the server: a compromised replica can't
 # rewrite its own code.
-COPY server.py session_store.py session_handles.py session_adoption.py resumable_streams.py sdk_sessions.py idempotency.py drain.py metrics.py structured_logs.py auth.py ./
+COPY server.py session_store.py ./
+COPY mcp_ha/ ./mcp_ha/
 COPY stores/ ./stores/
 ENV HOST=0.0.0.0 PORT=8000 PATH=/app/.venv/bin:$PATH PYTHONUNBUFFERED=1
 USER 10001:10001

@@ -1,6 +1,7 @@
 # Two commands on a fresh Debian/Ubuntu machine:
 #   make demo   install what is missing, start the stack, show the walkthrough, leave it up
 #   make test   install what is missing, run the whole suite
+# And: make test-quick (no process started), make lint (ruff and mypy, as CI runs them).
 # Python dependencies go to .venv at the repo root, pinned by uv.lock.
 
 SHELL := /bin/bash
@@ -11,11 +12,11 @@ UV := $(or $(shell command -v uv 2>/dev/null),.tools/uv/bin/uv)
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-docker down up deps system-deps python-deps lock
+.PHONY: demo test test-quick lint test-docker down up deps system-deps python-deps lock
 
 demo: deps
 	$(PY) stack.py up -d
-	$(PY) walkthrough.py
+	$(PY) -m tools.walkthrough
 	@echo
 	@$(PY) stack.py ps
 	@echo "The stack is still up. Stop it with: make down"
@@ -28,6 +29,15 @@ down:
 
 test: deps
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The tests that start no process (redis, haproxy, replicas): seconds, for every edit.
+test-quick: python-deps
+	$(PY) -m pytest -m quick $(PYTEST_ARGS)
+
+lint: python-deps
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/mypy
 
 deps: system-deps python-deps
 
@@ -52,6 +62,6 @@ lock:
 	$(UV) lock
 
 # docker-compose.yaml run for real (.ci/docker-stage): images built locally,
-# host networking on loopback, tests/test_docker.py against the containers.
+# host networking on loopback, tests/deploy/test_docker.py against the containers.
 test-docker: deps
 	.ci/docker-stage

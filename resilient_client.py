@@ -9,7 +9,7 @@ It wraps FastMCP's `Client` in session (2025-11-25, "legacy") mode and adds:
 - **a timeout on every call** (`call_timeout`), so no call hangs, however the
   server fails;
 - **an idempotency key on every `tools/call`** (in `_meta`, see
-  `idempotency.py`), the same on each retry of that call: the server applies
+  `mcp_ha/idempotency.py`), the same on each retry of that call: the server applies
   the call at most once and answers a repeat with the recorded result;
 - **retries on transport failures only**: the connection broke, the call timed
   out, the proxy answered 502/503/504, the session is gone (404), the
@@ -20,7 +20,7 @@ It wraps FastMCP's `Client` in session (2025-11-25, "legacy") mode and adds:
   attempts and by total time (stamina);
 - **the same session after a failure**: it reconnects with the same
   `mcp-session-id`, and the replica that gets the next request adopts the
-  session (`session_adoption.py`). Only if the session is gone for good (404)
+  session (`mcp_ha/adoption.py`). Only if the session is gone for good (404)
   does it open a new one and copy the old state over with `resume_session`.
 
 Abandoning a broken connection must not end the session, so the DELETE the
@@ -41,11 +41,13 @@ from fastmcp.client.transports import StreamableHttpTransport
 from fastmcp.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 
-from idempotency import IDEMPOTENCY_KEY
-from session_adoption import SESSION_MOVED
-from session_store import STORE_UNAVAILABLE
-
 log = logging.getLogger(__name__)
+
+# What the server says, copied rather than imported: the client stands alone, and
+# tests/test_resilient_client.py holds each equal to the server's own.
+IDEMPOTENCY_KEY = "io.github.mcp-ha-kit/idempotency-key"  # mcp_ha.idempotency.IDEMPOTENCY_KEY
+SESSION_MOVED = "This session moved to another replica; call again."  # mcp_ha.adoption.SESSION_MOVED
+STORE_UNAVAILABLE = "Session store unavailable; try again shortly."  # session_store.STORE_UNAVAILABLE
 
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
 REQUEST_TIMEOUT = -32001
@@ -94,7 +96,7 @@ class ResilientClient:
         **client_kwargs: Any,
     ) -> None:
         self.url = url
-        # A bearer token (auth.py): the calls carry it, and so must the DELETE
+        # A bearer token (mcp_ha/auth.py): the calls carry it, and so must the DELETE
         # that ends the session, or the server answers 401 and the session
         # lingers until its TTL.
         self._auth = {"Authorization": f"Bearer {auth}"} if auth else {}

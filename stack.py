@@ -1,6 +1,8 @@
 """The whole stack as plain local processes, with docker-compose-like verbs.
 
     python stack.py up -d            redis, mcp-server-1..3, haproxy; returns when all are healthy
+    python stack.py up -d --server examples.cart.server
+                                     the same stack serving another server module
     python stack.py up -d --redis sentinel
                                      redis-1 (primary at start), redis-2 (its replica) and
                                      sentinel-1..3 instead of one redis
@@ -11,7 +13,7 @@
     python stack.py down             stops everything it started, by pid
 
 No Docker: redis-server and haproxy come from the distribution, the replicas
-are `python server.py`. What `up` started is recorded under STACK_DIR
+are `python -m server` (or the module --server names). What `up` started is recorded under STACK_DIR
 (default .stack/) with each process's pid and start time, so later commands
 signal exactly the processes this tool started and nothing that merely reuses
 a pid. The tests drive the same `Stack` class on free ports.
@@ -209,18 +211,23 @@ class StackConfig:
     rate_limit: int = 100_000
     max_body_bytes: int = 1_048_576
     allowed_origins: str = ""
-    # The replicas' MCP_AUTH* settings (auth.py), e.g. {"MCP_AUTH": "static",
+    # The replicas' MCP_AUTH* settings (mcp_ha/auth.py), e.g. {"MCP_AUTH": "static",
     # "MCP_AUTH_TOKENS": "alice:…"}; none: authentication off.
     auth: dict[str, str] = field(default_factory=dict, repr=False)
+    # The module each replica runs (`python -m MODULE`): the kit's demo server, or
+    # any server made with mcp_ha (MCP_SERVER_MODULE, `up --server`).
+    server: str = "server"
 
     def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", self.server):
+            raise StackError(f"MCP_SERVER_MODULE={self.server!r}: a module name, e.g. examples.cart.server")
         for name, variable in REDIS_SECRETS.items():
             if not REDIS_PASSWORD_FORM.fullmatch(getattr(self, name)):
                 raise StackError(f"{variable}: use printable ASCII without spaces, quotes or backslashes "
                                  "(Sentinel writes its passwords back into its config file as they are)")
 
     @classmethod
-    def from_env(cls, *, redis_mode: str = "single") -> StackConfig:
+    def from_env(cls, *, redis_mode: str = "single", server: str | None = None) -> StackConfig:
         replicas = env_int("MCP_REPLICAS", 3)
         if not 1 <= replicas <= 9:
             raise StackError(f"MCP_REPLICAS={replicas}: between 1 and 9 replicas are supported")
@@ -251,6 +258,7 @@ class StackConfig:
             max_body_bytes=env_int("HAPROXY_MAX_BODY_BYTES", 1_048_576),
             allowed_origins=" ".join(os.environ.get("HAPROXY_ALLOWED_ORIGINS", "").replace(",", " ").split()),
             auth={name: value for name, value in os.environ.items() if name.startswith("MCP_AUTH")},
+            server=server or os.environ.get("MCP_SERVER_MODULE") or "server",
         )
 
     @classmethod
@@ -485,14 +493,17 @@ class Stack:
         self.log_dir = config.state_dir / "logs"
 
     @classmethod
-    def load(cls, *, redis_mode: str | None = None) -> Stack:
+    def load(cls, *, redis_mode: str | None = None, server: str | None = None) -> Stack:
         """The stack recorded in STACK_DIR, or a fresh one configured from the environment."""
-        config = StackConfig.from_env(redis_mode=redis_mode or "single")
+        config = StackConfig.from_env(redis_mode=redis_mode or "single", server=server)
         state_file = config.state_dir / "state.json"
         if state_file.exists():
             config = StackConfig.from_json(json.loads(state_file.read_text())["config"])
             if redis_mode and redis_mode != config.redis_mode:
                 raise StackError(f"the stack in {config.state_dir} is up with --redis {config.redis_mode}; "
+                                 "stop it first (python stack.py down)")
+            if server and server != config.server:
+                raise StackError(f"the stack in {config.state_dir} is up with --server {config.server}; "
                                  "stop it first (python stack.py down)")
         return cls(config)
 
@@ -558,7 +569,7 @@ class Stack:
         replicas = [
             Service(
                 name,
-                [c.python, str(ROOT / "server.py")],
+                [c.python, "-m", c.server],
                 port,
                 {
                     "INSTANCE_ID": name,
@@ -731,7 +742,7 @@ class Stack:
             if not port_is_free(self.config.host, port):
                 raise StackError(
                     f"port {port} on {self.config.host} is already in use, so {svc.name} cannot start; "
-                    "stop what uses it or choose other ports (see the README's settings table)"
+                    "stop what uses it or choose other ports (docs/operations.md)"
                 )
 
     def start(self, name: str, *, wait: bool = True) -> None:
@@ -938,9 +949,11 @@ def cli() -> None:
 @click.option("--redis", "redis_mode", type=click.Choice(["single", "sentinel"]), default=None,
               help="One redis (default), or a primary, a replica and three sentinels. "
                    "A stack that is already up keeps its own.")
-def up(detach: bool, redis_mode: str | None) -> None:
+@click.option("--server", "server", default=None, metavar="MODULE",
+              help="The module each replica runs (default: server, the kit's demo; MCP_SERVER_MODULE).")
+def up(detach: bool, redis_mode: str | None, server: str | None) -> None:
     """Start every service not already running; returns when all are healthy."""
-    stack = Stack.load(redis_mode=redis_mode)
+    stack = Stack.load(redis_mode=redis_mode, server=server)
 
     def action() -> None:
         with console.status("starting redis, the replicas and haproxy"):

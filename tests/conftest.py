@@ -1,6 +1,6 @@
 """Every fixture that starts a process lives here.
 
-The stacks are real: redis-server, haproxy and `python server.py` replicas,
+The stacks are real: redis-server, haproxy and `python -m server` replicas,
 started by the same `Stack` class as `python stack.py`, on free loopback
 ports, in a temporary directory. Nothing is faked.
 """
@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -27,11 +26,10 @@ from fastmcp import Client
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 from jwt.algorithms import RSAAlgorithm
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from stack import Stack, StackConfig, free_ports  # noqa: F401 (free_ports: for the tests)
+from tools.mcp_wire import RawSession
 
-from mcp_http import RawSession  # noqa: E402
-from stack import Stack, StackConfig, free_ports  # noqa: E402,F401 (free_ports: for the tests)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 # How many inputs of each class tests/test_hostile_input.py sent, printed after the run.
@@ -118,7 +116,7 @@ Connect = Callable[..., Client]
 
 @pytest.fixture
 def bearer() -> str | None:
-    """The token clients send; none here. tests/test_auth.py overrides it, with `stack`."""
+    """The token clients send; none here. tests/mcp_ha/test_auth.py overrides it, with `stack`."""
     return None
 
 
@@ -159,7 +157,7 @@ def auth_tokens() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def auth_stack(tmp_path_factory: pytest.TempPathFactory, auth_tokens: dict[str, str]) -> Iterator[Stack]:
-    """The whole stack with static-token authentication on (`auth.py`): principals alice and bob."""
+    """The whole stack with static-token authentication on (`mcp_ha/auth.py`): principals alice and bob."""
     tokens = ",".join(f"{name}:{token}" for name, token in auth_tokens.items())
     with running_stack(tmp_path_factory.mktemp("auth"), auth={"MCP_AUTH": "static", "MCP_AUTH_TOKENS": tokens}) as s:
         yield s

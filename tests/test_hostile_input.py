@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
 from conftest import HOSTILE_INPUTS, stack_config
-from mcp_http import ACCEPT, PROTOCOL, RawSession, jsonrpc_messages, last_jsonrpc_message
-from session_handles import UNKNOWN_HANDLE
+from tools.mcp_wire import ACCEPT, PROTOCOL, RawSession, jsonrpc_messages, last_jsonrpc_message
+from mcp_ha.handles import UNKNOWN_HANDLE
 from stack import Stack, http_status
 
 # No answer within this long is a hang, and fails the test.

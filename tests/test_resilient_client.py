@@ -4,15 +4,39 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from fastmcp.exceptions import ToolError
 
-from conftest import free_ports
+import resilient_client
+from mcp_ha.adoption import SESSION_MOVED
+from mcp_ha.idempotency import IDEMPOTENCY_KEY
 from resilient_client import ResilientClient, TransientFailure
-from stack import Stack
+from session_store import STORE_UNAVAILABLE
+from stack import Stack, free_ports
 
+ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.quick
+def test_the_constants_it_copies_are_the_servers() -> None:
+    assert resilient_client.IDEMPOTENCY_KEY == IDEMPOTENCY_KEY
+    assert resilient_client.SESSION_MOVED == SESSION_MOVED
+    assert resilient_client.STORE_UNAVAILABLE == STORE_UNAVAILABLE
+
+
+@pytest.mark.quick
+def test_it_imports_nothing_from_the_server_side() -> None:
+    probe = ("import sys, resilient_client; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+             "('mcp_ha', 'session_store', 'stores', 'server', 'prometheus_client')))")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 async def test_calls_return_the_tools_result_object(mcp_url: str) -> None:

@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 
-from bench import EMPTY, FILL  # sessions made inside Redis, one call instead of 300,000 round trips
-from mcp_http import RawSession
+from tools.bench import EMPTY, FILL  # sessions made inside Redis, one call instead of 300,000 round trips
+from tools.mcp_wire import RawSession
 from stack import Stack
 from stores.redis_store import RedisSessionStore
 

@@ -9,8 +9,8 @@ import time
 import httpx2
 import pytest
 
-from drain import MAX_BALANCERS, Drain
-from mcp_http import PROTOCOL, RawSession, last_jsonrpc_message
+from mcp_ha.drain import MAX_BALANCERS, Drain
+from tools.mcp_wire import PROTOCOL, RawSession, last_jsonrpc_message
 from stack import Stack
 
 pytestmark = pytest.mark.timeout(60)

@@ -34,7 +34,7 @@ from fastmcp.exceptions import ToolError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import Field
 
-from auth import owned_by, owner
+from .principals import owned_by, owner
 from session_store import OWNER, SessionStore, is_session_id
 
 SESSION_ID_DESCRIPTION = (
@@ -54,7 +54,7 @@ _KIND = "handle"
 
 
 async def create_handle(store: SessionStore) -> str:
-    """Mint a handle and record it (with the caller's principal as its owner, when authenticated: `auth.py`)."""
+    """Mint a handle and record it (with the caller's principal as its owner, when authenticated: `principals.py`)."""
     handle = uuid.uuid4().hex
     await store.open_session(handle, {"kind": _KIND, **owned_by(owner())})
     return handle

@@ -12,10 +12,10 @@ import httpx2
 import pytest
 from fastmcp import Client
 from fastmcp.exceptions import ToolError
-from mcp_http import ACCEPT, RawSession, last_jsonrpc_message
+from tools.mcp_wire import ACCEPT, RawSession, last_jsonrpc_message
 
-from idempotency import IDEMPOTENCY_KEY
-from session_handles import NO_SESSION, UNKNOWN_HANDLE
+from mcp_ha.idempotency import IDEMPOTENCY_KEY
+from mcp_ha.handles import NO_SESSION, UNKNOWN_HANDLE
 from stack import Stack
 
 MODERN = "2026-07-28"

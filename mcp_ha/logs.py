@@ -135,3 +135,16 @@ def configure(*, log_format: str = "json", instance: str, level: str = "INFO") -
             logger.propagate = True
     logging.captureWarnings(True)
     return None  # uvicorn then leaves logging as it is: its loggers propagate to the root
+
+
+class Expected(logging.Filter):
+    """Drops the records of a logger that carry one of these exceptions: conditions the server
+    expects, whose tracebacks would only bury real bugs (and, for a client's doing, let any client
+    fill the log)."""
+
+    def __init__(self, *exceptions: type[BaseException]) -> None:
+        super().__init__()
+        self.exceptions = exceptions
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], self.exceptions))

@@ -26,10 +26,12 @@ checks, would otherwise make up the count, and the replica would exit while
 a balancer still had it up; that balancer then sends it a request and cuts
 the request when the refused connection marks the server down.
 
-A second SIGTERM (or SIGINT) stops it at once.
+A second SIGTERM (or SIGINT) stops it at once. The drain takes SIGTERM from
+whichever ASGI server runs the app (`drain_on_sigterm`, from the lifespan),
+so mounting the app elsewhere keeps it.
 
 The same refusal serves a replica that cannot work for another reason (its
-store gone, server.StoreHealth): `shed(response)` refuses new work with that
+store gone, `health.StoreHealth`): `shed(response)` refuses new work with that
 answer until `shed(None)`, and `in_flight` says when what it took is done.
 """
 
@@ -37,9 +39,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import threading
 import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
-import uvicorn
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -66,6 +72,9 @@ class Drain:
         self._calls_done = False
         self._idle = asyncio.Event()
         self._idle.set()
+        # What ends the server once drained, where the one running the app says (`HighAvailability.run`:
+        # a clean exit); None hands SIGTERM on to whichever server it was meant for.
+        self.stop: Callable[[], None] | None = None
 
     def health_checked(self, *, balancer: str | None) -> bool:
         """Called by /health with the balancer the check came from (None: not a balancer's check);
@@ -136,24 +145,41 @@ REFUSED = JSONResponse(
 )
 
 
-class DrainingServer(uvicorn.Server):
-    """uvicorn, with SIGTERM starting a drain instead of an immediate shutdown."""
+def hand_on(sig: int, previous: Any) -> None:
+    """Give `sig` to the handler that had it before the drain took it (the server's: it shuts down)."""
+    signal.signal(sig, previous)
+    signal.raise_signal(sig)
 
-    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
-        super().__init__(config)
-        self.drain = drain
-        self._drain_task: asyncio.Task | None = None
 
-    def handle_exit(self, sig: int, frame) -> None:
-        if self.drain.draining:
-            return super().handle_exit(sig, frame)
-        self.drain.draining = True
-        loop = asyncio.get_event_loop()
-        loop.call_soon_threadsafe(self._start_drain)
+def drain_on_sigterm(drain: Drain) -> None:
+    """From now on SIGTERM drains first, then reaches the server serving the app, whichever it is.
 
-    def _start_drain(self) -> None:
+    Called from the app's lifespan, after the server installed its own handlers:
+    the drain runs in front of them, and a second SIGTERM (or SIGINT, which stays
+    the server's) stops at once. Signals go to the main thread only; an app
+    served from another thread (a test's in-process server) drains only when told.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        log.info("not serving from the main thread: SIGTERM will not drain")
+        return
+    loop = asyncio.get_running_loop()
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is None:
+        previous = signal.SIG_DFL
+
+    def on_sigterm(sig: int, frame: FrameType | None) -> None:
+        if drain.draining:
+            return hand_on(sig, previous)
+        drain.draining = True
+
         async def drain_then_exit() -> None:
-            await self.drain.run()
-            self.should_exit = True
+            await drain.run()
+            if drain.stop is not None:
+                drain.stop()
+            else:
+                hand_on(sig, previous)
 
-        self._drain_task = asyncio.ensure_future(drain_then_exit())
+        loop.call_soon_threadsafe(lambda: tasks.add(loop.create_task(drain_then_exit())))
+
+    tasks: set[asyncio.Task[None]] = set()
+    signal.signal(signal.SIGTERM, on_sigterm)

@@ -15,8 +15,8 @@ Here:
    store (`SessionStore.add_event`: one Redis list per session, bounded by
    count and kept a few minutes after its latest event), so every replica
    can read it. `SessionEvents` is the SDK's
-   `EventStore` bound to one session; `session_adoption.py` gives one to the
-   transport of every session a replica opens or adopts (`sdk_sessions.py`
+   `EventStore` bound to one session; `adoption.py` gives one to the
+   transport of every session a replica opens or adopts (`_sdk.py`
    does the reaching into the SDK);
 2. a replay *follows* the stream in the store until the stream's final event
    (the call's response), rather than sending what is stored so far. After a
@@ -34,19 +34,20 @@ Here:
    the SDK opens a 200 stream: 400 for a malformed id, 404 for an id this
    session has no event under (unknown, expired, trimmed or another
    session's: one answer for all, revealing nothing), 503 when the store
-   cannot be reached. With authentication on (`auth.py`), a session another
+   cannot be reached. With authentication on (`principals.py`), a session another
    principal opened gets that same 404, and a request the auth layer will
    refuse passes untouched to get its 401, having read nothing.
 
 Resuming reads a stream and takes nothing over: a replica asked to replay a
 session it does not hold serves it without advancing the session's ownership
-epoch (`session_adoption.py`), so the call still running on its owner can
+epoch (`adoption.py`), so the call still running on its owner can
 finish and write its result, and the resumed stream delivers that result.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import anyio
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
@@ -56,9 +57,9 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-import metrics
-from auth import owner, refused_by_auth
 from session_store import SessionStore, StoreUnavailable, is_event_id, is_session_id
+
+from .principals import owner, refused_by_auth
 
 log = logging.getLogger(__name__)
 
@@ -150,10 +151,13 @@ class CheckResumption:
     quiet one.
     """
 
-    def __init__(self, app: ASGIApp, *, store: SessionStore, path: str = "/mcp") -> None:
+    def __init__(
+        self, app: ASGIApp, *, store: SessionStore, path: str = "/mcp", on_resume: Callable[[], None] | None = None
+    ) -> None:
         self.app = app
         self.store = store
         self.path = path
+        self.on_resume = on_resume
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == self.path and resumes_stream(scope) and not refused_by_auth(scope):
@@ -173,5 +177,6 @@ class CheckResumption:
                     return await _error(503, UNAVAILABLE)(scope, receive, send)
                 if found is None:
                     return await _error(404, UNKNOWN)(scope, receive, send)
-                metrics.STREAMS_RESUMED.inc()
+                if self.on_resume is not None:
+                    self.on_resume()
         await self.app(scope, receive, send)

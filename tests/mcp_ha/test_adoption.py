@@ -13,8 +13,8 @@ import uuid
 import httpx2
 import pytest
 
-from mcp_http import RawSession, last_jsonrpc_message
-from session_adoption import Ownership
+from tools.mcp_wire import RawSession, last_jsonrpc_message
+from mcp_ha.adoption import Ownership
 from stack import Stack
 
 

@@ -1,6 +1,6 @@
-"""LOUD: sdk_sessions.py reaches into private parts of the MCP SDK. If this fails after an upgrade,
+"""LOUD: mcp_ha/_sdk.py reaches into private parts of the MCP SDK. If this fails after an upgrade,
 adoption (or resuming streams on any replica) is broken: re-read mcp/server/streamable_http_manager.py
-and mcp/server/streamable_http.py, and fix sdk_sessions.py first."""
+and mcp/server/streamable_http.py, and fix mcp_ha/_sdk.py first."""
 
 from __future__ import annotations
 
@@ -23,10 +23,12 @@ from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 
-import sdk_sessions
+from mcp_ha import _sdk as sdk_sessions
+from pathlib import Path
+import re
 from conftest import free_ports
-from mcp_http import ACCEPT, PROTOCOL, jsonrpc_messages, last_jsonrpc_message
-from resumable_streams import SessionEvents
+from tools.mcp_wire import ACCEPT, PROTOCOL, jsonrpc_messages, last_jsonrpc_message
+from mcp_ha.streams import SessionEvents
 from stores.memory_store import InMemorySessionStore
 
 WRITTEN_FOR = "2.3.0"
@@ -35,9 +37,25 @@ WRITTEN_FOR = "2.3.0"
 def test_the_sdk_is_the_version_sdk_sessions_was_written_for() -> None:
     installed = importlib.metadata.version("mcp")
     assert installed == WRITTEN_FOR, (
-        f"mcp {installed} is installed; sdk_sessions.py was written against mcp {WRITTEN_FOR}. "
+        f"mcp {installed} is installed; mcp_ha/_sdk.py was written against mcp {WRITTEN_FOR}. "
         "Check the private attributes it uses (listed in its docstring), then update WRITTEN_FOR."
     )
+
+
+LAYER = Path(__file__).resolve().parents[2] / "mcp_ha"
+# `something._private` where something is not self/cls: another object's private part.
+FOREIGN_PRIVATE = re.compile(r"(?:\b(?!self\b|cls\b)[A-Za-z_][A-Za-z0-9_]*|[\])])\.(_[a-z][a-z0-9_]*)")
+
+
+@pytest.mark.quick
+def test_private_sdk_access_is_fenced_in_one_module_that_lists_it() -> None:
+    code = (LAYER / "_sdk.py").read_text()
+    docstring = code.split('"""')[1]
+    touched = set(FOREIGN_PRIVATE.findall(code.replace(docstring, "")))
+    listed = set(re.findall(r"^\| `(_[a-z_]+)` \|", docstring, flags=re.MULTILINE))
+    assert touched and touched == listed, (touched, listed)
+    elsewhere = {p.name: FOREIGN_PRIVATE.findall(p.read_text()) for p in LAYER.glob("*.py") if p.name != "_sdk.py"}
+    assert {name: found for name, found in elsewhere.items() if found} == {}
 
 
 def test_the_private_parts_adoption_uses_are_still_there() -> None:

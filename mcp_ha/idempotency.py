@@ -19,7 +19,7 @@ script. So:
   answers as the first run did;
 - a repeat whose tool or arguments differ is refused: its digest does not
   match the recorded one, the store raises `OpReused` and applies nothing,
-  and server.py's `StoreErrors` answers with a JSON-RPC error (`KEY_REUSED`);
+  and `errors.StoreErrors` answers with a JSON-RPC error (`KEY_REUSED`);
 - records are kept per session (the session the write goes to), so a key
   only ever matches calls of the same session.
 

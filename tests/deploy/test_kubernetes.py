@@ -29,11 +29,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from drain import Drain
+from mcp_ha.drain import Drain
 from stack import http_status
 from test_compose import acl_users, instruction, interpolate, start_compose_redis, wait_for_pong
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "deploy" / "kubernetes"
 # Both ways to apply the kit: with one Redis, and with Redis Sentinel (an overlay of the first).
 KUSTOMIZATIONS = {"single": MANIFESTS, "sentinel": ROOT / "deploy" / "kubernetes-sentinel"}
@@ -281,8 +281,8 @@ def test_replicas_are_ready_on_health_and_alive_while_listening(objects):
 
 
 def uvicorn_graceful_shutdown_seconds() -> float:
-    """server.py's timeout_graceful_shutdown: what open streams get once the drain is done."""
-    tree = ast.parse((ROOT / "server.py").read_text())
+    """The replicas' timeout_graceful_shutdown (HighAvailability.run): what open streams get once the drain is done."""
+    tree = ast.parse((ROOT / "mcp_ha" / "replica.py").read_text())
     values = [kw.value.value for node in ast.walk(tree) if isinstance(node, ast.Call)
               for kw in node.keywords if kw.arg == "timeout_graceful_shutdown"]
     assert len(values) == 1

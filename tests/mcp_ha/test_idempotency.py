@@ -8,8 +8,8 @@ import uuid
 
 import httpx2
 
-from idempotency import IDEMPOTENCY_KEY
-from mcp_http import RawSession, last_jsonrpc_message
+from mcp_ha.idempotency import IDEMPOTENCY_KEY
+from tools.mcp_wire import RawSession, last_jsonrpc_message
 from stack import Stack
 
 

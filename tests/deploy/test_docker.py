@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import httpx2
 import pytest
 
-from idempotency import IDEMPOTENCY_KEY
-from mcp_http import RawSession, last_jsonrpc_message
+from mcp_ha.idempotency import IDEMPOTENCY_KEY
+from tools.mcp_wire import RawSession, last_jsonrpc_message
 from stack import redis_command
 from test_server import *  # noqa: F403 (the contract's tests, collected here again: against the containers)
 

@@ -17,8 +17,8 @@ import uvicorn
 from starlette.responses import PlainTextResponse
 
 from conftest import free_ports
-from mcp_http import Event, RawSession
-from resumable_streams import MALFORMED, UNAVAILABLE, UNKNOWN, CheckResumption
+from tools.mcp_wire import Event, RawSession
+from mcp_ha.streams import MALFORMED, UNAVAILABLE, UNKNOWN, CheckResumption
 from session_store import mint_event_id
 from stack import Stack
 from stores.redis_store import RedisSessionStore

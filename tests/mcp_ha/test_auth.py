@@ -27,15 +27,21 @@ from fastmcp.server.auth.providers.jwt import RSAKeyPair
 from joserfc import jwk as joserfc_jwk
 from joserfc import jwt as joserfc_jwt
 
-import auth
+from mcp_ha import auth
+from mcp_ha.settings import Settings, SettingsError
 from conftest import JWT_AUDIENCE, JWT_ISSUER, JWT_KID, ROOT
-from mcp_http import RawSession
+from tools.mcp_wire import RawSession
 from resilient_client import ResilientClient
-from session_handles import UNKNOWN_HANDLE
+from mcp_ha.handles import UNKNOWN_HANDLE
 from stack import Stack
 from test_server import *  # noqa: F403 (the contract's tests, collected here again: with alice's token)
 
 GET_COUNTER = {"name": "get_counter", "arguments": {}}
+
+
+def verifier_from_env(environ: dict[str, str]):
+    """The verifier a replica with this environment builds (None: authentication off)."""
+    return auth.make_verifier(Settings.from_env(environ))
 
 
 @pytest.fixture
@@ -317,23 +323,23 @@ async def test_a_jwt_that_does_not_verify_gets_401(
       "MCP_AUTH_AUDIENCE": "a", "MCP_AUTH_ALGORITHM": "none"}, "Unsupported algorithm"),
 ])
 def test_settings_that_cannot_work_are_refused_by_name(environ: dict[str, str], message: str) -> None:
-    with pytest.raises(auth.AuthConfigError) as refused:
-        auth.verifier_from_env(environ)
+    with pytest.raises(SettingsError) as refused:
+        verifier_from_env(environ)
     assert message in str(refused.value)
     for token in (value.split(":", 1)[-1] for value in environ.values() if "t" * 20 in value):
         assert token not in str(refused.value)
 
 
 def test_authentication_is_off_unless_asked_for() -> None:
-    assert auth.verifier_from_env({}) is None
-    assert auth.verifier_from_env({"MCP_AUTH": "none", "MCP_AUTH_TOKENS": "ignored"}) is None
-    assert isinstance(auth.verifier_from_env({"MCP_AUTH": "static", "MCP_AUTH_TOKENS": "a:" + "t" * 20}),
+    assert verifier_from_env({}) is None
+    assert verifier_from_env({"MCP_AUTH": "none", "MCP_AUTH_TOKENS": "ignored"}) is None
+    assert isinstance(verifier_from_env({"MCP_AUTH": "static", "MCP_AUTH_TOKENS": "a:" + "t" * 20}),
                       auth.TokenVerifier)
 
 
 def test_a_replica_with_unworkable_auth_settings_refuses_to_start() -> None:
     env = {"PATH": "/usr/bin:/bin", "MCP_AUTH": "jwt", "MCP_AUTH_JWKS_URL": "https://idp.invalid/jwks"}
-    done = subprocess.run([sys.executable, str(ROOT / "server.py")], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "server"], env=env, capture_output=True, text=True,
                           timeout=60, cwd=ROOT)
     assert done.returncode != 0
     assert "MCP_AUTH=jwt needs MCP_AUTH_ISSUER, MCP_AUTH_AUDIENCE" in done.stderr

@@ -14,11 +14,11 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from drain import BALANCER_CHECK_HEADER
-from mcp_http import RawSession
+from mcp_ha.drain import BALANCER_CHECK_HEADER
+from tools.mcp_wire import RawSession
 from stack import Stack
 
-CONFIG = Path(__file__).resolve().parent.parent / "haproxy" / "haproxy.cfg"
+CONFIG = Path(__file__).resolve().parents[2] / "haproxy" / "haproxy.cfg"
 
 
 def haproxy_check(env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -19,9 +19,10 @@ import pytest
 import yaml
 from fastmcp.server.auth.providers.jwt import JWTVerifier, StaticTokenVerifier
 
-import auth
+from mcp_ha import auth
+from mcp_ha.settings import Settings, SettingsError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REPLICAS = ["mcp-server-1", "mcp-server-2", "mcp-server-3"]
 HAPROXY_CFG_IN_CONTAINER = "/usr/local/etc/haproxy/haproxy.cfg"
 HAPROXY = shutil.which("haproxy")
@@ -35,6 +36,11 @@ _INTERPOLATION = re.compile(r"\$(?:(\$)|\{(\w+)(?:(:?-)([^}]*)|(:?\?)([^}]*))?\}
 HOST_ENV = {"HAPROXY_STATS_PASSWORD": "a-test-password", "REDIS_ADMIN_PASSWORD": "test-admin-password",
             "REDIS_PASSWORD": "test-kit-password", "REDIS_SENTINEL_AUTH_PASSWORD": "test-sentinel-password",
             "REDIS_REPLICATION_PASSWORD": "test-replication-password"}
+
+
+def verifier_from_env(environ: dict[str, str]):
+    """The verifier a replica with this environment builds (None: authentication off)."""
+    return auth.make_verifier(Settings.from_env(environ))
 
 
 class MissingVariable(Exception):
@@ -189,14 +195,14 @@ def test_redis_persists_with_aof_and_has_a_healthcheck(compose):
 @pytest.mark.parametrize("name", REPLICAS)
 def test_replicas_take_the_auth_settings_from_the_host_and_are_open_without_them(compose, name):
     svc = service(compose, name)
-    assert auth.verifier_from_env(environment(svc)) is None
+    assert verifier_from_env(environment(svc)) is None
     token = "a-token-of-twenty-chars"
-    verifier = auth.verifier_from_env(environment(svc, {**HOST_ENV, "MCP_AUTH": "static",
+    verifier = verifier_from_env(environment(svc, {**HOST_ENV, "MCP_AUTH": "static",
                                                          "MCP_AUTH_TOKENS": f"alice:{token}"}))
     assert isinstance(verifier, StaticTokenVerifier) and verifier.tokens[token]["client_id"] == "alice"
     jwt = environment(svc, {**HOST_ENV, "MCP_AUTH": "jwt", "MCP_AUTH_JWKS_URL": "https://idp.example/jwks.json",
                             "MCP_AUTH_ISSUER": "https://idp.example", "MCP_AUTH_AUDIENCE": "mcp"})
-    assert isinstance(auth.verifier_from_env(jwt), JWTVerifier)
+    assert isinstance(verifier_from_env(jwt), JWTVerifier)
 
 
 @pytest.mark.parametrize("name", REPLICAS)
@@ -386,7 +392,7 @@ def test_the_image_holds_every_module_the_server_imports():
                             env={**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0"}, timeout=60)
     assert result.returncode == 0, result.stderr
     imported = set(result.stdout.split())
-    assert "server.py" in imported and "drain.py" in imported
+    assert {"server.py", "session_store.py", "mcp_ha", "stores"} <= imported
     assert imported <= copied, f"imported by server.py but not copied into the image: {imported - copied}"
 
 

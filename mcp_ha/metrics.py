@@ -12,9 +12,9 @@ What is counted, and where:
 - tool calls by tool and outcome, and their latency (`ToolMetrics`, FastMCP
   middleware, outermost, so it sees what the client is answered);
 - sessions this replica holds a transport for (read from the SDK at scrape
-  time, `watch_sessions`), and sessions it adopted (`session_adoption.py`);
-- `resume_session` calls that copied state (`server.py`), and SSE streams
-  resumed from the store (`resumable_streams.py`);
+  time, `watch_sessions`), and sessions it adopted (`adoption.py`);
+- `resume_session` calls that copied state (`Session.copy_from`), and SSE streams
+  resumed from the store (`streams.py`);
 - store operations: latency by operation, errors by kind (`MeteredStore`, a
   wrapper around any `SessionStore`, so the stores stay unaware of it);
 - writes replayed from their op record (`IDEMPOTENT_REPLAYS`), which a
@@ -30,7 +30,7 @@ allocated per call beyond the timestamps.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import stamina.instrumentation
@@ -49,8 +49,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 
-import sdk_sessions
-from session_store import Fenced, Op, OpReused, SessionStore, StoreUnavailable
+from . import _sdk
+from session_store import Conflict, Fenced, Op, OpReused, SessionStore, StoreUnavailable, Write
 
 # From a 1 ms read to analyze_data's and watch_counter's 30 s.
 TOOL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -84,8 +84,8 @@ SESSIONS_ADOPTED = Counter(
 )
 SESSIONS_RESUMED = Counter(
     "mcp_sessions_resumed_total",
-    "resume_session calls that copied a previous session's state into the caller's (a client that "
-    "lost its session for good and started a new one).",
+    "Copies of a previous session's state into the caller's that copied something (resume_session: a "
+    "client that lost its session for good and started a new one).",
 )
 STREAMS_RESUMED = Counter(
     "mcp_streams_resumed_total",
@@ -107,7 +107,7 @@ STORE_ERRORS = Counter(
     "mcp_store_errors_total",
     "SessionStore operations that failed, by operation and kind: unavailable (the store could not be "
     "reached), fenced (a write from a replica that no longer owns the session), op_reused (an "
-    "idempotency key sent with a different call).",
+    "idempotency key sent with a different call), conflict (an apply-once block's reads changed before it committed).",
     ("operation", "kind"),
 )
 
@@ -120,7 +120,7 @@ stamina.instrumentation.get_prometheus_counter()
 
 
 def count_replay(op: Op) -> None:
-    """A store's `on_replay` hook (server.make_store)."""
+    """A store's `on_replay` hook."""
     IDEMPOTENT_REPLAYS.inc()
 
 
@@ -133,8 +133,8 @@ def watch_sessions(app: Starlette, path: str = "/mcp") -> None:
     """Report the sessions the MCP endpoint at `path` of `app` holds, read at each scrape."""
 
     def held() -> int:
-        manager = sdk_sessions.session_manager(app, path)
-        return 0 if manager is None else sdk_sessions.held_count(manager)
+        manager = _sdk.session_manager(app, path)
+        return 0 if manager is None else _sdk.held_count(manager)
 
     SESSIONS_HELD.set_function(held)
 
@@ -184,13 +184,14 @@ class ToolMetrics(Middleware):
 
 
 class _StoreSeries:
-    __slots__ = ("fenced", "op_reused", "seconds", "unavailable")
+    __slots__ = ("conflict", "fenced", "op_reused", "seconds", "unavailable")
 
     def __init__(self, operation: str) -> None:
         self.seconds = STORE_SECONDS.labels(operation)
         self.unavailable = STORE_ERRORS.labels(operation, "unavailable")
         self.fenced = STORE_ERRORS.labels(operation, "fenced")
         self.op_reused = STORE_ERRORS.labels(operation, "op_reused")
+        self.conflict = STORE_ERRORS.labels(operation, "conflict")
 
 
 async def _metered(series: _StoreSeries, operation: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -205,6 +206,9 @@ async def _metered(series: _StoreSeries, operation: Callable[..., Any], *args: A
         raise
     except OpReused:
         series.op_reused.inc()
+        raise
+    except Conflict:
+        series.conflict.inc()
         raise
     finally:
         series.seconds.observe(time.perf_counter() - start)
@@ -227,6 +231,10 @@ class MeteredStore(SessionStore):
         self._open, self._record = s("open_session"), s("session_record")
         self._adopt, self._end, self._owner = s("adopt_session"), s("end_session"), s("owner")
         self._add_event, self._events_after = s("add_event"), s("events_after")
+        self._delete, self._apply, self._recall = s("delete"), s("apply"), s("recall")
+
+    def replayed(self, op: Op) -> None:
+        self.store.replayed(op)
 
     async def get(self, session_id: str, key: str) -> Any | None:
         return await _metered(self._get, self.store.get, session_id, key)
@@ -240,11 +248,34 @@ class MeteredStore(SessionStore):
     async def append(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> int:
         return await _metered(self._append, self.store.append, session_id, key, value, epoch=epoch, op=op)
 
+    async def delete(self, session_id: str, key: str, *, epoch: int | None = None, op: Op | None = None) -> bool:
+        return await _metered(self._delete, self.store.delete, session_id, key, epoch=epoch, op=op)
+
+    async def apply(
+        self,
+        session_id: str,
+        writes: Sequence[Write],
+        *,
+        expect: Mapping[str, Any],
+        result: Any,
+        epoch: int | None = None,
+        op: Op | None = None,
+    ) -> Any:
+        return await _metered(
+            self._apply, self.store.apply, session_id, writes, expect=expect, result=result, epoch=epoch, op=op
+        )
+
+    async def recall(self, session_id: str, op: Op) -> tuple[bool, Any]:
+        return await _metered(self._recall, self.store.recall, session_id, op)
+
     async def items(self, session_id: str) -> dict[str, Any]:
         return await _metered(self._items, self.store.items, session_id)
 
     async def copy(self, source_id: str, target_id: str, *, epoch: int | None = None, op: Op | None = None) -> int:
-        return await _metered(self._copy, self.store.copy, source_id, target_id, epoch=epoch, op=op)
+        copied = await _metered(self._copy, self.store.copy, source_id, target_id, epoch=epoch, op=op)
+        if copied:
+            SESSIONS_RESUMED.inc()
+        return copied
 
     async def touch(self, session_id: str) -> None:
         await _metered(self._touch, self.store.touch, session_id)

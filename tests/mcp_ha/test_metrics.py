@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx2
 from prometheus_client.parser import text_string_to_metric_families
 
-from mcp_http import RawSession, last_jsonrpc_message
+from tools.mcp_wire import RawSession, last_jsonrpc_message
 from stack import Stack
 
 Samples = dict[tuple[str, frozenset], float]
@@ -173,7 +173,7 @@ async def test_metrics_answers_any_query_or_accept_header_without_a_5xx(stack: S
 
 
 async def test_the_sample_dashboard_reads_only_metrics_the_stack_serves(stack: Stack, http: httpx2.AsyncClient) -> None:
-    dashboard = json.loads((Path(__file__).resolve().parent.parent / "docs" / "grafana-dashboard.json").read_text())
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json").read_text())
     exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
     names = {name for expr in exprs for name in re.findall(r"\b(?:mcp|stamina|haproxy)_[a-z_]+", expr)}
     assert len(names) >= 12, names

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from mcp_http import RawSession
+from tools.mcp_wire import RawSession
 from stack import (REDIS_KIT_ACL, REDIS_REPLICATION_ACL, REDIS_SENTINEL_ACL, REDIS_SENTINEL_KIT_ACL, http_status,
                    redis_command)
 from test_compose import acl_users

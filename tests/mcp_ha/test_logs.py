@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import httpx2
 import pytest
 
-from mcp_http import RawSession
+from tools.mcp_wire import RawSession
 from stack import Stack
-from structured_logs import MAX_REQUEST_ID, RequestFields, RequestIds, configure, json_formatter
+from mcp_ha.logs import MAX_REQUEST_ID, RequestFields, RequestIds, configure, json_formatter
 
 
 def log_lines(stack: Stack, replica: str) -> list[dict]:

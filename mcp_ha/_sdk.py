@@ -13,17 +13,28 @@ itself. Adoption needs three things it does not offer publicly:
 
 With authentication on, the SDK binds each session to the principal that
 created it (`_session_owners`) and answers 404 to anyone else; an adopted
-session is bound to the principal adopting it (whom `session_adoption.py`
+session is bound to the principal adopting it (whom `adoption.py`
 has checked against the session's recorded owner), or its rightful owner
 would get that 404.
 
-Resumable streams (`resumable_streams.py`) need one more: an event store per
+Resumable streams (`streams.py`) need one more: an event store per
 session. The SDK takes one store for all transports (FastMCP's wraps it with
 a random prefix per transport, which no other replica can know), so the
 session's own store is set on its transport (`_event_store`) instead: at
 `initialize`, before the answer is sent, and when a session is adopted.
 
-`tests/test_sdk_sessions.py` checks each of these against the installed SDK;
+Every private attribute touched here, and nowhere else in the kit:
+
+| attribute | of | why |
+|---|---|---|
+| `_server_instances` | the session manager | which sessions this replica holds; registering an adopted one |
+| `_session_owners` | the session manager | the principal an adopted session is bound to |
+| `_discard_session` | the session manager | forgetting an adopted session when it ends |
+| `_task_group` | the session manager | running an adopted session's connection beside the SDK's own |
+| `_lifespan_state` | the session manager | the server's lifespan state, for that connection |
+| `_event_store` | a transport | the session's own event store |
+
+`tests/mcp_ha/test_sdk.py` checks each of these against the installed SDK;
 if an upgrade moves them, that test fails first and says which.
 """
 

@@ -14,12 +14,12 @@ Here, instead:
 3. an id the store does not know still gets 404, and `DELETE` ends the session
    everywhere: its record goes, and nobody adopts it afterwards;
 4. a request that only resumes a stream (`GET` with `Last-Event-ID`,
-   `resumable_streams.py`) takes nothing over: a replica that does not hold
+   `streams.py`) takes nothing over: a replica that does not hold
    the session serves it from its record without advancing the epoch, so the
    owner's call in flight is not fenced off and the resumed stream delivers
    its result. The next request that may write adopts the session as usual.
 
-With authentication on (`auth.py`), a session belongs to the principal that
+With authentication on (`principals.py`), a session belongs to the principal that
 opened it: the record names its `owner`, adoption and `DELETE` refuse anyone
 else with the same 404 as an unknown id, and the adopted transport is bound to
 its owner in the SDK, which refuses anyone else on a replica that holds it.
@@ -27,11 +27,11 @@ A request the auth layer will refuse passes untouched, so it gets its 401
 having adopted nothing.
 
 Every transport, opened here or adopted, keeps its events in the session's
-event log (`resumable_streams.SessionEvents`), so its streams resume on any
+event log (`streams.SessionEvents`), so its streams resume on any
 replica.
 
 The SDK-facing half (creating a transport under a given id) is in
-`sdk_sessions.py`; this module is the policy.
+`_sdk.py`; this module is the policy.
 """
 
 from __future__ import annotations
@@ -51,11 +51,11 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-import metrics
-import sdk_sessions
-from auth import owned_by, owner, refused_by_auth
-from resumable_streams import SessionEvents, resumes_stream
 from session_store import SessionStore, StoreUnavailable, is_session_id
+
+from . import _sdk
+from .principals import owned_by, owner, refused_by_auth
+from .streams import SessionEvents, resumes_stream
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +109,8 @@ class RecordSessions(Middleware):
             }
             self.ownership.epochs[session_id] = await self.store.open_session(session_id, record)
             # Before the answer is routed, so it is the first event of the session's log.
-            manager = sdk_sessions.session_manager(get_http_request().scope["app"], self.path)
-            sdk_sessions.bind_event_store(manager, session_id, SessionEvents(self.store, session_id))
+            manager = _sdk.session_manager(get_http_request().scope["app"], self.path)
+            _sdk.bind_event_store(manager, session_id, SessionEvents(self.store, session_id))
         return result
 
 
@@ -132,11 +132,20 @@ def _session_era(scope: Scope) -> bool:
 class AdoptSessions:
     """ASGI middleware in front of the MCP endpoint: adopt, or end, sessions held elsewhere."""
 
-    def __init__(self, app: ASGIApp, *, store: SessionStore, ownership: Ownership, path: str = "/mcp") -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        store: SessionStore,
+        ownership: Ownership,
+        path: str = "/mcp",
+        on_adopt: Callable[[], None] | None = None,
+    ) -> None:
         self.app = app
         self.store = store
         self.ownership = ownership
         self.path = path
+        self.on_adopt = on_adopt
         # One lock per session being adopted, so concurrent first requests adopt
         # once; an entry disappears when no request holds or awaits its lock.
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -155,20 +164,20 @@ class AdoptSessions:
             # One this kit never mints: the SDK would answer the same 404, but
             # log the raw header first.
             return await SESSION_NOT_FOUND(scope, receive, send)
-        manager = sdk_sessions.session_manager(scope["app"], self.path)
+        manager = _sdk.session_manager(scope["app"], self.path)
         if len(self.ownership.epochs) + len(self.ownership.stale) > self._prune_at:
-            self.ownership.prune(lambda sid: sdk_sessions.holds(manager, sid))
+            self.ownership.prune(lambda sid: _sdk.holds(manager, sid))
             self._prune_at = 2 * (len(self.ownership.epochs) + len(self.ownership.stale)) + 1000
         try:
             if scope["method"] == "DELETE":
                 if await self.store.owner(session_id) != owner(scope) or not await self._end(manager, session_id):
                     return await SESSION_NOT_FOUND(scope, receive, send)
-                if not sdk_sessions.holds(manager, session_id):
+                if not _sdk.holds(manager, session_id):
                     return await Response(status_code=200)(scope, receive, send)
-            elif not sdk_sessions.holds(manager, session_id) or session_id in self.ownership.stale:
+            elif not _sdk.holds(manager, session_id) or session_id in self.ownership.stale:
                 if not await self._adopt(manager, session_id, scope, take_over=not resumes_stream(scope)):
                     return await SESSION_NOT_FOUND(scope, receive, send)
-            elif sdk_sessions.refuses(manager, session_id, scope.get("user")):
+            elif _sdk.refuses(manager, session_id, scope.get("user")):
                 # Another principal's session held here: the SDK would answer the same 404 without
                 # asking the store, where an unknown id costs a read of its owner. The same read
                 # here, so not even the store's work tells the two apart.
@@ -189,7 +198,7 @@ class AdoptSessions:
         if lock is None:
             lock = self._locks[session_id] = asyncio.Lock()
         async with lock:
-            if sdk_sessions.holds(manager, session_id) and (session_id not in self.ownership.stale or not take_over):
+            if _sdk.holds(manager, session_id) and (session_id not in self.ownership.stale or not take_over):
                 return True  # a concurrent request adopted it while we waited, or reading needs no epoch
             if await self.store.owner(session_id) != owner(scope):
                 return False
@@ -211,9 +220,9 @@ class AdoptSessions:
                 return False
             # A stale owner still holds a working transport for the session: only its
             # epoch was out of date, and adopting has just renewed that.
-            if not sdk_sessions.holds(manager, session_id):
+            if not _sdk.holds(manager, session_id):
                 try:
-                    await sdk_sessions.adopt(
+                    await _sdk.adopt(
                         manager,
                         session_id,
                         client_params={
@@ -235,11 +244,12 @@ class AdoptSessions:
             self.ownership.epochs[session_id] = epoch
             self.ownership.stale.discard(session_id)
             log.info("adopted session %s at epoch %d", session_id, epoch)
-            metrics.SESSIONS_ADOPTED.inc()
+            if self.on_adopt is not None:
+                self.on_adopt()
             return True
 
     async def _end(self, manager: Any, session_id: str) -> bool:
-        # A handle (session_handles.py) has an id of the same form and a record under the same key, but
+        # A handle (handles.py) has an id of the same form and a record under the same key, but
         # it is no MCP session, and a DELETE naming one must not end it: only a session's record names
         # a protocol version (_adopt's test too).
         record = await self.store.session_record(session_id)
@@ -248,4 +258,4 @@ class AdoptSessions:
         ended = await self.store.end_session(session_id)
         self.ownership.epochs.pop(session_id, None)
         self.ownership.stale.discard(session_id)
-        return ended or sdk_sessions.holds(manager, session_id)
+        return ended or _sdk.holds(manager, session_id)

@@ -1,0 +1,59 @@
+"""Pattern: a store's refusal is a clear answer, never a traceback.
+
+Three things a tool's write can meet, each with what the client is told:
+
+- the store is unreachable (`StoreUnavailable`): a tool error saying so
+  (`STORE_UNAVAILABLE`); a keyed call may be sent again, its writes replay;
+- another replica adopted the session while the call ran (`Fenced`): nothing
+  was applied, the client is told to call again (`SESSION_MOVED`), and the
+  session is marked stale here so the next request adopts it afresh;
+- the idempotency key was used for a different call (`OpReused`): a JSON-RPC
+  invalid-params error (`KEY_REUSED`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastmcp.exceptions import ToolError
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
+
+from session_store import STORE_UNAVAILABLE, Conflict, Fenced, OpReused, StoreUnavailable
+
+from .adoption import SESSION_MOVED, Ownership
+from .idempotency import KEY_REUSED
+
+log = logging.getLogger(__name__)
+
+# Told when an apply-once block kept meeting concurrent changes: nothing was applied.
+SESSION_BUSY = "This session changed while the call ran, again and again; nothing was applied. Call again."
+# The exceptions this module answers: expected, so their tracebacks are not logged (`logs.Expected`).
+ANSWERED = (StoreUnavailable, Fenced, OpReused, Conflict)
+
+
+class StoreErrors(Middleware):
+    def __init__(self, ownership: Ownership) -> None:
+        self.ownership = ownership
+
+    async def on_call_tool(self, context: MiddlewareContext, call_next: CallNext) -> Any:
+        try:
+            return await call_next(context)
+        except (ToolError, *ANSWERED) as exc:
+            # Raised in a tool, FastMCP has already wrapped it; the cause says why.
+            cause = exc.__cause__ if isinstance(exc, ToolError) else exc
+            if isinstance(cause, StoreUnavailable):
+                log.warning("store unavailable during %s: %s", context.message.name, cause)
+                raise ToolError(STORE_UNAVAILABLE) from cause
+            if isinstance(cause, Fenced):
+                log.info("write fenced off during %s: the session has a newer owner", context.message.name)
+                if context.fastmcp_context is not None and context.fastmcp_context.session_id:
+                    self.ownership.lost(context.fastmcp_context.session_id)
+                raise ToolError(SESSION_MOVED) from cause
+            if isinstance(cause, OpReused):
+                raise MCPError(INVALID_PARAMS, KEY_REUSED) from cause
+            if isinstance(cause, Conflict):
+                raise ToolError(SESSION_BUSY) from cause
+            raise

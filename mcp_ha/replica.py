@@ -1,0 +1,230 @@
+"""The one entry point: `HighAvailability` puts every pattern of the layer around a FastMCP server.
+
+    ha = HighAvailability.from_env()
+    mcp = ha.server("cart")
+
+    @mcp.tool
+    async def add_item(sku: str, ctx: Context, session_id: SessionHandle = None) -> dict:
+        session = await ha.session(ctx, session_id)
+        return {"qty": await session.incr(f"cart:{sku}")}
+
+    app = ha.http_app(mcp)
+    if __name__ == "__main__":
+        ha.run(app)
+
+What each step owns:
+
+- `HighAvailability(settings)`: the store the settings name (Redis, with
+  Sentinel or not, else in memory), metered when metrics are on; the
+  sessions this replica owns (`adoption.Ownership`); the drain; the token
+  verifier when authentication is on. Nothing connects until the app runs.
+- `server(name)`: a FastMCP server with that verifier, and error details
+  masked (a client sees "Error calling tool", never internals).
+- `session(ctx, handle)`: the caller's state, always fenced by this replica's
+  epoch and keyed by the call's idempotency key. The only way a tool gets one.
+- `http_app(mcp)`: the FastMCP middlewares in their order (metrics outermost,
+  so it sees what the client gets; store errors; idempotency keys; session
+  records innermost), `create_session` for sessionless clients, `/health`,
+  `/metrics`, the log filters, and the ASGI layers around the MCP endpoint,
+  outermost first: request ids, drain, stream resumption, adoption. Its
+  lifespan makes SIGTERM drain and closes the store. Mount it in any ASGI
+  server and every guarantee comes with it.
+- `run(app)`: uvicorn with structured logs, on the settings' host and port.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvicorn
+from fastmcp import Context, FastMCP
+from fastmcp.server.auth import TokenVerifier
+from starlette.middleware import Middleware as StarletteMiddleware
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp
+
+from session_store import Session, SessionStore, is_session_id
+
+from .adoption import AdoptSessions, Ownership, RecordSessions
+from .drain import Drain, drain_on_sigterm
+from .errors import ANSWERED, StoreErrors
+from .handles import create_handle, session_id_for
+from .health import StoreHealth, health_endpoint
+from .idempotency import IdempotentCalls, current_call
+from .logs import Expected, RequestIds, configure
+from .principals import owner
+from .settings import Settings, SettingsError
+from .streams import CheckResumption
+
+log = logging.getLogger(__name__)
+
+
+def make_store(settings: Settings, *, on_replay: Callable[[Any], None] | None = None) -> SessionStore:
+    """The store the settings name: Redis when REDIS_URL or REDIS_SENTINELS is set, in memory otherwise."""
+    limits: dict[str, Any] = {
+        "ttl_seconds": settings.session_ttl_seconds,
+        "event_ttl_seconds": settings.event_ttl_seconds,
+        "op_ttl_seconds": settings.op_ttl_seconds,
+        "on_replay": on_replay,
+    }
+    if settings.uses_redis:
+        from stores.redis_store import RedisSessionStore
+
+        return RedisSessionStore(
+            None if settings.redis_sentinels else settings.redis_url,
+            sentinels=settings.redis_sentinels,
+            master_name=settings.redis_master_name,
+            wait_replicas=settings.redis_wait_replicas,
+            retry_seconds=settings.redis_retry_seconds,
+            username=settings.redis_username,
+            password=settings.redis_password,
+            sentinel_username=settings.redis_sentinel_username,
+            sentinel_password=settings.redis_sentinel_password,
+            **limits,
+        )
+    from stores.memory_store import InMemorySessionStore
+
+    return InMemorySessionStore(**limits)
+
+
+class HighAvailability:
+    """Everything a replica needs to serve any session, from one object."""
+
+    def __init__(self, settings: Settings | None = None, *, store: SessionStore | None = None) -> None:
+        """`store`: one of your own (it then takes no settings from here); else the settings' own."""
+        self.settings = settings = settings or Settings()
+        self._metrics: Any = None
+        if settings.metrics:
+            from . import metrics
+
+            self._metrics = metrics
+        on_replay = self._metrics.count_replay if self._metrics else None
+        store = store if store is not None else make_store(settings, on_replay=on_replay)
+        self.store: SessionStore = self._metrics.MeteredStore(store) if self._metrics else store
+        self.ownership = Ownership()
+        self.drain = Drain()
+        self.auth: TokenVerifier | None = None
+        if settings.auth != "none":
+            from .auth import make_verifier
+
+            self.auth = make_verifier(settings)
+        self._servers: weakref.WeakSet[FastMCP] = weakref.WeakSet()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, *, store: SessionStore | None = None) -> HighAvailability:
+        """From the environment's settings, for a server's start-up.
+
+        A setting that cannot work stops the process with a message naming its
+        variable, not a traceback (`Settings.from_env` raises SettingsError instead).
+        """
+        try:
+            return cls(Settings.from_env() if environ is None else Settings.from_env(environ), store=store)
+        except SettingsError as exc:
+            raise SystemExit(str(exc)) from None
+
+    @property
+    def instance(self) -> str:
+        """This replica's name (INSTANCE_ID)."""
+        return self.settings.instance_id
+
+    def server(self, name: str, **options: Any) -> FastMCP:
+        """A FastMCP server for `http_app`: this replica's auth, error details masked. `options` go to FastMCP."""
+        mcp = FastMCP(name, auth=self.auth, mask_error_details=True, **options)
+        self._servers.add(mcp)
+        return mcp
+
+    async def session(self, ctx: Context, handle: str | None = None) -> Session:
+        """The caller's state: its handle's (sessionless clients), else its MCP session's; fenced and keyed.
+
+        A tool error that says what to do when the call has neither (`handles.py`).
+        """
+        sid = await session_id_for(ctx, handle, self.store)
+        return Session(self.store, sid, epoch=self.ownership.epoch(sid), call=current_call.get(), owner=owner())
+
+    async def state_of(self, session_id: str) -> dict[str, Any]:
+        """A session's state to read, by id (a resource's): empty for an id nobody minted or another principal's."""
+        if not is_session_id(session_id) or await self.store.owner(session_id) != owner():
+            return {}
+        return await self.store.items(session_id)
+
+    def http_app(self, mcp: FastMCP, *, path: str = "/mcp", **options: Any) -> ASGIApp:
+        """The ASGI app serving `mcp` at `path` with every guarantee. `options` go to FastMCP's http_app."""
+        if mcp not in self._servers:
+            raise ValueError("serve a FastMCP made by HighAvailability.server(): it carries the auth and error masking")
+        metrics = self._metrics
+        if metrics is not None:
+            mcp.add_middleware(metrics.ToolMetrics())
+        mcp.add_middleware(StoreErrors(self.ownership))
+        mcp.add_middleware(IdempotentCalls())
+        mcp.add_middleware(RecordSessions(self.store, self.ownership, path=path))
+
+        @mcp.tool(name="create_session")
+        async def create_session() -> dict:
+            """Start a session for a sessionless (2026-07-28) client: pass the session_id it
+            returns to the stateful tools. Session-era clients already have one."""
+            return {"session_id": await create_handle(self.store), "instance": self.instance}
+
+        health = StoreHealth(self.store, self.drain, grace_seconds=self.settings.redis_retry_seconds if self.settings.uses_redis else 0.0)
+        mcp.custom_route("/health", methods=["GET"])(health_endpoint(self.instance, self.drain, health))
+        if metrics is not None:
+            mcp.custom_route("/metrics", methods=["GET"])(metrics.endpoint)
+        # A store's refusal is answered (errors.py): its traceback would bury real bugs.
+        logging.getLogger("fastmcp.server.server").addFilter(Expected(*ANSWERED))
+        # A client that hung up before its body arrived is the client's doing, not an error of ours.
+        logging.getLogger("mcp.server.streamable_http").addFilter(Expected(ClientDisconnect))
+
+        app = mcp.http_app(
+            path=path,
+            middleware=[
+                # Outermost first: a bad Last-Event-ID is answered before any replica
+                # takes the session up just to serve it.
+                StarletteMiddleware(CheckResumption, store=self.store, path=path,
+                                    on_resume=metrics.STREAMS_RESUMED.inc if metrics else None),
+                StarletteMiddleware(AdoptSessions, store=self.store, ownership=self.ownership, path=path,
+                                    on_adopt=metrics.SESSIONS_ADOPTED.inc if metrics else None),
+            ],
+            # A replica forgets an idle session's transport when the store forgets its
+            # state; if the session comes back sooner, adoption serves it again.
+            session_idle_timeout=self.settings.session_ttl_seconds,
+            **options,
+        )
+        if metrics is not None:
+            metrics.watch_sessions(app, path)
+        inner = app.router.lifespan_context
+
+        @asynccontextmanager
+        async def lifespan(starlette: Any) -> AsyncIterator[Any]:
+            async with inner(starlette) as state:
+                drain_on_sigterm(self.drain)
+                try:
+                    yield state
+                finally:
+                    await self.store.aclose()
+
+        app.router.lifespan_context = lifespan
+        return RequestIds(self.drain.middleware(app, path=path))
+
+    def run(self, app: ASGIApp) -> None:
+        """Serve `app` with uvicorn on the settings' host and port, logging as LOG_FORMAT says."""
+        s = self.settings
+        log_config = configure(log_format=s.log_format, instance=s.instance_id, level=s.log_level.upper())
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=s.host,
+                port=s.port,
+                log_config=log_config,
+                log_level=s.log_level,
+                loop="uvloop",
+                http="httptools",
+                # After the drain, whatever is still open (GET streams) gets this long.
+                timeout_graceful_shutdown=2,
+            )
+        )
+        # Drained, the replica exits 0: it stopped as asked, not killed by the signal.
+        self.drain.stop = lambda: setattr(server, "should_exit", True)
+        server.run()

@@ -1,0 +1,155 @@
+"""Every setting of a replica, read from the environment into one type.
+
+`Settings.from_env()` is the only place the layer reads the environment;
+docs/operations.md has the table of variables (and `tests/mcp_ha/test_settings.py`
+holds the table and this type equal). A setting that cannot work is refused at
+start-up with `SettingsError`, naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+from session_store import DEFAULT_EVENT_TTL_SECONDS, DEFAULT_OP_TTL_SECONDS, DEFAULT_TTL_SECONDS
+
+AUTH_MODES = ("none", "static", "jwt")
+LOG_FORMATS = ("json", "text")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class SettingsError(ValueError):
+    """A setting cannot work; the message names the variable and says why."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """One replica's settings. Each field's `env` metadata names its variable."""
+
+    instance_id: str = field(default="mcp-server-1", metadata={"env": "INSTANCE_ID"})
+    host: str = field(default="127.0.0.1", metadata={"env": "HOST"})
+    port: int = field(default=8000, metadata={"env": "PORT"})
+    session_ttl_seconds: int = field(default=DEFAULT_TTL_SECONDS, metadata={"env": "SESSION_TTL_SECONDS"})
+    event_ttl_seconds: int = field(default=DEFAULT_EVENT_TTL_SECONDS, metadata={"env": "EVENT_TTL_SECONDS"})
+    op_ttl_seconds: int = field(default=DEFAULT_OP_TTL_SECONDS, metadata={"env": "OP_TTL_SECONDS"})
+    redis_url: str = field(default="", metadata={"env": "REDIS_URL"})
+    redis_sentinels: tuple[tuple[str, int], ...] = field(default=(), metadata={"env": "REDIS_SENTINELS"})
+    redis_master_name: str = field(default="mymaster", metadata={"env": "REDIS_MASTER_NAME"})
+    redis_username: str | None = field(default=None, metadata={"env": "REDIS_USERNAME"})
+    redis_password: str | None = field(default=None, repr=False, metadata={"env": "REDIS_PASSWORD"})
+    redis_sentinel_username: str | None = field(default=None, metadata={"env": "REDIS_SENTINEL_USERNAME"})
+    redis_sentinel_password: str | None = field(default=None, repr=False, metadata={"env": "REDIS_SENTINEL_PASSWORD"})
+    redis_wait_replicas: int = field(default=0, metadata={"env": "REDIS_WAIT_REPLICAS"})
+    redis_retry_seconds: float = field(default=4.0, metadata={"env": "REDIS_RETRY_SECONDS"})
+    log_format: str = field(default="json", metadata={"env": "LOG_FORMAT"})
+    log_level: str = field(default="info", metadata={"env": "LOG_LEVEL"})
+    metrics: bool = field(default=True, metadata={"env": "METRICS"})
+    auth: str = field(default="none", metadata={"env": "MCP_AUTH"})
+    # Static tokens: token -> the principal's name.
+    auth_tokens: Mapping[str, str] = field(default_factory=dict, repr=False, metadata={"env": "MCP_AUTH_TOKENS"})
+    auth_jwks_url: str = field(default="", metadata={"env": "MCP_AUTH_JWKS_URL"})
+    auth_issuer: str = field(default="", metadata={"env": "MCP_AUTH_ISSUER"})
+    auth_audience: str = field(default="", metadata={"env": "MCP_AUTH_AUDIENCE"})
+    auth_algorithm: str = field(default="RS256", metadata={"env": "MCP_AUTH_ALGORITHM"})
+    auth_required_scopes: tuple[str, ...] = field(default=(), metadata={"env": "MCP_AUTH_REQUIRED_SCOPES"})
+
+    def __post_init__(self) -> None:
+        if self.port <= 0 or self.port > 65535:
+            raise SettingsError(f"PORT={self.port}: expected 1-65535")
+        for name in ("session_ttl_seconds", "event_ttl_seconds", "op_ttl_seconds"):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{_env(name)}={getattr(self, name)}: expected a positive number of seconds")
+        if self.redis_wait_replicas < 0:
+            raise SettingsError(f"REDIS_WAIT_REPLICAS={self.redis_wait_replicas}: expected 0 or more")
+        if self.redis_retry_seconds < 0:
+            raise SettingsError(f"REDIS_RETRY_SECONDS={self.redis_retry_seconds}: expected 0 or more")
+        if self.log_format not in LOG_FORMATS:
+            raise SettingsError(f"LOG_FORMAT={self.log_format!r}: expected one of {', '.join(LOG_FORMATS)}")
+        if self.log_level not in LOG_LEVELS:
+            raise SettingsError(f"LOG_LEVEL={self.log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
+        if self.auth not in AUTH_MODES:
+            raise SettingsError(f"MCP_AUTH={self.auth!r}: expected one of {', '.join(AUTH_MODES)}")
+
+    @property
+    def uses_redis(self) -> bool:
+        return bool(self.redis_url or self.redis_sentinels)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
+        """The settings the environment gives; SettingsError, naming the variable, for one that cannot work."""
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = environ.get(f.metadata["env"])
+            if raw is None or not raw.strip():
+                continue  # empty is unset
+            if f.name == "auth_tokens" and environ.get("MCP_AUTH", "").strip().lower() != "static":
+                continue  # read only where they are used
+            values[f.name] = _parse(f.name, f.type, raw)
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def _env(name: str) -> str:
+    return next(f.metadata["env"] for f in fields(Settings) if f.name == name)
+
+
+def _parse(name: str, kind: object, raw: str) -> object:
+    var = _env(name)
+    text = raw.strip()
+    if name == "redis_sentinels":
+        return sentinel_addresses(text)
+    if name == "auth_tokens":
+        return static_tokens(text)
+    if name == "auth_required_scopes":
+        return tuple(part for part in text.replace(",", " ").split() if part)
+    if name in ("auth", "log_format", "log_level"):
+        return text.lower()
+    if name in ("redis_password", "redis_sentinel_password"):
+        return raw  # a password is kept as given
+    if kind in ("int", int):
+        try:
+            return int(text)
+        except ValueError:
+            raise SettingsError(f"{var}={raw!r}: expected a whole number") from None
+    if kind in ("float", float):
+        try:
+            return float(text)
+        except ValueError:
+            raise SettingsError(f"{var}={raw!r}: expected a number") from None
+    if kind in ("bool", bool):
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise SettingsError(f"{var}={raw!r}: expected on or off")
+    return text
+
+
+def sentinel_addresses(raw: str) -> tuple[tuple[str, int], ...]:
+    """REDIS_SENTINELS, "host:port,host:port", as (host, port) pairs."""
+    addresses = []
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise SettingsError(f"REDIS_SENTINELS={raw!r}: expected host:port[,host:port...], got {item!r}")
+        addresses.append((host, int(port)))
+    return tuple(addresses)
+
+
+MIN_TOKEN_LENGTH = 16
+
+
+def static_tokens(raw: str) -> dict[str, str]:
+    """MCP_AUTH_TOKENS, "name:token,name:token", as token -> name."""
+    tokens: dict[str, str] = {}
+    for n, item in enumerate(filter(None, (part.strip() for part in raw.split(","))), start=1):
+        name, sep, token = item.partition(":")
+        if not sep or not name or not token:
+            # Named by position: the entry itself may be a bare token, and a start-up error is logged.
+            raise SettingsError(f"MCP_AUTH_TOKENS: entry {n} is not name:token (expected name:token[,name:token...])")
+        if len(token) < MIN_TOKEN_LENGTH:
+            raise SettingsError(f"MCP_AUTH_TOKENS: the token for {name!r} is shorter than {MIN_TOKEN_LENGTH} characters")
+        if token in tokens:
+            raise SettingsError(f"MCP_AUTH_TOKENS: {name!r} and {tokens[token]!r} share a token")
+        tokens[token] = name
+    return tokens

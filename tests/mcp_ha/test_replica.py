@@ -1,0 +1,112 @@
+"""HighAvailability, the one entry point: what it wires, what it refuses, and that its app keeps every
+guarantee in whichever ASGI server runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx2
+import pytest
+from fastmcp import FastMCP
+
+from mcp_ha import HighAvailability, Session, Settings
+from stack import free_ports
+from stores.memory_store import InMemorySessionStore
+from tools.mcp_wire import PROTOCOL, RawSession
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def imported_by(code: str, **env: str) -> set[str]:
+    """The top-level and mcp_ha modules a fresh interpreter holds after running `code`."""
+    probe = f"{code}\nimport sys, json; print(json.dumps(sorted(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    assert result.returncode == 0, result.stderr
+    return set(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.quick
+def test_a_server_without_auth_or_metrics_imports_neither() -> None:
+    modules = imported_by(
+        "from mcp_ha import HighAvailability, Settings\n"
+        "ha = HighAvailability(Settings(metrics=False))\n"
+        "ha.http_app(ha.server('bare'))"
+    )
+    assert "mcp_ha.replica" in modules
+    assert not {"mcp_ha.metrics", "prometheus_client", "mcp_ha.auth"} & modules
+
+
+@pytest.mark.quick
+def test_importing_the_demo_server_connects_to_nothing() -> None:
+    """Port 1 on loopback refuses every connection: an import that tried one would fail or hang."""
+    started = time.monotonic()
+    modules = imported_by("import server", REDIS_URL="redis://127.0.0.1:1/0")
+    assert "stores.redis_store" in modules and time.monotonic() - started < 30
+
+
+@pytest.mark.quick
+def test_a_session_made_without_epoch_call_and_owner_fails_at_once() -> None:
+    with pytest.raises(TypeError):
+        Session(InMemorySessionStore(), "0" * 32)  # type: ignore[call-arg]
+
+
+@pytest.mark.quick
+def test_http_app_serves_only_a_server_it_made() -> None:
+    ha = HighAvailability(Settings(metrics=False))
+    with pytest.raises(ValueError, match="HighAvailability.server"):
+        ha.http_app(FastMCP("made elsewhere"))
+
+
+@pytest.mark.quick
+def test_a_store_of_your_own_is_used_as_given() -> None:
+    store = InMemorySessionStore()
+    assert HighAvailability(Settings(metrics=False), store=store).store is store
+
+
+def test_served_by_plain_uvicorn_the_app_still_drains_on_sigterm(tmp_path: Path) -> None:
+    """`uvicorn server:app`, not `python server.py`: SIGTERM still refuses new work at once and lets the call
+    in flight finish, and the process exits once the drain is done."""
+    (port,) = free_ports(1)
+    log = open(tmp_path / "uvicorn.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "server:app", "--host", "127.0.0.1", "--port", str(port)],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/mcp"
+
+    async def scenario() -> None:
+        async with httpx2.AsyncClient(timeout=30) as http:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if (await http.get(f"http://127.0.0.1:{port}/health")).status_code == 200:
+                        break
+                except httpx2.TransportError:
+                    pass
+                assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "uvicorn.log").read_text()
+                await asyncio.sleep(0.1)
+            raw = RawSession(http, url)
+            await raw.initialize()
+            in_flight = asyncio.create_task(raw.call("analyze_data", {"num_items": 20}))  # about 1 s
+            await asyncio.sleep(0.3)
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.2)
+            refused = await RawSession(http, url).post(
+                "initialize", {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
+            assert refused.status_code == 503 and refused.headers.get("retry-after") == "1"
+            assert (await in_flight)["items_processed"] == 20
+
+    try:
+        asyncio.run(scenario())
+        proc.wait(timeout=20)  # no balancer checks it: the drain waits out its notice bound (3 s), then exits
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
