@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-import failover_bench as bench
+from tools import failover_bench as bench
 from conftest import ROOT, running_stack
 from resilient_client import ResilientClient
 from stack import Stack
@@ -297,7 +297,7 @@ def test_check_targets_names_what_is_missed() -> None:
 
 def test_the_command_refuses_a_stack_that_is_not_up(tmp_path: Path) -> None:
     env = {**os.environ, "STACK_DIR": str(tmp_path)}
-    result = subprocess.run([sys.executable, str(ROOT / "failover_bench.py"), "--scenario", "kill"],
+    result = subprocess.run([sys.executable, "-m", "tools.failover_bench", "--scenario", "kill"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "not up and healthy" in result.stderr and "--own-stack" in result.stderr
@@ -307,7 +307,7 @@ def test_the_command_refuses_a_stack_that_is_not_up(tmp_path: Path) -> None:
 def test_the_command_runs_a_scenario_on_a_stack_of_its_own(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "failover_bench.py"), "--scenario", "kill", "--own-stack",
+        [sys.executable, "-m", "tools.failover_bench", "--scenario", "kill", "--own-stack",
          "--duration", "6", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=170,
     )

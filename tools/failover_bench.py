@@ -1,7 +1,10 @@
 """The failover benchmark: real faults under steady load, and what three kinds of client see.
 
-    python failover_bench.py --own-stack                      every scenario, on a stack of its own
-    python failover_bench.py --scenario kill --json out.json  one scenario, on the running stack
+    python -m tools.failover_bench --own-stack                      every scenario, on a stack of its own
+    python -m tools.failover_bench --scenario kill --json out.json  one scenario, on the running stack
+    python -m tools.failover_bench --own-stack --markdown docs/benchmarks.md
+                                       the figures into the document, between <!-- failover:start -->
+                                       and <!-- failover:end --> (nothing else in it changes)
 
 Scenarios (one replica is "the faulted one": the one serving most plain sessions):
 
@@ -22,8 +25,8 @@ and Redis faults (the faulted one is Redis's primary):
 Each scenario runs, through HAProxy, `--sessions` sessions of each kind of
 client, each calling `increment_counter` in a loop:
 
-    plain        session-era MCP over raw HTTP: initialize once, keep the session
-                 id, never retry, 5 s per call
+    plain        session-era MCP over raw HTTP (tools/mcp_wire.py): initialize
+                 once, keep the session id, never retry, 5 s per call
     resilient    ResilientClient (resilient_client.py)
     sessionless  FastMCP's Client in its default, sessionless (2026-07-28) mode:
                  one create_session handle passed to every call, no retries of
@@ -31,9 +34,13 @@ client, each calling `increment_counter` in a loop:
 
 It prints, per client kind: failed calls, the longest call and stall, how
 long HAProxy took to take the faulted replica out, and each session's final
-counter against the increments it was told about. The exit status is 0 when
-every target of `check_targets` holds, 1 when one does not (each is listed),
-2 when there is no healthy stack to run against or it broke during the run.
+counter against the increments it was told about. With `--markdown FILE`, the
+same figures go into FILE as a markdown table, with a line saying when, on
+what and with which command line they were measured (only once every scenario
+ran; a FILE without both markers is refused before anything starts). The exit
+status is 0 when every target of `check_targets` holds, 1 when one does not
+(each is listed), 2 when there is no healthy stack to run against or it broke
+during the run, or FILE lacks its markers.
 
 Tests call `run_scenario(stack, scenario)` and `check_targets(report)` directly.
 """
@@ -66,12 +73,14 @@ from rich.table import Table
 
 from resilient_client import ResilientClient
 from stack import Stack, StackConfig, StackError, running_stack
+from tools.bench import MarkdownError, Section, markdown_option, markers, md_escape, md_table, provenance, rich_table
+from tools.bench import write_between_markers
+from tools.mcp_wire import RawSession
 
 REPLICA_SCENARIOS = ("kill", "pause", "rolling", "restart-all")
 REDIS_SCENARIOS = ("redis-kill", "redis-restart", "redis-outage")
 SCENARIOS = REPLICA_SCENARIOS + REDIS_SCENARIOS
 
-PROTOCOL = "2025-11-25"
 PLAIN_CALL_TIMEOUT = 5.0
 # The resilient sessions' settings. A call stuck on a hung replica is re-sent by
 # HAProxy itself when it takes the replica out (within about 2.6 s), so the
@@ -98,69 +107,10 @@ TARGET_LONGEST_CALL = 3.0
 TARGET_STALL = 3.0
 TARGET_MARK_DOWN = {"kill": 2.0, "pause": 3.0}
 
+# `--markdown FILE` writes between <!-- failover:start --> and <!-- failover:end -->.
+MARKDOWN_MARKERS = "failover"
+
 log = logging.getLogger("failover_bench")
-
-
-# -- a client that never retries --------------------------------------------------------
-
-
-class PlainCallFailed(Exception):
-    pass
-
-
-class PlainSession:
-    """MCP over plain HTTP as a naive client speaks it: one session id for life, no retries."""
-
-    def __init__(self, url: str, timeout: float = PLAIN_CALL_TIMEOUT) -> None:
-        self.url = url
-        self.timeout = timeout
-        self.http = httpx2.AsyncClient(timeout=timeout)
-        self.session_id: str | None = None
-        self._next_id = 0
-
-    async def _post(self, body: dict) -> httpx2.Response:
-        headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
-                   "MCP-Protocol-Version": PROTOCOL}
-        if self.session_id:
-            headers["mcp-session-id"] = self.session_id
-        # httpx's timeout bounds each read, not the whole answer: a trickling stream could outlast it.
-        async with asyncio.timeout(self.timeout):
-            return await self.http.post(self.url, headers=headers, json=body)
-
-    async def request(self, method: str, params: dict) -> tuple[httpx2.Response, dict]:
-        self._next_id += 1
-        response = await self._post({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params})
-        if response.status_code != 200:
-            raise PlainCallFailed(f"HTTP {response.status_code}: {response.text[:120]}")
-        if response.headers.get("content-type", "").startswith("application/json"):
-            message = response.json()
-        else:
-            data = [line[5:] for line in response.text.splitlines() if line.startswith("data:") and line[5:].strip()]
-            message = json.loads(data[-1]) if data else {}
-        if "result" not in message:
-            raise PlainCallFailed(f"no result: {json.dumps(message)[:160]}")
-        return response, message["result"]
-
-    async def initialize(self) -> None:
-        response, _ = await self.request("initialize", {"protocolVersion": PROTOCOL, "capabilities": {},
-                                                        "clientInfo": {"name": "failover-bench", "version": "1"}})
-        self.session_id = response.headers["mcp-session-id"]
-        await self._post({"jsonrpc": "2.0", "method": "notifications/initialized"})
-
-    async def call(self, tool: str, arguments: dict | None = None) -> dict:
-        _, result = await self.request("tools/call", {"name": tool, "arguments": arguments or {}})
-        if result.get("isError"):
-            raise PlainCallFailed(f"tool error: {json.dumps(result.get('content'))[:160]}")
-        return result["structuredContent"]
-
-    async def aclose(self) -> None:
-        try:
-            if self.session_id:
-                await self.http.delete(self.url, headers={"mcp-session-id": self.session_id,
-                                                          "MCP-Protocol-Version": PROTOCOL})
-        except httpx2.HTTPError:
-            pass
-        await self.http.aclose()
 
 
 # -- the clients under test ------------------------------------------------------------
@@ -202,20 +152,27 @@ class BenchClient:
 
 
 class PlainClient(BenchClient):
+    """Session-era MCP over plain HTTP as a naive client speaks it (tools/mcp_wire's RawSession): one
+    session id for life, no retries, each call bounded as a whole by its timeout."""
+
     kind = "plain"
     bound = PLAIN_CALL_TIMEOUT
 
     def __init__(self, url: str) -> None:
-        self.session = PlainSession(url, timeout=self.bound)
+        self.http = httpx2.AsyncClient(timeout=self.bound)
+        self.session = RawSession(self.http, url, timeout=self.bound, client_name="failover-bench")
 
     async def open(self) -> None:
-        await self.session.initialize()
+        await self.session.open()
 
     async def call(self, tool: str) -> dict:
-        return await self.session.call(tool)
+        return await self.session.call_tool(tool)
 
     async def aclose(self) -> None:
-        await self.session.aclose()
+        try:
+            await self.session.close()
+        finally:
+            await self.http.aclose()
 
 
 class ResilientBenchClient(BenchClient):
@@ -801,23 +758,22 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def results_table(reports: list[ScenarioReport]) -> Table:
-    table = Table(title="Failover benchmark", title_justify="left", show_lines=True)
-    columns = ("scenario", "faulted", "client", "calls", "failed", "in flight\nat fault", "sessions\non faulted",
-               "longest\ncall s", "longest\nstall s", "marked\ndown s", "final / acked", "lost", "dup", "targets")
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("scenario", "faulted", "client", "targets") else "right")
+def results_section(reports: list[ScenarioReport]) -> Section:
+    """The figures of every scenario, one row per kind of client (and one for the stack's own misses)."""
+    columns = ["scenario", "faulted", "client", "calls", "failed", "in flight\nat fault", "sessions\non faulted",
+               "longest\ncall s", "longest\nstall s", "marked\ndown s", "final / acked", "lost", "dup", "targets"]
+    rows = []
     for report in reports:
         missed = check_targets(report)
         for c in report.clients:
             mine = [m for m in missed if f": {c.kind}:" in m]
             first = c.kind == KINDS[0]
-            table.add_row(
+            rows.append([
                 report.scenario if first else "",
                 report.replica if first else "",
                 c.kind,
                 str(c.calls),
-                f"[red]{c.failed}[/red]" if c.failed else "0",
+                str(c.failed),
                 str(report.in_flight_at_fault) if first else "",
                 str(c.exposed),
                 f"{c.longest_call_s:.2f}",
@@ -826,15 +782,36 @@ def results_table(reports: list[ScenarioReport]) -> Table:
                 f"{'?' if c.final is None else c.final} / {c.acknowledged}",
                 str(c.lost),
                 str(c.duplicated),
-                "[green]met[/green]" if not mine else f"[red]{len(mine)} missed[/red]",
-            )
+                "met" if not mine else f"{len(mine)} missed",
+            ])
         stack_missed = [m for m in missed if not any(f": {kind}:" in m for kind in KINDS)]
         if stack_missed:
-            table.add_row("", "", "stack", *[""] * (len(columns) - 4), f"[red]{len(stack_missed)} missed[/red]")
-    table.caption = ("in flight at fault: plain calls under way at the fault instant, on any replica. "
-                     "marked down: seconds until HAProxy took the (first) faulted replica out.")
-    table.caption_justify = "left"
-    return table
+            rows.append(["", "", "stack", *[""] * (len(columns) - 4), f"{len(stack_missed)} missed"])
+    caption = ("in flight at fault: plain calls under way at the fault instant, on any replica. "
+               "marked down: seconds until HAProxy took the (first) faulted replica out.")
+    return Section("Failover benchmark", columns, rows, caption, left=("scenario", "faulted", "client", "targets"))
+
+
+def results_table(reports: list[ScenarioReport]) -> Table:
+    return rich_table(results_section(reports), show_lines=True)
+
+
+def markdown_report(reports: list[ScenarioReport]) -> str:
+    first = reports[0]
+    redis = first.redis_mode + (f", REDIS_WAIT_REPLICAS={first.wait_replicas}" if first.redis_mode == "sentinel" else "")
+    setup = (f"{first.sessions} sessions of each kind of client ({', '.join(KINDS)}) through HAProxy, each calling "
+             f"increment_counter in a loop; Redis: {redis}. Plain and sessionless calls time out after "
+             f"{PLAIN_CALL_TIMEOUT:g} s; ResilientClient: "
+             + ", ".join(f"{k} {v:g}" for k, v in RESILIENT_SETTINGS.items()) + ".")
+    bounds = (f"Targets: a resilient call takes at most {TARGET_LONGEST_CALL:g} s, no plain session stalls "
+              f"{TARGET_STALL:g} s, HAProxy takes the faulted replica out within "
+              + ", ".join(f"{v:g} s ({k})" for k, v in TARGET_MARK_DOWN.items())
+              + "; no acknowledged increment is lost and none applied twice (see check_targets).")
+    missed = [m for r in reports for m in check_targets(r)]
+    verdict = (["Every target met."] if not missed
+               else ["Targets not met:", "", *(f"- {md_escape(m)}" for m in missed)])
+    return "\n\n".join([provenance("tools.failover_bench"), md_escape(setup), md_table(results_section(reports)),
+                        md_escape(bounds), "\n".join(verdict)])
 
 
 async def run_all(stack: Stack, scenarios: list[str], reports: list[ScenarioReport], *, sessions: int,
@@ -887,9 +864,10 @@ def report_json(reports: list[ScenarioReport]) -> dict:
               help="With --own-stack: one Redis, or a primary, a replica and three sentinels.")
 @click.option("--wait-replicas", type=click.IntRange(0, 1), default=0, show_default=True,
               help="With --own-stack: the replicas' REDIS_WAIT_REPLICAS (1 needs --redis sentinel).")
+@markdown_option(MARKDOWN_MARKERS)
 @click.option("-v", "--verbose", is_flag=True, help="Log each phase and every client retry.")
 def main(scenario: str, sessions: int, duration: float, fault_at: float, json_path: Path | None,
-         own_stack: bool, redis_mode: str, wait_replicas: int, verbose: bool) -> None:
+         own_stack: bool, redis_mode: str, wait_replicas: int, markdown_path: Path | None, verbose: bool) -> None:
     """Inject replica faults under steady load and measure what clients see."""
     # Retries and broken connections are the point of the run, not news: the table counts them.
     logging.basicConfig(level=logging.INFO if verbose else logging.CRITICAL,
@@ -934,6 +912,17 @@ def main(scenario: str, sessions: int, duration: float, fault_at: float, json_pa
     if json_path is not None:
         json_path.write_text(json.dumps(report_json(reports), indent=2))
         console.print(f"reports written to {json_path}")
+    if markdown_path is not None:
+        if broken is not None or len(reports) < len(scenarios):
+            click.echo(f"not every scenario ran, so {markdown_path} is left as it was", err=True)
+        else:
+            try:
+                write_between_markers(markdown_path, MARKDOWN_MARKERS, markdown_report(reports))
+            except MarkdownError as exc:
+                click.echo(f"error: {exc}", err=True)
+                sys.exit(2)
+            console.print(f"figures written into {markdown_path}, "
+                          f"between {' and '.join(markers(MARKDOWN_MARKERS))}")
     if broken is not None:
         click.echo(f"error: the stack failed during the run: {broken}", err=True)
         sys.exit(2)

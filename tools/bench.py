@@ -1,16 +1,19 @@
 """The performance benchmark: calls per second, latency, the proxy hop, a session's cost in Redis.
 
-    python bench.py --own-stack                         the whole run, on a stack of its own
-    python bench.py --quick --own-stack --json out.json under a minute, for CI
-    python bench.py --mix increment_counter=3,get_counter=1 --sessions 16 --duration 30
-    python bench.py --compare http://127.0.0.1:9000/mcp  another MCP endpoint, side by side
+    python -m tools.bench --own-stack                         the whole run, on a stack of its own
+    python -m tools.bench --quick --own-stack --json out.json under a minute, for CI
+    python -m tools.bench --mix increment_counter=3,get_counter=1 --sessions 16 --duration 30
+    python -m tools.bench --compare http://127.0.0.1:9000/mcp  another MCP endpoint, side by side
+    python -m tools.bench --own-stack --markdown docs/benchmarks.md
+                                                              the figures into the document, between
+                                                              <!-- bench:start --> and <!-- bench:end -->
 
 Sections, each in one run:
 
     throughput   `--sessions` sessions in a closed loop (each sends its next call
                  as soon as the last returns) calling the `--mix` of tools,
                  through HAProxy, directly against one replica, against the
-                 floor (bench_floor.py behind its own HAProxy) and, with
+                 floor (tools/bench_floor.py behind its own HAProxy) and, with
                  `--compare`, against another endpoint. The setups take turns
                  in short rounds, so drift in the machine's load hits each alike.
     proxy hop    one session, through HAProxy and directly, interleaved: the
@@ -30,17 +33,24 @@ Sections, each in one run:
                  primary and replica of the bench's own; and that cost as a
                  share of a tool call's p50 through HAProxy.
 
-Clients are raw HTTP (httpx2, keep-alive), not FastMCP's Client, so the client's
-own overhead stays small. `--generation session` speaks session-era MCP
-(initialize, mcp-session-id); `sessionless` speaks 2026-07-28 (no initialize,
-`create_session` once, its handle passed as `session_id`). The floor and
-`--compare` are driven the same way whatever the generation (the floor always
-does increment_counter's store operation; `--compare` is session-era).
+Clients are raw HTTP (tools/mcp_wire.py over httpx2, keep-alive), not FastMCP's
+Client, so the client's own overhead stays small. `--generation session` speaks
+session-era MCP (initialize, mcp-session-id); `sessionless` speaks 2026-07-28
+(no initialize, `create_session` once, its handle passed as `session_id`). The
+floor and `--compare` are driven the same way whatever the generation (the
+floor always does increment_counter's store operation; `--compare` is
+session-era).
+
+`--markdown FILE` rewrites only what lies between the markers, with markdown
+tables of the figures and a line saying when, on what and with which command
+line they were measured; a FILE without both markers is refused before
+anything starts, and a run in which calls failed leaves FILE as it was.
 
 Exit status: 0 when every call succeeded (targets are printed, and only
 checked with `--check-targets`: 1 when one is missed), 1 when any measured call
 failed (no figure is then reported as a success), 2 when there is nothing to
-measure: no stack up, an unreachable target, a tool that errors at once.
+measure: no stack up, an unreachable target, a tool that errors at once, a
+`--markdown` FILE without its markers, `--chart` without matplotlib.
 """
 
 from __future__ import annotations
@@ -50,6 +60,8 @@ import ipaddress
 import itertools
 import json
 import os
+import platform
+import shlex
 import shutil
 import signal
 import statistics
@@ -59,37 +71,38 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import click
 import httpx2
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from session_store import Op, StoreUnavailable
 from stack import ROOT, Stack, StackConfig, StackError, free_ports, http_status, read_stats_csv, running_stack
 from stores.redis_store import RedisSessionStore
+from tools.mcp_wire import CallFailed, RawSession, SessionlessSession
 
-SESSION_PROTOCOL = "2025-11-25"
-SESSIONLESS_PROTOCOL = "2026-07-28"
-ACCEPT = "application/json, text/event-stream"
-SESSIONLESS_META = {
-    "io.modelcontextprotocol/protocolVersion": SESSIONLESS_PROTOCOL,
-    "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
-    "io.modelcontextprotocol/clientCapabilities": {},
-}
 # Tools that keep state per session: a sessionless client passes its handle to these.
 STATEFUL = {"increment_counter", "get_counter", "add_note", "list_notes", "analyze_data", "watch_counter",
             "resume_session"}
-DEFAULT_ARGS = {"add_note": {"note": "bench"}, "analyze_data": {"num_items": 1},
-                "watch_counter": {"duration_seconds": 0}}
+DEFAULT_ARGS: dict[str, dict] = {"add_note": {"note": "bench"}, "analyze_data": {"num_items": 1},
+                                 "watch_counter": {"duration_seconds": 0}}
+# The arguments of every other tool: one dict for every call, never changed.
+NO_ARGUMENTS: dict = {}
 
 CALL_TIMEOUT = 10.0
 # However fast the stack, no round makes more calls than this (per session).
 MAX_CALLS_PER_ROUND = 100_000
+# `--markdown FILE` writes between <!-- bench:start --> and <!-- bench:end -->.
+MARKDOWN_MARKERS = "bench"
 # Under the kit's key pattern (the ACL lets its user reach no other keys), apart from its sessions.
 FLOOR_PREFIX = "mcp:benchfloor"
 
@@ -127,125 +140,59 @@ class BenchError(Exception):
 # -- clients ------------------------------------------------------------------------------
 
 
-class CallFailed(Exception):
-    pass
-
-
 # What one call may raise when the target misbehaves: counted as a failed call, never a crash.
 CALL_ERRORS = (CallFailed, httpx2.HTTPError, TimeoutError, ValueError, OSError)
 
 
-def _message(response: httpx2.Response) -> dict:
-    if response.status_code != 200:
-        raise CallFailed(f"HTTP {response.status_code}: {response.text[:160]}")
-    if response.headers.get("content-type", "").startswith("application/json"):
-        return response.json()
-    data = [line[5:] for line in response.text.splitlines() if line.startswith("data:") and line[5:].strip()]
-    if not data:
-        raise CallFailed("an answer with no message in it")
-    return json.loads(data[-1])
+class Client(Protocol):
+    """One session against one target: `call_tool` returns the tool's structured result or raises one of
+    CALL_ERRORS."""
 
+    async def open(self) -> object: ...
 
-def _result(message: dict) -> dict:
-    result = message.get("result") if isinstance(message, dict) else None
-    if not isinstance(result, dict):
-        raise CallFailed(f"no result: {json.dumps(message)[:160]}")
-    if result.get("isError"):
-        raise CallFailed(f"tool error: {json.dumps(result.get('content'))[:160]}")
-    return result.get("structuredContent") or {}
-
-
-class Client:
-    """One session against one URL; `call` returns the tool's structured result or raises CallFailed."""
-
-    def __init__(self, http: httpx2.AsyncClient, url: str) -> None:
-        self.http = http
-        self.url = url
-        self._ids = itertools.count(1)
-
-    async def open(self) -> None: ...
-
-    async def call(self, tool: str, arguments: dict) -> dict:
-        raise NotImplementedError
+    async def call_tool(self, tool: str, arguments: dict) -> dict: ...
 
     async def close(self) -> None: ...
 
 
-class SessionClient(Client):
-    """Session-era MCP (2025-11-25): initialize once, then every call carries mcp-session-id."""
+class SessionClient(RawSession):
+    """Session-era MCP (2025-11-25), tools/mcp_wire's RawSession: initialize once, then every call
+    carries mcp-session-id."""
 
-    session_id: str | None = None
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": SESSION_PROTOCOL}
-        if self.session_id:
-            headers["mcp-session-id"] = self.session_id
-        return headers
-
-    async def _post(self, method: str, params: dict) -> httpx2.Response:
-        body = {"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params}
-        return await self.http.post(self.url, headers=self._headers(), json=body)
-
-    async def open(self) -> None:
-        response = await self._post("initialize", {"protocolVersion": SESSION_PROTOCOL, "capabilities": {},
-                                                   "clientInfo": {"name": "bench", "version": "1"}})
-        _message(response)
-        self.session_id = response.headers.get("mcp-session-id")
-        if not self.session_id:
-            raise CallFailed("initialize answered without an mcp-session-id")
-        await self.http.post(self.url, headers=self._headers(),
-                             json={"jsonrpc": "2.0", "method": "notifications/initialized"})
-
-    async def call(self, tool: str, arguments: dict) -> dict:
-        return _result(_message(await self._post("tools/call", {"name": tool, "arguments": arguments})))
-
-    async def close(self) -> None:
-        if self.session_id:
-            try:
-                await self.http.delete(self.url, headers=self._headers())
-            except httpx2.HTTPError:
-                pass
+    def __init__(self, http: httpx2.AsyncClient, url: str, **options: Any) -> None:
+        super().__init__(http, url, **{"client_name": "bench", **options})
 
 
-class SessionlessClient(Client):
-    """2026-07-28 MCP: no initialize; `create_session` once, its handle passed to stateful tools."""
+class SessionlessClient(SessionlessSession):
+    """2026-07-28 MCP, tools/mcp_wire's SessionlessSession: no initialize; `create_session` once, its
+    handle passed to the tools that keep state."""
 
-    handle: str | None = None
+    def __init__(self, http: httpx2.AsyncClient, url: str, **options: Any) -> None:
+        super().__init__(http, url, **{"client_name": "bench", **options})
 
-    async def _post(self, method: str, params: dict) -> httpx2.Response:
-        body = {"jsonrpc": "2.0", "id": next(self._ids), "method": method,
-                "params": {**params, "_meta": SESSIONLESS_META}}
-        headers = {"Content-Type": "application/json", "Accept": ACCEPT,
-                   "MCP-Protocol-Version": SESSIONLESS_PROTOCOL, "Mcp-Method": method}
-        if "name" in params:
-            headers["Mcp-Name"] = params["name"]
-        return await self.http.post(self.url, headers=headers, json=body)
-
-    async def _tool(self, tool: str, arguments: dict) -> dict:
-        return _result(_message(await self._post("tools/call", {"name": tool, "arguments": arguments})))
-
-    async def open(self) -> None:
-        self.handle = (await self._tool("create_session", {})).get("session_id")
-        if not self.handle:
-            raise CallFailed("create_session answered without a session_id")
-
-    async def call(self, tool: str, arguments: dict) -> dict:
+    async def call_tool(self, tool: str, arguments: dict | None = None, *,
+                        headers: dict[str, str] | None = None) -> dict:
         if tool in STATEFUL:
-            arguments = {**arguments, "session_id": self.handle}
-        return await self._tool(tool, arguments)
+            arguments = {**arguments, "session_id": self.handle} if arguments else {"session_id": self.handle}
+        return await super().call_tool(tool, arguments, headers=headers)
 
 
-class FloorClient(Client):
-    """The floor (bench_floor.py): one POST, one store operation; whatever the tool, it increments."""
+class FloorClient:
+    """The floor (tools/bench_floor.py): one POST, one store operation; whatever the tool, it increments."""
 
-    session_id = ""
+    def __init__(self, http: httpx2.AsyncClient, url: str) -> None:
+        self.http = http
+        self.url = url
+        self.session_id = ""
+        self._body: dict[str, str] = {}
 
     async def open(self) -> None:
         self.session_id = uuid.uuid4().hex
-        await self.call("increment_counter", {})
+        self._body = {"session_id": self.session_id}
+        await self.call_tool("increment_counter", {})
 
-    async def call(self, tool: str, arguments: dict) -> dict:
-        response = await self.http.post(self.url, json={"session_id": self.session_id})
+    async def call_tool(self, tool: str, arguments: dict) -> dict:
+        response = await self.http.post(self.url, json=self._body)
         if response.status_code != 200:
             raise CallFailed(f"HTTP {response.status_code}: {response.text[:160]}")
         answer = response.json()
@@ -253,20 +200,25 @@ class FloorClient(Client):
             raise CallFailed(f"not an object: {response.text[:160]}")
         return answer
 
+    async def close(self) -> None: ...
 
-class StoreClient(Client):
+
+class StoreClient:
     """No HTTP: keyed increments straight through a RedisSessionStore, as a call through HAProxy writes."""
 
     def __init__(self, store: RedisSessionStore) -> None:
-        super().__init__(None, "store")
         self.store = store
         self.session_id = uuid.uuid4().hex
 
-    async def call(self, tool: str, arguments: dict) -> dict:
+    async def open(self) -> None: ...
+
+    async def call_tool(self, tool: str, arguments: dict) -> dict:
         try:
             return {"counter": await self.store.incr(self.session_id, "counter", op=Op(uuid.uuid4().hex, "bench"))}
         except StoreUnavailable as exc:
             raise CallFailed(str(exc)) from exc
+
+    async def close(self) -> None: ...
 
 
 # -- measuring ----------------------------------------------------------------------------
@@ -348,7 +300,7 @@ async def drive(client: Client, tools: itertools.cycle, seconds: float, samples:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(CALL_TIMEOUT):
-                result = await client.call(tool, DEFAULT_ARGS.get(tool, {}))
+                result = await client.call_tool(tool, DEFAULT_ARGS.get(tool, NO_ARGUMENTS))
         except CALL_ERRORS as exc:
             if samples is not None:
                 samples.add_error(f"{tool}: {type(exc).__name__}: {exc}"[:200])
@@ -371,7 +323,7 @@ def new_http(sessions: int) -> httpx2.AsyncClient:
     return httpx2.AsyncClient(timeout=CALL_TIMEOUT, limits=limits)
 
 
-async def open_setup(name: str, url: str, kind: type[Client], sessions: int) -> Setup:
+async def open_setup(name: str, url: str, kind: Callable[[httpx2.AsyncClient, str], Client], sessions: int) -> Setup:
     http = new_http(sessions)
     clients = [kind(http, url) for _ in range(sessions)]
     try:
@@ -398,7 +350,7 @@ async def probe_tools(setup: Setup, mix: list[tuple[str, int]]) -> None:
     for tool, _ in mix:
         try:
             async with asyncio.timeout(CALL_TIMEOUT):
-                await setup.clients[0].call(tool, DEFAULT_ARGS.get(tool, {}))
+                await setup.clients[0].call_tool(tool, DEFAULT_ARGS.get(tool, NO_ARGUMENTS))
         except CALL_ERRORS as exc:
             raise BenchError(f"{setup.name}: the tool {tool!r} fails at {setup.url}: {type(exc).__name__}: {exc}") from None
 
@@ -453,11 +405,11 @@ def fill(redis: StackConfig, script: str, count: int, marker: str) -> None:
     redis_cli(redis, "EVAL", script, "2", "mcp:session:", "mcp:sessions", str(count), marker)
 
 
-# -- the floor: bench_floor.py replicas behind the kit's own haproxy.cfg ------------------
+# -- the floor: tools.bench_floor replicas behind the kit's own haproxy.cfg ----------------
 
 
 class Floor:
-    """bench_floor.py processes and an HAProxy in front of them, started and stopped by pid."""
+    """tools.bench_floor processes and an HAProxy in front of them, started and stopped by pid."""
 
     def __init__(self, stack: Stack, replicas: int, log_dir: Path) -> None:
         self.stack = stack
@@ -482,7 +434,7 @@ class Floor:
     def start(self) -> None:
         c = self.stack.config
         for i, port in enumerate(self.ports, start=1):
-            self._spawn(f"floor-{i}", [c.python, str(ROOT / "bench_floor.py")],
+            self._spawn(f"floor-{i}", [c.python, "-m", "tools.bench_floor"],
                         {"INSTANCE_ID": f"floor-{i}", "HOST": self.host, "PORT": str(port),
                          "REDIS_URL": c.redis_url, "REDIS_USERNAME": c.redis_user,
                          "REDIS_PASSWORD": c.redis_password, "BENCH_FLOOR_PREFIX": FLOOR_PREFIX})
@@ -685,9 +637,9 @@ async def section_memory(stack: Stack, plan: Plan, progress: Progress, task) -> 
             try:
                 async with asyncio.timeout(30):
                     await client.open()
-                    await client.call("increment_counter", {})
+                    await client.call_tool("increment_counter", {})
                     for note in ("one", "two", "three"):
-                        await client.call("add_note", {"note": note})
+                        await client.call_tool("add_note", {"note": note})
             except CALL_ERRORS as exc:
                 failures.append(f"{type(exc).__name__}: {exc}"[:200])
 
@@ -846,77 +798,223 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-def results_tables(report: dict) -> list[Table]:
-    tables = []
-    t = Table(title=f"Throughput: {report['config']['sessions']} sessions, mix {report['config']['mix']}, "
-                    f"{report['config']['generation']} clients", title_justify="left")
-    for col in ("setup", "calls", "errors", "calls/s", "p50 ms", "p95 ms", "p99 ms", "answered by"):
-        t.add_column(col, justify="left" if col in ("setup", "answered by") else "right")
-    for name, s in report["throughput"]["setups"].items():
-        spread = " ".join(f"{k}:{v}" for k, v in s["instances"].items())
-        t.add_row(name, str(s["calls"]), f"[red]{s['errors']}[/red]" if s["errors"] else "0", f"{s['calls_per_s']:.0f}",
-                  _ms(s["p50_ms"]), _ms(s["p95_ms"]), _ms(s["p99_ms"]), spread)
-    t.caption = "  ".join(f"{k} {v}" for k, v in report["throughput"]["ratios"].items())
-    t.caption_justify = "left"
-    tables.append(t)
+@dataclass
+class Section:
+    """One table of figures, as plain strings: printed with rich, or written as markdown."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    caption: str = ""
+    left: tuple[str, ...] = ()  # the columns aligned left; the others (figures) right
+
+
+def sections(report: dict) -> list[Section]:
+    out = []
+    c = report["config"]
+    rows = [[name, str(s["calls"]), str(s["errors"]), f"{s['calls_per_s']:.0f}", _ms(s["p50_ms"]), _ms(s["p95_ms"]),
+             _ms(s["p99_ms"]), " ".join(f"{k}:{v}" for k, v in s["instances"].items())]
+            for name, s in report["throughput"]["setups"].items()]
+    out.append(Section(f"Throughput: {c['sessions']} sessions, mix {c['mix']}, {c['generation']} clients",
+                       ["setup", "calls", "errors", "calls/s", "p50 ms", "p95 ms", "p99 ms", "answered by"], rows,
+                       "  ".join(f"{k} {v}" for k, v in report["throughput"]["ratios"].items()),
+                       left=("setup", "answered by")))
 
     h = report["proxy_hop"]
-    t = Table(title="Proxy hop, one session", title_justify="left")
-    for col in ("setup", "calls", "errors", "p50 ms", "p95 ms", "p99 ms"):
-        t.add_column(col, justify="left" if col == "setup" else "right")
-    for name in ("haproxy", "direct"):
-        s = h[name]
-        t.add_row(name, str(s["calls"]), str(s["errors"]), _ms(s["p50_ms"]), _ms(s["p95_ms"]), _ms(s["p99_ms"]))
-    t.caption = f"hop (p50 difference): {_ms(h['hop_p50_ms'])} ms"
-    t.caption_justify = "left"
-    tables.append(t)
+    rows = [[name, str(h[name]["calls"]), str(h[name]["errors"]), _ms(h[name]["p50_ms"]), _ms(h[name]["p95_ms"]),
+             _ms(h[name]["p99_ms"])] for name in ("haproxy", "direct")]
+    out.append(Section("Proxy hop, one session", ["setup", "calls", "errors", "p50 ms", "p95 ms", "p99 ms"], rows,
+                       f"hop (p50 difference): {_ms(h['hop_p50_ms'])} ms", left=("setup",)))
 
     sc = report["scale"]
-    t = Table(title="Latency as sessions pile up (one session, through HAProxy)", title_justify="left")
-    for col in ("sessions in store", "calls", "errors", "p50 ms", "p95 ms", "p99 ms", "p50 / at 0"):
-        t.add_column(col, justify="right")
+    rows = []
     for lv in sc["levels"]:
         n = lv["sessions_in_store"]
         ratio = sc["p50_ratio_to_0"].get(str(n)) if n else None
-        t.add_row(f"{n:,}", str(lv["calls"]), str(lv["errors"]), _ms(lv["p50_ms"]), _ms(lv["p95_ms"]),
-                  _ms(lv["p99_ms"]), "-" if ratio is None else f"{ratio:.2f}")
-    tables.append(t)
+        rows.append([f"{n:,}", str(lv["calls"]), str(lv["errors"]), _ms(lv["p50_ms"]), _ms(lv["p95_ms"]),
+                     _ms(lv["p99_ms"]), "-" if ratio is None else f"{ratio:.2f}"])
+    out.append(Section("Latency as sessions pile up (one session, through HAProxy)",
+                       ["sessions in store", "calls", "errors", "p50 ms", "p95 ms", "p99 ms", "p50 / at 0"], rows))
 
     m = report["memory"]
-    t = Table(title=f"Redis per session (counter + 3 notes), {m['sessions_created']} sessions", title_justify="left")
-    for col in ("key", "bytes"):
-        t.add_column(col, justify="left" if col == "key" else "right")
     per = m["memory_usage_per_key"]
-    t.add_row("resident: mcp:session:<id> (state + adoption record)", f"{per['session']:.0f}")
-    t.add_row("transient: mcp:events:<id> (event TTL)", f"{per['events']:.0f}")
-    t.add_row(f"transient: mcp:op:<id>:* ({per['op_keys']:.0f} keys, op TTL)", f"{per['op']:.0f}")
-    t.add_row("used_memory delta / session, right after the calls (no client buffers)", f"{m['used_memory_delta_per_session']:.0f}")
-    t.add_row("used_memory delta / session, at rest (no client buffers)", f"{m['used_memory_at_rest_per_session']:.0f}")
-    tables.append(t)
+    rows = [["resident: mcp:session:<id> (state + adoption record)", f"{per['session']:.0f}"],
+            ["transient: mcp:events:<id> (event TTL)", f"{per['events']:.0f}"],
+            [f"transient: mcp:op:<id>:* ({per['op_keys']:.0f} keys, op TTL)", f"{per['op']:.0f}"],
+            ["used_memory delta / session, right after the calls (no client buffers)",
+             f"{m['used_memory_delta_per_session']:.0f}"],
+            ["used_memory delta / session, at rest (no client buffers)", f"{m['used_memory_at_rest_per_session']:.0f}"]]
+    out.append(Section(f"Redis per session (counter + 3 notes), {m['sessions_created']} sessions", ["key", "bytes"],
+                       rows, left=("key",)))
 
     d = report["durability"]
-    t = Table(title="Durability: a keyed write, with and without a replica's acknowledgement (WAIT)",
-              title_justify="left")
-    for col in ("REDIS_WAIT_REPLICAS", "writes", "errors", "writes/s", "p50 ms", "p95 ms", "p99 ms"):
-        t.add_column(col, justify="left" if col == "REDIS_WAIT_REPLICAS" else "right")
-    for name, label in (("no_wait", "0"), ("wait_1", "1")):
-        s = d[name]
-        t.add_row(label, str(s["calls"]), str(s["errors"]), f"{s['calls_per_s']:.0f}", _ms(s["p50_ms"]),
-                  _ms(s["p95_ms"]), _ms(s["p99_ms"]))
+    rows = [[label, str(d[name]["calls"]), str(d[name]["errors"]), f"{d[name]['calls_per_s']:.0f}",
+             _ms(d[name]["p50_ms"]), _ms(d[name]["p95_ms"]), _ms(d[name]["p99_ms"])]
+            for name, label in (("no_wait", "0"), ("wait_1", "1"))]
     share = "-" if d["share_of_call_p50"] is None else f"{d['share_of_call_p50']:.1%}"
-    t.caption = (f"throughput ratio {d['throughput_ratio']}; p50 added {_ms(d['write_p50_added_ms'])} ms per write, "
-                 f"{share} of a tool call's p50 through HAProxy")
-    t.caption_justify = "left"
-    tables.append(t)
-    return tables
+    out.append(Section("Durability: a keyed write, with and without a replica's acknowledgement (WAIT)",
+                       ["REDIS_WAIT_REPLICAS", "writes", "errors", "writes/s", "p50 ms", "p95 ms", "p99 ms"], rows,
+                       f"throughput ratio {d['throughput_ratio']}; p50 added {_ms(d['write_p50_added_ms'])} ms per "
+                       f"write, {share} of a tool call's p50 through HAProxy", left=("REDIS_WAIT_REPLICAS",)))
+    return out
 
 
-def draw_chart(report: dict, path: Path) -> None:
-    import matplotlib
+def _styled(column: str, value: str) -> str:
+    """A cell for rich: errors above 0 and missed targets in red, targets that hold in green."""
+    if column in ("errors", "failed") and value not in ("0", ""):
+        return f"[red]{escape(value)}[/red]"
+    if column in ("targets", "holds") and value:
+        return f"[green]{value}[/green]" if value in ("met", "holds") else f"[red]{escape(value)}[/red]"
+    return escape(value)
 
+
+def rich_table(section: Section, *, show_lines: bool = False) -> Table:
+    """`section` for the terminal."""
+    table = Table(title=section.title, title_justify="left", show_lines=show_lines)
+    for column in section.columns:
+        table.add_column(column, justify="left" if column in section.left else "right")
+    for row in section.rows:
+        table.add_row(*(_styled(column, value) for column, value in zip(section.columns, row, strict=True)))
+    if section.caption:
+        table.caption = escape(section.caption)
+        table.caption_justify = "left"
+    return table
+
+
+def results_tables(report: dict) -> list[Table]:
+    return [rich_table(s) for s in sections(report)]
+
+
+# -- figures into a markdown document (shared with tools.failover_bench) -----------------
+
+
+class MarkdownError(Exception):
+    """A document the figures cannot go into; the message says why."""
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+
+
+def _region(text: str, path: Path, name: str) -> tuple[int, int]:
+    """Where the figures go in `text`: from the end of the start marker to the start of the end marker."""
+    start, end = markers(name)
+    starts, ends = text.count(start), text.count(end)
+    if starts != 1 or ends != 1 or text.index(start) > text.index(end):
+        found = f"found {start} {starts} time(s) and {end} {ends} time(s)" + (
+            ", the end marker first" if starts == ends == 1 else "")
+        raise MarkdownError(f"{path} needs the markers {start} and {end}, each once and in that order, where the "
+                            f"figures go ({found})")
+    return text.index(start) + len(start), text.index(end)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise MarkdownError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise MarkdownError(f"{path} is not UTF-8 text: {exc}") from None
+
+
+def check_markers(path: Path, name: str) -> None:
+    """MarkdownError unless `path` has `name`'s start and end markers, each once, in that order."""
+    _region(_read(path), path, name)
+
+
+def write_between_markers(path: Path, name: str, body: str) -> None:
+    """Replace what lies between `name`'s markers in `path` with `body`; every byte outside them stays."""
+    text = _read(path)
+    begin, end = _region(text, path, name)
+    # The figures' lines end as the start marker's line does.
+    newline = "\r\n" if text.startswith("\r\n", begin) else "\n"
+    inner = newline + newline.join(body.strip("\n").split("\n")) + newline
+    data = (text[:begin] + inner + text[end:]).encode("utf-8")
+    # Written aside and moved over the document: an interrupted run never leaves it half written.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        shutil.copymode(path, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def markdown_option(name: str) -> Callable:
+    """`--markdown FILE`, whose markers are checked before anything is measured."""
+    start, end = markers(name)
+
+    def check(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+        if value is not None:
+            try:
+                check_markers(value, name)
+            except MarkdownError as exc:
+                raise click.BadParameter(str(exc)) from None
+        return value
+
+    return click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
+                        callback=check, metavar="FILE",
+                        help=f"After the run, write its figures as markdown tables into FILE, between {start} and "
+                             f"{end} (nothing else in FILE changes).")
+
+
+def md_escape(text: str) -> str:
+    """Plain text for a markdown table cell or line: the characters markdown would read as its own escaped
+    (an intraword `_`, as in used_memory, is left: no renderer emphasises it)."""
+    return "".join("\\" + ch if ch in "\\`*[]<|" else ch for ch in text)
+
+
+def md_table(section: Section) -> str:
+    lines = [f"**{md_escape(section.title)}**", ""]
+    lines.append("| " + " | ".join(md_escape(c.replace("\n", " ")) for c in section.columns) + " |")
+    lines.append("|" + "|".join(":---" if c in section.left else "---:" for c in section.columns) + "|")
+    lines += ["| " + " | ".join(md_escape(v.replace("\n", " ")) for v in row) + " |" for row in section.rows]
+    if section.caption:
+        lines += ["", md_escape(section.caption)]
+    return "\n".join(lines)
+
+
+def provenance(module: str) -> str:
+    """One line: when the figures were measured, on what, and with which command line."""
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    command = shlex.join(["python", "-m", module, *sys.argv[1:]])
+    fence = "``" if "`" in command else "`"
+    return (f"Measured {when} on {platform.system()} {platform.machine()}, nproc {cpus}, "
+            f"Python {platform.python_version()}, with {fence}{command}{fence}.")
+
+
+def markdown_report(report: dict) -> str:
+    targets_table = Section("Targets", ["target", "value", "holds"],
+                            [[t["target"], "-" if t["value"] is None else str(t["value"]),
+                              "holds" if t["holds"] else "missed"] for t in report["targets"]],
+                            left=("target", "holds"))
+    return "\n\n".join([provenance("tools.bench"), *(md_table(s) for s in [*sections(report), targets_table])])
+
+
+# -- the chart ----------------------------------------------------------------------------
+
+
+MATPLOTLIB_MISSING = ("--chart needs matplotlib, which is not installed: it is in the 'bench' dependency group "
+                      "(uv sync --group bench; a plain `uv sync` or `make python-deps` installs it too), "
+                      "or pip install matplotlib==3.10.9")
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise BenchError(MATPLOTLIB_MISSING) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def draw_chart(report: dict, path: Path) -> None:
+    plt = _pyplot()
     setups = report["throughput"]["setups"]
     lat = report["_latencies"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -968,7 +1066,7 @@ async def run(stack: Stack, plan: Plan, log_dir: Path, state_dir: Path) -> dict:
     setups = 4 if plan.compare else 3
     try:
         # Inside the try: a floor that fails half-way is stopped too.
-        with console.status("starting the floor (bench_floor.py behind its own HAProxy)"):
+        with console.status("starting the floor (tools.bench_floor behind its own HAProxy)"):
             await asyncio.to_thread(floor.start)
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                       TimeElapsedColumn(), console=console, transient=not console.is_terminal) as progress:
@@ -1006,9 +1104,11 @@ async def run(stack: Stack, plan: Plan, log_dir: Path, state_dir: Path) -> dict:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the results here.")
 @click.option("--chart", "chart_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Draw latency distributions and throughput per setup into this PNG.")
+@markdown_option(MARKDOWN_MARKERS)
 @click.option("--check-targets", is_flag=True, help="Exit 1 when a target is missed (otherwise they are only printed).")
 def main(mix: str, sessions: int, duration: float | None, generation: str, compare: str | None, quick: bool,
-         own_stack: bool, json_path: Path | None, chart_path: Path | None, check_targets: bool) -> None:
+         own_stack: bool, json_path: Path | None, chart_path: Path | None, markdown_path: Path | None,
+         check_targets: bool) -> None:
     """Measure calls/s and latency through HAProxy, directly and against a bare floor; scale; memory."""
     duration = duration or (3.0 if quick else 15.0)
     plan = Plan(parse_mix(mix), sessions, duration, generation, quick, compare)
@@ -1016,6 +1116,8 @@ def main(mix: str, sessions: int, duration: float | None, generation: str, compa
     state_dir = Path(tempfile.mkdtemp(prefix="bench-"))
     started = time.monotonic()
     try:
+        if chart_path is not None:
+            _pyplot()  # before anything is measured: a chart that cannot be drawn is said at once
         if compare:
             require_loopback(compare, "--compare")
             asyncio.run(check_compare(compare))
@@ -1071,8 +1173,17 @@ def main(mix: str, sessions: int, duration: float | None, generation: str, compa
         click.echo("error: calls failed during the measurement, so these figures are not a result:", err=True)
         for e in errors:
             click.echo(f"  - {e}", err=True)
+        if markdown_path is not None:
+            click.echo(f"{markdown_path} is left as it was", err=True)
         click.echo(f"logs are kept in {state_dir}", err=True)
         sys.exit(1)
+    if markdown_path is not None:
+        try:
+            write_between_markers(markdown_path, MARKDOWN_MARKERS, markdown_report(report))
+        except MarkdownError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        console.print(f"figures written into {markdown_path}, between {' and '.join(markers(MARKDOWN_MARKERS))}")
     shutil.rmtree(state_dir, ignore_errors=True)
     if check_targets and not all(r["holds"] for r in report["targets"]):
         sys.exit(1)

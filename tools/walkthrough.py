@@ -9,7 +9,9 @@
 5. a sessionless (MCP 2026-07-28) client keeps its counter through a handle,
    whichever replica answers.
 
-Run it against the local stack after `python stack.py up -d`.
+Run it against the local stack after `python stack.py up -d`:
+
+    python -m tools.walkthrough
 """
 
 from __future__ import annotations

@@ -8,10 +8,11 @@ No MCP, no FastMCP, no middleware: what is left is HTTP, JSON and Redis.
 `GET /health` answers 200 while Redis answers, so the kit's own
 `haproxy/haproxy.cfg` can sit in front of it unchanged.
 
-`bench.py` starts and stops these processes itself; settings come from the
-environment like server.py's: INSTANCE_ID, HOST, PORT, REDIS_URL,
-REDIS_USERNAME, REDIS_PASSWORD and BENCH_FLOOR_PREFIX (the store's key prefix,
-so the floor's keys stay apart from the kit's).
+`python -m tools.bench` starts and stops these processes itself (each as
+`python -m tools.bench_floor`); settings come from the environment like
+the replicas': INSTANCE_ID, HOST, PORT, REDIS_URL, REDIS_USERNAME, REDIS_PASSWORD
+and BENCH_FLOOR_PREFIX (the store's key prefix, so the floor's keys stay apart
+from the kit's).
 """
 
 from __future__ import annotations
@@ -57,6 +58,6 @@ app = Starlette(routes=[Route("/incr", incr, methods=["POST"]), Route("/health",
 
 
 if __name__ == "__main__":
-    # The same server settings as server.py's replicas.
+    # The same server settings as the replicas'.
     uvicorn.run(app, host=os.environ.get("HOST", "127.0.0.1"), port=int(os.environ.get("PORT", "8000")),
                 loop="uvloop", http="httptools", log_level="warning")

@@ -1,4 +1,4 @@
-"""The performance benchmark (bench.py), run as a user runs it: `--quick --own-stack --json`.
+"""The performance benchmark (tools/bench.py), run as a user runs it: `--quick --own-stack --json`.
 
 Only generous ratio bounds, never absolute times: this machine is shared and
 noisy, and the benchmark's own targets are for the full run (see the README).
@@ -19,18 +19,32 @@ from stack import free_ports
 
 
 def run_bench(*args: str, env: dict[str, str] | None = None, timeout: float = 150) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "bench.py"), *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tools.bench", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
+START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+# Around the markers: what --markdown must leave byte for byte (CRLF, a BOM-less UTF-8 dash, no final newline).
+BEFORE = "# Benchmarks\r\n\nWritten by hand \u2014 kept as is.\n\n".encode()
+AFTER = "\n\nMore by hand: | a | b |\r\n<!-- bench:start? not a marker -->".encode()
+
+
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One quick run, with every output asked for."""
     out = tmp_path_factory.mktemp("bench") / "bench.json"
     chart = out.with_suffix(".png")
-    done = run_bench("--quick", "--own-stack", "--json", str(out), "--chart", str(chart))
+    doc = out.with_suffix(".md")
+    doc.write_bytes(BEFORE + f"{START}\nfigures of an older run\n{END}".encode() + AFTER)
+    done = run_bench("--quick", "--own-stack", "--json", str(out), "--chart", str(chart), "--markdown", str(doc))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert chart.stat().st_size > 10_000
-    return json.loads(out.read_text())
+    return {"report": json.loads(out.read_text()), "doc": doc.read_bytes(), "doc_path": doc}
+
+
+@pytest.fixture(scope="module")
+def report(run: dict) -> dict:
+    return run["report"]
 
 
 def sane(stats: dict) -> None:
@@ -105,3 +119,47 @@ def test_a_tool_that_errors_exits_non_zero_before_anything_is_measured() -> None
     done = run_bench("--quick", "--own-stack", "--mix", "no_such_tool", timeout=110)
     assert done.returncode == 2
     assert "the tool 'no_such_tool' fails" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.timeout(180)
+def test_markdown_replaces_only_what_lies_between_the_markers(run: dict) -> None:
+    doc: bytes = run["doc"]
+    assert doc.startswith(BEFORE + START.encode()) and doc.endswith(END.encode() + AFTER)
+    inside = doc[len(BEFORE) + len(START):len(doc) - len(END) - len(AFTER)].decode()
+    assert "older run" not in inside
+    lines = inside.split("\n")
+    provenance = next(line for line in lines if line.startswith("Measured "))
+    assert f"nproc {len(os.sched_getaffinity(0))}" in provenance and f"Python {sys.version.split()[0]}" in provenance
+    assert f"`python -m tools.bench --quick --own-stack --json {run['doc_path'].with_suffix('.json')}" in provenance
+    assert "| setup | calls | errors | calls/s | p50 ms | p95 ms | p99 ms | answered by |" in lines
+    setups = run["report"]["throughput"]["setups"]
+    for name, stats in setups.items():
+        assert any(line.startswith(f"| {name} | {stats['calls']} | 0 | ") for line in lines), (name, inside)
+    resident = run["report"]["memory"]["resident"]
+    assert any(line.startswith("| resident: mcp:session:\\<id> ") and line.endswith(f"| {resident:.0f} |")
+               for line in lines), inside
+    targets = [line for line in lines[lines.index("| target | value | holds |") + 2:] if line]
+    assert len(targets) == 4 and all(line.endswith(("| holds |", "| missed |")) for line in targets), inside
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("text", ["no markers at all\n", f"{START}\nonly the start\n", f"{END}\n{START}\n",
+                                  f"{START}\n{START}\n{END}\n"])
+def test_a_markdown_file_without_its_markers_is_refused_before_anything_runs(tmp_path: Path, text: str) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text(text)
+    done = run_bench("--quick", "--own-stack", "--markdown", str(doc), timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert START in done.stderr and END in done.stderr and str(doc) in done.stderr.replace("\n", "")
+    assert "Traceback" not in done.stderr and "starting a stack" not in done.stdout
+    assert doc.read_text() == text
+
+
+@pytest.mark.quick
+def test_a_chart_without_matplotlib_says_what_to_install() -> None:
+    hidden = "import sys; sys.modules['matplotlib'] = None; from tools.bench import main; main()"
+    done = subprocess.run([sys.executable, "-c", hidden, "--quick", "--own-stack", "--chart", "out.png"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "matplotlib" in done.stderr and "uv sync --group bench" in done.stderr
+    assert "Traceback" not in done.stderr and "starting a stack" not in done.stdout
