@@ -142,7 +142,9 @@ class ResilientClient:
 
         headers = {"mcp-session-id": self.session_id, "mcp-protocol-version": self._protocol} if rejoin else {}
         transport = StreamableHttpTransport(self.url, headers={**headers, **self._auth}, httpx_client_factory=factory)
-        client = Client(transport, mode="legacy", timeout=self.call_timeout, auto_initialize=not rejoin, **self._client_kwargs)
+        client = Client(
+            transport, mode="legacy", timeout=self.call_timeout, auto_initialize=not rejoin, **self._client_kwargs
+        )
         async with asyncio.timeout(self.call_timeout):
             await client.__aenter__()
         self._client, self._http = client, http
@@ -174,7 +176,9 @@ class ResilientClient:
         old_session = self.session_id
         await self._open(rejoin=False)
         if old_session and self._client is not None:
-            result = await self._client.call_tool("resume_session", {"old_session_id": old_session}, timeout=self.call_timeout)
+            result = await self._client.call_tool(
+                "resume_session", {"old_session_id": old_session}, timeout=self.call_timeout
+            )
             log.info("session %s was gone; resumed it as %s: %s", old_session, self.session_id, result.data)
 
     def _classify(self, exc: BaseException) -> BaseException:

@@ -61,7 +61,9 @@ async def get_counter(ctx: Context, session_id: SessionHandle = None) -> dict:
 
 @mcp.tool
 async def add_note(
-    note: Annotated[str, Field(max_length=MAX_NOTE_CHARS, description=f"The note (at most {MAX_NOTE_CHARS} characters).")],
+    note: Annotated[
+        str, Field(max_length=MAX_NOTE_CHARS, description=f"The note (at most {MAX_NOTE_CHARS} characters).")
+    ],
     ctx: Context,
     session_id: SessionHandle = None,
 ) -> dict:

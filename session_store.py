@@ -194,15 +194,21 @@ class SessionStore(ABC):
         """The value stored under `key`, or None."""
 
     @abstractmethod
-    async def set(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> None:
+    async def set(
+        self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None
+    ) -> None:
         """Store `value` under `key`, replacing what was there."""
 
     @abstractmethod
-    async def incr(self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op: Op | None = None) -> int:
+    async def incr(
+        self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op: Op | None = None
+    ) -> int:
         """Atomically add `by` to the integer under `key` (0 when unset); the new value."""
 
     @abstractmethod
-    async def append(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> int:
+    async def append(
+        self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None
+    ) -> int:
         """Atomically append `value` to the list under `key`; the list's new length."""
 
     @abstractmethod
@@ -330,7 +336,13 @@ class Session:
     """
 
     def __init__(
-        self, store: SessionStore, session_id: str, *, epoch: int | None, call: tuple[str, str] | None, owner: str | None
+        self,
+        store: SessionStore,
+        session_id: str,
+        *,
+        epoch: int | None,
+        call: tuple[str, str] | None,
+        owner: str | None,
     ) -> None:
         self.store = store
         self.id = session_id

@@ -63,14 +63,18 @@ HEALTH_TIMEOUT_SECONDS = 30.0
 # (redis-py's CLIENT SETINFO on connect is left out: Redis 7.0 has no such
 # command, and redis-py carries on when it is refused.)
 REDIS_KIT_USER = "mcp"
-REDIS_KIT_ACL = ("resetkeys ~mcp:* resetchannels -@all +ping +evalsha +script|load +wait "
-                 "+time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget "
-                 "+hexists +hdel +lindex +rpush +ltrim +lrange")
+REDIS_KIT_ACL = (
+    "resetkeys ~mcp:* resetchannels -@all +ping +evalsha +script|load +wait "
+    "+time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget "
+    "+hexists +hdel +lindex +rpush +ltrim +lrange"
+)
 # Sentinel's connections to the servers (`sentinel auth-user`): what Sentinel
 # needs to watch the servers, announce itself and reconfigure them in a failover.
 REDIS_SENTINEL_USER = "sentinel"
-REDIS_SENTINEL_ACL = ("resetkeys resetchannels &__sentinel__:hello -@all +multi +exec +slaveof +ping +info +role "
-                      "+config|rewrite +client|setname +client|kill +script|kill +publish +subscribe")
+REDIS_SENTINEL_ACL = (
+    "resetkeys resetchannels &__sentinel__:hello -@all +multi +exec +slaveof +ping +info +role "
+    "+config|rewrite +client|setname +client|kill +script|kill +publish +subscribe"
+)
 # A replica's connection to its primary (`masteruser`): replication only.
 REDIS_REPLICATION_USER = "replication"
 REDIS_REPLICATION_ACL = "resetkeys resetchannels -@all +psync +replconf +ping"
@@ -130,7 +134,7 @@ def ensure_certificate(cert: Path, pem: Path, host: str, *, days: int = 365) -> 
     exactly this stack (`cert`), and nothing else is signed by what it
     trusts. `pem` holds it with its key, for HAProxy, readable by this user only.
     """
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     if cert.exists() and pem.exists():
         current = x509.load_pem_x509_certificate(cert.read_bytes())
         if current.not_valid_after_utc - now > datetime.timedelta(days=1):
@@ -146,20 +150,34 @@ def ensure_certificate(cert: Path, pem: Path, host: str, *, days: int = 365) -> 
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=days))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                    x509.IPAddress(ipaddress.ip_address(host))]), critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(host))]),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, content_commitment=False,
-                                     data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                                     crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_encipherment=False,
+                content_commitment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(subject_key, critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(subject_key), critical=False)
         .sign(key, hashes.SHA256())
     )
     cert_bytes = certificate.public_bytes(serialization.Encoding.PEM)
-    key_bytes = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                  serialization.NoEncryption())
+    key_bytes = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     write_private(pem, cert_bytes + key_bytes)
     cert.write_bytes(cert_bytes)
 
@@ -223,8 +241,10 @@ class StackConfig:
             raise StackError(f"MCP_SERVER_MODULE={self.server!r}: a module name, e.g. examples.cart.server")
         for name, variable in REDIS_SECRETS.items():
             if not REDIS_PASSWORD_FORM.fullmatch(getattr(self, name)):
-                raise StackError(f"{variable}: use printable ASCII without spaces, quotes or backslashes "
-                                 "(Sentinel writes its passwords back into its config file as they are)")
+                raise StackError(
+                    f"{variable}: use printable ASCII without spaces, quotes or backslashes "
+                    "(Sentinel writes its passwords back into its config file as they are)"
+                )
 
     @classmethod
     def from_env(cls, *, redis_mode: str = "single", server: str | None = None) -> StackConfig:
@@ -237,8 +257,9 @@ class StackConfig:
             kept = json.loads((state_dir / REDIS_SECRETS_FILE).read_text())
         except FileNotFoundError:
             kept = {}
-        redis_secrets = {name: os.environ.get(var) or kept.get(name) or new_secret()
-                         for name, var in REDIS_SECRETS.items()}
+        redis_secrets = {
+            name: os.environ.get(var) or kept.get(name) or new_secret() for name, var in REDIS_SECRETS.items()
+        }
         return cls(
             state_dir=state_dir,
             http_port=env_int("MCP_HTTP_PORT", 8080),
@@ -262,17 +283,34 @@ class StackConfig:
         )
 
     @classmethod
-    def on_free_ports(cls, state_dir: Path, *, replicas: int = 3, redis_mode: str = "single",
-                      redis_wait_replicas: int = 0, **haproxy: object) -> StackConfig:
+    def on_free_ports(
+        cls,
+        state_dir: Path,
+        *,
+        replicas: int = 3,
+        redis_mode: str = "single",
+        redis_wait_replicas: int = 0,
+        **haproxy: object,
+    ) -> StackConfig:
         """A stack beside any other: for tests and benchmarks that start their own.
 
         `haproxy`: rate_limit, max_body_bytes, allowed_origins (the defaults otherwise), and
         `auth`, the replicas' MCP_AUTH* settings.
         """
         http, https, stats, redis, redis_replica, *rest = free_ports(8 + replicas)
-        return cls(state_dir=state_dir, http_port=http, https_port=https, stats_port=stats, redis_port=redis,
-                   replica_ports=tuple(rest[3:]), redis_mode=redis_mode, redis_replica_port=redis_replica,
-                   sentinel_ports=tuple(rest[:3]), redis_wait_replicas=redis_wait_replicas, **haproxy)
+        return cls(
+            state_dir=state_dir,
+            http_port=http,
+            https_port=https,
+            stats_port=stats,
+            redis_port=redis,
+            replica_ports=tuple(rest[3:]),
+            redis_mode=redis_mode,
+            redis_replica_port=redis_replica,
+            sentinel_ports=tuple(rest[:3]),
+            redis_wait_replicas=redis_wait_replicas,
+            **haproxy,
+        )
 
     @property
     def sentinels(self) -> str:
@@ -339,8 +377,14 @@ class StackConfig:
 
     @classmethod
     def from_json(cls, data: dict) -> StackConfig:
-        return cls(**{**data, "state_dir": Path(data["state_dir"]), "replica_ports": tuple(data["replica_ports"]),
-                      "sentinel_ports": tuple(data["sentinel_ports"])})
+        return cls(
+            **{
+                **data,
+                "state_dir": Path(data["state_dir"]),
+                "replica_ports": tuple(data["replica_ports"]),
+                "sentinel_ports": tuple(data["sentinel_ports"]),
+            }
+        )
 
 
 @dataclass
@@ -435,8 +479,9 @@ def read_stats_csv(stats_url: str, user: str, password: str, timeout: float = 1.
         return response.read().decode()
 
 
-def redis_command(host: str, port: int, *words: str, password: str | None = None, user: str = "default",
-                  timeout: float = 1.0) -> object:
+def redis_command(
+    host: str, port: int, *words: str, password: str | None = None, user: str = "default", timeout: float = 1.0
+) -> object:
     """One command's reply (str, int, list, None; an error reply as an Exception), or None if unreachable.
 
     A few lines of RESP, so the stack needs no Redis client of its own. With
@@ -500,11 +545,15 @@ class Stack:
         if state_file.exists():
             config = StackConfig.from_json(json.loads(state_file.read_text())["config"])
             if redis_mode and redis_mode != config.redis_mode:
-                raise StackError(f"the stack in {config.state_dir} is up with --redis {config.redis_mode}; "
-                                 "stop it first (python stack.py down)")
+                raise StackError(
+                    f"the stack in {config.state_dir} is up with --redis {config.redis_mode}; "
+                    "stop it first (python stack.py down)"
+                )
             if server and server != config.server:
-                raise StackError(f"the stack in {config.state_dir} is up with --server {config.server}; "
-                                 "stop it first (python stack.py down)")
+                raise StackError(
+                    f"the stack in {config.state_dir} is up with --server {config.server}; "
+                    "stop it first (python stack.py down)"
+                )
         return cls(config)
 
     # -- what the stack is made of ------------------------------------------------
@@ -514,28 +563,35 @@ class Stack:
         c = self.config
         users = [("default", c.redis_admin_password, "~* &* +@all"), (c.redis_user, c.redis_password, REDIS_KIT_ACL)]
         if c.redis_mode == "sentinel":
-            users += [(REDIS_SENTINEL_USER, c.redis_sentinel_auth_password, REDIS_SENTINEL_ACL),
-                      (REDIS_REPLICATION_USER, c.redis_replication_password, REDIS_REPLICATION_ACL)]
+            users += [
+                (REDIS_SENTINEL_USER, c.redis_sentinel_auth_password, REDIS_SENTINEL_ACL),
+                (REDIS_REPLICATION_USER, c.redis_replication_password, REDIS_REPLICATION_ACL),
+            ]
         return "".join(f"user {name} reset on >{password} {rules}\n" for name, password, rules in users)
 
     def _redis_services(self) -> list[Service]:
         c = self.config
         if c.redis_mode == "single":
             conf = c.state_dir / "redis" / "redis.conf"
-            text = (f"bind {c.host}\nport {c.redis_port}\ndir {conf.parent}\nprotected-mode yes\n"
-                    f"appendonly yes\nsave \"\"\n{self._redis_users()}")
-            return [Service("redis", ["redis-server", str(conf)], c.redis_port, config_file=(conf, text),
-                            config_kept=False)]
+            text = (
+                f"bind {c.host}\nport {c.redis_port}\ndir {conf.parent}\nprotected-mode yes\n"
+                f'appendonly yes\nsave ""\n{self._redis_users()}'
+            )
+            return [
+                Service("redis", ["redis-server", str(conf)], c.redis_port, config_file=(conf, text), config_kept=False)
+            ]
         services = []
         for name, port in (("redis-1", c.redis_port), ("redis-2", c.redis_replica_port)):
             conf = c.state_dir / name / "redis.conf"
             # AOF fsynced every second, as in compose; redis-2 starts as redis-1's replica. A replica
             # (re)joining is sent the data at once, not after the default 5 s wait for others to join.
             # Either server may be a replica after a failover, so both know how to authenticate to a primary.
-            text = (f"bind {c.host}\nport {port}\ndir {conf.parent}\nprotected-mode yes\n"
-                    "appendonly yes\nappendfsync everysec\nsave \"\"\nrepl-diskless-sync-delay 0\n"
-                    f"{self._redis_users()}masteruser {REDIS_REPLICATION_USER}\n"
-                    f"masterauth {c.redis_replication_password}\n")
+            text = (
+                f"bind {c.host}\nport {port}\ndir {conf.parent}\nprotected-mode yes\n"
+                'appendonly yes\nappendfsync everysec\nsave ""\nrepl-diskless-sync-delay 0\n'
+                f"{self._redis_users()}masteruser {REDIS_REPLICATION_USER}\n"
+                f"masterauth {c.redis_replication_password}\n"
+            )
             if name == "redis-2":
                 text += f"replicaof {c.host} {c.redis_port}\n"
             services.append(Service(name, ["redis-server", str(conf)], port, config_file=(conf, text)))
@@ -544,26 +600,33 @@ class Stack:
             # Quorum 2 of 3; the primary counts as down after 1 s without an answer. The sentinels
             # want a password too (`default`, the admin, which they also use with each other), and
             # the replicas ask them as the kit's user, which may only ask.
-            text = (f"bind {c.host}\nport {port}\ndir {conf.parent}\n"
-                    f"user default reset on >{c.redis_admin_password} ~* &* +@all\n"
-                    f"user {c.redis_user} reset on >{c.redis_password} {REDIS_SENTINEL_KIT_ACL}\n"
-                    f"sentinel sentinel-pass {c.redis_admin_password}\n"
-                    f"sentinel monitor {SENTINEL_MASTER} {c.host} {c.redis_port} 2\n"
-                    f"sentinel auth-user {SENTINEL_MASTER} {REDIS_SENTINEL_USER}\n"
-                    f"sentinel auth-pass {SENTINEL_MASTER} {c.redis_sentinel_auth_password}\n"
-                    f"sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n"
-                    f"sentinel failover-timeout {SENTINEL_MASTER} 10000\n"
-                    f"sentinel parallel-syncs {SENTINEL_MASTER} 1\n")
-            services.append(Service(f"sentinel-{i}", ["redis-server", str(conf), "--sentinel"], port,
-                                    config_file=(conf, text)))
+            text = (
+                f"bind {c.host}\nport {port}\ndir {conf.parent}\n"
+                f"user default reset on >{c.redis_admin_password} ~* &* +@all\n"
+                f"user {c.redis_user} reset on >{c.redis_password} {REDIS_SENTINEL_KIT_ACL}\n"
+                f"sentinel sentinel-pass {c.redis_admin_password}\n"
+                f"sentinel monitor {SENTINEL_MASTER} {c.host} {c.redis_port} 2\n"
+                f"sentinel auth-user {SENTINEL_MASTER} {REDIS_SENTINEL_USER}\n"
+                f"sentinel auth-pass {SENTINEL_MASTER} {c.redis_sentinel_auth_password}\n"
+                f"sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n"
+                f"sentinel failover-timeout {SENTINEL_MASTER} 10000\n"
+                f"sentinel parallel-syncs {SENTINEL_MASTER} 1\n"
+            )
+            services.append(
+                Service(f"sentinel-{i}", ["redis-server", str(conf), "--sentinel"], port, config_file=(conf, text))
+            )
         return services
 
     def services(self) -> list[Service]:
         c = self.config
         store_env = {"REDIS_USERNAME": c.redis_user, "REDIS_PASSWORD": c.redis_password}
         if c.redis_mode == "sentinel":
-            store_env |= {"REDIS_SENTINELS": c.sentinels, "REDIS_MASTER_NAME": SENTINEL_MASTER,
-                          "REDIS_SENTINEL_USERNAME": c.redis_user, "REDIS_SENTINEL_PASSWORD": c.redis_password}
+            store_env |= {
+                "REDIS_SENTINELS": c.sentinels,
+                "REDIS_MASTER_NAME": SENTINEL_MASTER,
+                "REDIS_SENTINEL_USERNAME": c.redis_user,
+                "REDIS_SENTINEL_PASSWORD": c.redis_password,
+            }
         else:
             store_env |= {"REDIS_URL": c.redis_url}
         replicas = [
@@ -600,7 +663,9 @@ class Stack:
         }
         for i, port in enumerate(c.replica_ports, start=1):
             haproxy_env[f"MCP_SERVER_{i}"] = f"{c.host}:{port}"
-        haproxy = Service("haproxy", ["haproxy", "-db", "-f", str(ROOT / "haproxy" / "haproxy.cfg")], c.http_port, haproxy_env)
+        haproxy = Service(
+            "haproxy", ["haproxy", "-db", "-f", str(ROOT / "haproxy" / "haproxy.cfg")], c.http_port, haproxy_env
+        )
         return [*self._redis_services(), *replicas, haproxy]
 
     def service(self, name: str) -> Service:
@@ -686,12 +751,12 @@ class Stack:
 
     def redis_command(self, name: str, *words: str) -> object:
         """A command to one of the stack's Redis servers or sentinels, as its admin (`default`)."""
-        return redis_command(self.config.host, self.service(name).port, *words,
-                             password=self.config.redis_admin_password)
+        return redis_command(
+            self.config.host, self.service(name).port, *words, password=self.config.redis_admin_password
+        )
 
     def redis_info(self, name: str, section: str) -> dict[str, str]:
-        return redis_info(self.config.host, self.service(name).port, section,
-                          password=self.config.redis_admin_password)
+        return redis_info(self.config.host, self.service(name).port, section, password=self.config.redis_admin_password)
 
     def backend_status(self) -> dict[str, str]:
         """Each replica's status as HAProxy sees it (UP, DOWN, ...), from the stats CSV."""
@@ -700,7 +765,11 @@ class Stack:
         except (OSError, ValueError):
             return {}
         rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
-        return {row["svname"]: row["status"] for row in rows if row["pxname"] == "mcp_servers" and row["svname"].startswith("mcp-server-")}
+        return {
+            row["svname"]: row["status"]
+            for row in rows
+            if row["pxname"] == "mcp_servers" and row["svname"].startswith("mcp-server-")
+        }
 
     def backends_up(self) -> set[str]:
         return {name for name, status in self.backend_status().items() if status.startswith("UP")}
@@ -759,9 +828,11 @@ class Stack:
         if svc.config_file and not (svc.config_kept and svc.config_file[0].exists()):
             write_private(*svc.config_file)
         elif svc.config_file and "\nuser default " not in svc.config_file[0].read_text():
-            raise StackError(f"{svc.config_file[0]} is from before Redis had passwords, so {name} would let anyone "
-                             f"in and refuse stack.py's own checks: run `python stack.py down`, remove "
-                             f"{self.config.state_dir} and start again")
+            raise StackError(
+                f"{svc.config_file[0]} is from before Redis had passwords, so {name} would let anyone "
+                f"in and refuse stack.py's own checks: run `python stack.py down`, remove "
+                f"{self.config.state_dir} and start again"
+            )
         argv = svc.argv + self._rejoin_args(name)
         log = open(self.log_dir / f"{name}.log", "ab")
         proc = subprocess.Popen(
@@ -925,8 +996,9 @@ def _run(action) -> None:
 def _print_urls(stack: Stack) -> None:
     c = stack.config
     console.print(f"MCP endpoint  {c.mcp_url}")
-    console.print(f"MCP over TLS  {c.mcp_https_url}  self-signed certificate {c.tls_cert}"
-                  f"  (e.g. curl --cacert {c.tls_cert})")
+    console.print(
+        f"MCP over TLS  {c.mcp_https_url}  self-signed certificate {c.tls_cert}  (e.g. curl --cacert {c.tls_cert})"
+    )
     console.print(f"health        http://{c.host}:{c.http_port}/health")
     console.print(f"HAProxy stats {c.stats_url}  user {c.stats_user}  password {c.stats_password}")
     if c.redis_mode == "sentinel":
@@ -935,8 +1007,9 @@ def _print_urls(stack: Stack) -> None:
         console.print(f"Redis         {c.redis_url}")
     # Where the passwords are, not the passwords: the admin's opens all of Redis, and a
     # terminal's scrollback or a CI log is no place for it.
-    console.print(f"Redis users   {c.redis_user} (the replicas), default (admin): passwords in "
-                  f"{c.state_dir / REDIS_SECRETS_FILE}")
+    console.print(
+        f"Redis users   {c.redis_user} (the replicas), default (admin): passwords in {c.state_dir / REDIS_SECRETS_FILE}"
+    )
 
 
 @click.group()
@@ -946,11 +1019,20 @@ def cli() -> None:
 
 @cli.command()
 @click.option("-d", "--detach", is_flag=True, help="Return once healthy and leave the stack running.")
-@click.option("--redis", "redis_mode", type=click.Choice(["single", "sentinel"]), default=None,
-              help="One redis (default), or a primary, a replica and three sentinels. "
-                   "A stack that is already up keeps its own.")
-@click.option("--server", "server", default=None, metavar="MODULE",
-              help="The module each replica runs (default: server, the kit's demo; MCP_SERVER_MODULE).")
+@click.option(
+    "--redis",
+    "redis_mode",
+    type=click.Choice(["single", "sentinel"]),
+    default=None,
+    help="One redis (default), or a primary, a replica and three sentinels. A stack that is already up keeps its own.",
+)
+@click.option(
+    "--server",
+    "server",
+    default=None,
+    metavar="MODULE",
+    help="The module each replica runs (default: server, the kit's demo; MCP_SERVER_MODULE).",
+)
 def up(detach: bool, redis_mode: str | None, server: str | None) -> None:
     """Start every service not already running; returns when all are healthy."""
     stack = Stack.load(redis_mode=redis_mode, server=server)
@@ -1024,7 +1106,11 @@ def restart(names: tuple[str, ...]) -> None:
 def parse_signal(value: str) -> signal.Signals:
     value = value.upper()
     try:
-        return signal.Signals(int(value)) if value.isdigit() else signal.Signals[value if value.startswith("SIG") else f"SIG{value}"]
+        return (
+            signal.Signals(int(value))
+            if value.isdigit()
+            else signal.Signals[value if value.startswith("SIG") else f"SIG{value}"]
+        )
     except (KeyError, ValueError):
         raise click.BadParameter(f"unknown signal {value!r}") from None
 

@@ -1,7 +1,7 @@
 """The smallest highly available MCP server: facts a session remembers, on any replica.
 
-    python -m examples.minimal                       one replica, state in memory
-    REDIS_URL=redis://127.0.0.1:6379/0 python -m examples.minimal
+python -m examples.minimal                       one replica, state in memory
+REDIS_URL=redis://127.0.0.1:6379/0 python -m examples.minimal
 """
 
 from fastmcp import Context

@@ -115,7 +115,9 @@ class RecordSessions(Middleware):
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}, status_code=status)
+    return JSONResponse(
+        {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}, status_code=status
+    )
 
 
 # Byte for byte the SDK's answer to an id it does not hold, so an unknown, a

@@ -55,10 +55,19 @@ def make_verifier(settings: Settings) -> TokenVerifier | None:
             raise SettingsError("MCP_AUTH=static needs MCP_AUTH_TOKENS=name:token[,name:token...]")
         # client_id and sub are both the name, so the principal is the name, whatever the token.
         return StaticTokenVerifier(
-            tokens={token: {"client_id": name, "sub": name, "scopes": []} for token, name in settings.auth_tokens.items()}
+            tokens={
+                token: {"client_id": name, "sub": name, "scopes": []} for token, name in settings.auth_tokens.items()
+            }
         )
-    missing = [name for name, value in (("MCP_AUTH_JWKS_URL", settings.auth_jwks_url), ("MCP_AUTH_ISSUER", settings.auth_issuer),
-                                        ("MCP_AUTH_AUDIENCE", settings.auth_audience)) if not value]
+    missing = [
+        name
+        for name, value in (
+            ("MCP_AUTH_JWKS_URL", settings.auth_jwks_url),
+            ("MCP_AUTH_ISSUER", settings.auth_issuer),
+            ("MCP_AUTH_AUDIENCE", settings.auth_audience),
+        )
+        if not value
+    ]
     if missing:
         # Without an issuer or audience, a token any other service of the same
         # identity provider was given would open sessions here.
@@ -67,8 +76,10 @@ def make_verifier(settings: Settings) -> TokenVerifier | None:
     if url.scheme != "https" and not (url.scheme == "http" and _loopback(url.hostname)):
         raise SettingsError(f"MCP_AUTH_JWKS_URL={settings.auth_jwks_url!r}: https, or http on loopback only")
     if settings.auth_algorithm.upper().startswith("HS"):
-        raise SettingsError(f"MCP_AUTH_ALGORITHM={settings.auth_algorithm!r}: a JWKS URL publishes public keys; "
-                              "use an asymmetric algorithm (RS256, ES256, ...)")
+        raise SettingsError(
+            f"MCP_AUTH_ALGORITHM={settings.auth_algorithm!r}: a JWKS URL publishes public keys; "
+            "use an asymmetric algorithm (RS256, ES256, ...)"
+        )
     try:
         return SubjectRequired(
             jwks_uri=settings.auth_jwks_url,

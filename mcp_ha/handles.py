@@ -34,8 +34,9 @@ from fastmcp.exceptions import ToolError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import Field
 
-from .principals import owned_by, owner
 from session_store import OWNER, SessionStore, is_session_id
+
+from .principals import owned_by, owner
 
 SESSION_ID_DESCRIPTION = (
     "Sessionless (MCP 2026-07-28) clients: the handle create_session returned, to keep state "

@@ -70,7 +70,9 @@ class StoreHealth:
         return self.drain.in_flight > 0
 
 
-def health_endpoint(instance: str, drain: Drain, store_health: StoreHealth) -> Callable[[Request], Awaitable[JSONResponse]]:
+def health_endpoint(
+    instance: str, drain: Drain, store_health: StoreHealth
+) -> Callable[[Request], Awaitable[JSONResponse]]:
     """`GET /health`, as a Starlette endpoint (a function: Starlette serves a callable object as ASGI)."""
 
     async def health(request: Request) -> JSONResponse:

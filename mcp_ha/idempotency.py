@@ -62,7 +62,9 @@ def _key_of(context: MiddlewareContext) -> str | None:
     if key is None:
         return None
     if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_LENGTH or not key.isprintable():
-        raise MCPError(INVALID_PARAMS, f"{IDEMPOTENCY_KEY} must be a printable string of 1 to {MAX_KEY_LENGTH} characters")
+        raise MCPError(
+            INVALID_PARAMS, f"{IDEMPOTENCY_KEY} must be a printable string of 1 to {MAX_KEY_LENGTH} characters"
+        )
     return key
 
 

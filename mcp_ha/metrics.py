@@ -49,8 +49,9 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import _sdk
 from session_store import Conflict, Fenced, Op, OpReused, SessionStore, StoreUnavailable, Write
+
+from . import _sdk
 
 # From a 1 ms read to analyze_data's and watch_counter's 30 s.
 TOOL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -239,13 +240,19 @@ class MeteredStore(SessionStore):
     async def get(self, session_id: str, key: str) -> Any | None:
         return await _metered(self._get, self.store.get, session_id, key)
 
-    async def set(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> None:
+    async def set(
+        self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None
+    ) -> None:
         await _metered(self._set, self.store.set, session_id, key, value, epoch=epoch, op=op)
 
-    async def incr(self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op: Op | None = None) -> int:
+    async def incr(
+        self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op: Op | None = None
+    ) -> int:
         return await _metered(self._incr, self.store.incr, session_id, key, by, epoch=epoch, op=op)
 
-    async def append(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> int:
+    async def append(
+        self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None
+    ) -> int:
         return await _metered(self._append, self.store.append, session_id, key, value, epoch=epoch, op=op)
 
     async def delete(self, session_id: str, key: str, *, epoch: int | None = None, op: Op | None = None) -> bool:

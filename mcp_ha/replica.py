@@ -115,7 +115,9 @@ class HighAvailability:
         self._servers: weakref.WeakSet[FastMCP] = weakref.WeakSet()
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, *, store: SessionStore | None = None) -> HighAvailability:
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, store: SessionStore | None = None
+    ) -> HighAvailability:
         """From the environment's settings, for a server's start-up.
 
         A setting that cannot work stops the process with a message naming its
@@ -168,7 +170,9 @@ class HighAvailability:
             returns to the stateful tools. Session-era clients already have one."""
             return {"session_id": await create_handle(self.store), "instance": self.instance}
 
-        health = StoreHealth(self.store, self.drain, grace_seconds=self.settings.redis_retry_seconds if self.settings.uses_redis else 0.0)
+        health = StoreHealth(
+            self.store, self.drain, grace_seconds=self.settings.redis_retry_seconds if self.settings.uses_redis else 0.0
+        )
         mcp.custom_route("/health", methods=["GET"])(health_endpoint(self.instance, self.drain, health))
         if metrics is not None:
             mcp.custom_route("/metrics", methods=["GET"])(metrics.endpoint)
@@ -182,10 +186,19 @@ class HighAvailability:
             middleware=[
                 # Outermost first: a bad Last-Event-ID is answered before any replica
                 # takes the session up just to serve it.
-                StarletteMiddleware(CheckResumption, store=self.store, path=path,
-                                    on_resume=metrics.STREAMS_RESUMED.inc if metrics else None),
-                StarletteMiddleware(AdoptSessions, store=self.store, ownership=self.ownership, path=path,
-                                    on_adopt=metrics.SESSIONS_ADOPTED.inc if metrics else None),
+                StarletteMiddleware(
+                    CheckResumption,
+                    store=self.store,
+                    path=path,
+                    on_resume=metrics.STREAMS_RESUMED.inc if metrics else None,
+                ),
+                StarletteMiddleware(
+                    AdoptSessions,
+                    store=self.store,
+                    ownership=self.ownership,
+                    path=path,
+                    on_adopt=metrics.SESSIONS_ADOPTED.inc if metrics else None,
+                ),
             ],
             # A replica forgets an idle session's transport when the store forgets its
             # state; if the session comes back sooner, adoption serves it again.

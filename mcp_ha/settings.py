@@ -148,7 +148,9 @@ def static_tokens(raw: str) -> dict[str, str]:
             # Named by position: the entry itself may be a bare token, and a start-up error is logged.
             raise SettingsError(f"MCP_AUTH_TOKENS: entry {n} is not name:token (expected name:token[,name:token...])")
         if len(token) < MIN_TOKEN_LENGTH:
-            raise SettingsError(f"MCP_AUTH_TOKENS: the token for {name!r} is shorter than {MIN_TOKEN_LENGTH} characters")
+            raise SettingsError(
+                f"MCP_AUTH_TOKENS: the token for {name!r} is shorter than {MIN_TOKEN_LENGTH} characters"
+            )
         if token in tokens:
             raise SettingsError(f"MCP_AUTH_TOKENS: {name!r} and {tokens[token]!r} share a token")
         tokens[token] = name

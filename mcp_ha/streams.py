@@ -140,7 +140,9 @@ def resumes_stream(scope: Scope) -> bool:
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}, status_code=status)
+    return JSONResponse(
+        {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}, status_code=status
+    )
 
 
 class CheckResumption:
@@ -160,7 +162,12 @@ class CheckResumption:
         self.on_resume = on_resume
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == self.path and resumes_stream(scope) and not refused_by_auth(scope):
+        if (
+            scope["type"] == "http"
+            and scope["path"] == self.path
+            and resumes_stream(scope)
+            and not refused_by_auth(scope)
+        ):
             headers = Headers(scope=scope)
             session_id = headers.get("mcp-session-id")
             # No session, or one this kit never mints: the SDK answers as usual (400 / 404).

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from session_store import (
+    OWNER,
     Conflict,
     Fenced,
     Op,
-    OWNER,
     OpReused,
     SessionStore,
     Write,
@@ -113,11 +113,15 @@ class InMemorySessionStore(SessionStore):
     async def get(self, session_id: str, key: str) -> Any | None:
         return copy.deepcopy(self._live(session_id).get(check_key(key)))
 
-    async def set(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> None:
+    async def set(
+        self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None
+    ) -> None:
         value, key = copy.deepcopy(value), check_key(key)
         self._write(session_id, epoch, op, lambda data: data.__setitem__(key, value))
 
-    async def incr(self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op: Op | None = None) -> int:
+    async def incr(
+        self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op: Op | None = None
+    ) -> int:
         check_key(key)
 
         def apply(data: dict[str, Any]) -> int:
@@ -129,7 +133,9 @@ class InMemorySessionStore(SessionStore):
 
         return self._write(session_id, epoch, op, apply)
 
-    async def append(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> int:
+    async def append(
+        self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None
+    ) -> int:
         value, key = copy.deepcopy(value), check_key(key)
 
         def apply(data: dict[str, Any]) -> int:

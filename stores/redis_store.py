@@ -109,19 +109,28 @@ local function touch()
 end
 """
 
-_GET = _TOUCH + """
+_GET = (
+    _TOUCH
+    + """
 touch()
 return redis.call('HGET', KEYS[1], ARGV[3])
 """
+)
 
-_ITEMS = _TOUCH + """
+_ITEMS = (
+    _TOUCH
+    + """
 touch()
 return redis.call('HGETALL', KEYS[1])
 """
+)
 
-_TOUCH_ONLY = _TOUCH + """
+_TOUCH_ONLY = (
+    _TOUCH
+    + """
 touch()
 """
+)
 
 # Integers as HINCRBY reads and writes them (64-bit, no leading zeros, no
 # '+'), kept exact: Lua's numbers are doubles, exact only to 2^53, so an
@@ -179,7 +188,10 @@ end
 # passed, so a refused write leaves nothing of the apply behind.
 # Appends splice the new item (JSON text) into the stored JSON array, so
 # nothing is decoded and re-encoded on the way (cjson would round floats).
-_WRITE = _TOUCH + _INTEGERS + """
+_WRITE = (
+    _TOUCH
+    + _INTEGERS
+    + """
 local staged, staged_order = nil, {}
 local function value(field)
   if staged and staged[field] ~= nil then return staged[field] end
@@ -296,6 +308,7 @@ end
 touch()
 return {result, 0}
 """
+)
 
 # The record, flattened as field, value, ... (fields ".<entry>", without
 # ".epoch"), read without reading the state.
@@ -320,27 +333,39 @@ end
 """
 
 # ARGV[3..]: the record, flattened as field, value, ...
-_OPEN = _TOUCH + """
+_OPEN = (
+    _TOUCH
+    + """
 redis.call('HSET', KEYS[1], '.epoch', 1, unpack(ARGV, 3))
 touch()
 return 1
 """
+)
 
 # Reads only: nil when the session has no record.
-_READ_RECORD = _RECORD + """
+_READ_RECORD = (
+    _RECORD
+    + """
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return nil end
 return record()
 """
+)
 
-_ADOPT = _TOUCH + _RECORD + """
+_ADOPT = (
+    _TOUCH
+    + _RECORD
+    + """
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return nil end
 local epoch = redis.call('HINCRBY', KEYS[1], '.epoch', 1)
 touch()
 return {epoch, record()}
 """
+)
 
 # The owner stays: it guards the state, which stays too.
-_END = _RECORD + """
+_END = (
+    _RECORD
+    + """
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
 local names = {'.epoch'}
 for _, name in ipairs(record_fields()) do
@@ -349,6 +374,7 @@ end
 redis.call('HDEL', KEYS[1], unpack(names))
 return 1
 """
+)
 
 # Trim what fell out of the TTL, then count what is left.
 _COUNT = """
@@ -483,9 +509,13 @@ class RedisSessionStore(SessionStore):
         options |= {k: v for k, v in (("username", username), ("password", password)) if v is not None}
         self._sentinel: Sentinel | None = None
         if sentinels:
-            sentinel_options = {"socket_timeout": timeout_seconds, "socket_connect_timeout": timeout_seconds,
-                                "retry": Retry(NoBackoff(), 0), "username": sentinel_username,
-                                "password": sentinel_password}
+            sentinel_options = {
+                "socket_timeout": timeout_seconds,
+                "socket_connect_timeout": timeout_seconds,
+                "retry": Retry(NoBackoff(), 0),
+                "username": sentinel_username,
+                "password": sentinel_password,
+            }
             self._sentinel = sentinel = Sentinel(list(sentinels), sentinel_kwargs=sentinel_options)
             self._redis = sentinel.master_for(master_name, connection_pool_class=_BlockingSentinelPool, **options)
         else:
@@ -542,7 +572,11 @@ class RedisSessionStore(SessionStore):
                 raise StoreUnavailable(f"redis: {exc}") from exc
         try:
             async for attempt in stamina.retry_context(
-                on=RETRYABLE, attempts=self._retry_attempts - 1, timeout=budget, wait_initial=0.05, wait_max=0.5,
+                on=RETRYABLE,
+                attempts=self._retry_attempts - 1,
+                timeout=budget,
+                wait_initial=0.05,
+                wait_max=0.5,
             ):
                 with attempt:
                     result = await call()
@@ -559,8 +593,17 @@ class RedisSessionStore(SessionStore):
         keys.append(self._op_key(session_id, op) if op is not None else keys[0])
         if source is not None:
             keys.append(f"{self._prefix}:session:{source}")
-        argv = [session_id, self.ttl_seconds, "" if epoch is None else epoch, self.op_ttl_seconds,
-                "" if op is None else op.digest, "" if op is None else op.write, operation, *args]
+        argv = [
+            session_id,
+            self.ttl_seconds,
+            "" if epoch is None else epoch,
+            self.op_ttl_seconds,
+            "" if op is None else op.digest,
+            "" if op is None else op.write,
+            operation,
+            *args,
+        ]
+
         # With an op the script replays instead of applying twice, so even a
         # write whose reply was lost to a timeout is safe to send again.
         def once() -> Awaitable[Any]:
@@ -602,7 +645,8 @@ class RedisSessionStore(SessionStore):
         if acknowledged < self._wait_replicas:
             raise StoreUnavailable(
                 f"redis: the write reached the primary but {acknowledged} of {self._wait_replicas} replica(s) "
-                f"acknowledged it within {self._wait_timeout_ms} ms; it may not survive a failover")
+                f"acknowledged it within {self._wait_timeout_ms} ms; it may not survive a failover"
+            )
         return result
 
     async def get(self, session_id: str, key: str) -> Any | None:
@@ -610,13 +654,19 @@ class RedisSessionStore(SessionStore):
         raw = await self._read(lambda: self._get(keys=self._keys(session_id), args=args))
         return None if raw is None else json.loads(raw)
 
-    async def set(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> None:
+    async def set(
+        self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None
+    ) -> None:
         await self._write(session_id, "set", check_key(key), _json(value), epoch=epoch, op=op)
 
-    async def incr(self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op: Op | None = None) -> int:
+    async def incr(
+        self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op: Op | None = None
+    ) -> int:
         return await self._write(session_id, "incr", check_key(key), by, epoch=epoch, op=op)
 
-    async def append(self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None) -> int:
+    async def append(
+        self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None
+    ) -> int:
         return await self._write(session_id, "append", check_key(key), _json(value), epoch=epoch, op=op)
 
     async def delete(self, session_id: str, key: str, *, epoch: int | None = None, op: Op | None = None) -> bool:
@@ -632,12 +682,19 @@ class RedisSessionStore(SessionStore):
         epoch: int | None = None,
         op: Op | None = None,
     ) -> Any:
-        expected = [item for key, value in expect.items()
-                    for item in (check_key(key), _ABSENT if value is None else _json(value))]
-        staged = [item for operation, key, argument in writes
-                  for item in (operation, check_key(key), _write_argument(operation, argument))]
-        return await self._write(session_id, "apply", _json(result), len(expect), *expected, *staged,
-                                 epoch=epoch, op=op)
+        expected = [
+            item
+            for key, value in expect.items()
+            for item in (check_key(key), _ABSENT if value is None else _json(value))
+        ]
+        staged = [
+            item
+            for operation, key, argument in writes
+            for item in (operation, check_key(key), _write_argument(operation, argument))
+        ]
+        return await self._write(
+            session_id, "apply", _json(result), len(expect), *expected, *staged, epoch=epoch, op=op
+        )
 
     async def recall(self, session_id: str, op: Op) -> tuple[bool, Any]:
         key = self._op_key(session_id, op)

@@ -26,7 +26,7 @@ from fastmcp import Client
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 from jwt.algorithms import RSAAlgorithm
 
-from stack import Stack, StackConfig, free_ports  # noqa: F401 (free_ports: for the tests)
+from stack import Stack, StackConfig, free_ports
 from tools.mcp_wire import RawSession
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,16 +81,21 @@ def healed_stack(stack: Stack) -> Iterator[Stack]:
 def sentinel_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Redis with Sentinel (redis-1 primary at start, redis-2, sentinel-1..3), two replicas that wait
     for a Redis replica's acknowledgement of every write, and haproxy."""
-    with running_stack(tmp_path_factory.mktemp("sentinel"), replicas=2, redis_mode="sentinel",
-                       redis_wait_replicas=1) as s:
+    with running_stack(
+        tmp_path_factory.mktemp("sentinel"), replicas=2, redis_mode="sentinel", redis_wait_replicas=1
+    ) as s:
         yield s
 
 
 @pytest.fixture(scope="session")
 def limited_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """One replica behind an HAProxy with a low rate limit (40 requests per 10 s) and two allowed Origins."""
-    with running_stack(tmp_path_factory.mktemp("limited"), replicas=1, rate_limit=40,
-                       allowed_origins="http://app.example https://other.example:8443") as s:
+    with running_stack(
+        tmp_path_factory.mktemp("limited"),
+        replicas=1,
+        rate_limit=40,
+        allowed_origins="http://app.example https://other.example:8443",
+    ) as s:
         yield s
 
 
@@ -178,7 +183,7 @@ def jwks_url(jwt_keys: RSAKeyPair) -> Iterator[str]:
     body = json.dumps({"keys": [{**key, "kid": JWT_KID, "use": "sig", "alg": "RS256"}]}).encode()
 
     class JWKS(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        def do_GET(self) -> None:
             self.send_response(200 if self.path == "/jwks.json" else 404)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -206,8 +211,12 @@ JWT_ISSUER, JWT_AUDIENCE = "https://issuer.tests.invalid", "mcp-ha-kit-tests"
 @pytest.fixture(scope="session")
 def jwt_stack(tmp_path_factory: pytest.TempPathFactory, jwks_url: str) -> Iterator[Stack]:
     """One replica and HAProxy, verifying JWTs against `jwks_url` for JWT_ISSUER and JWT_AUDIENCE."""
-    settings = {"MCP_AUTH": "jwt", "MCP_AUTH_JWKS_URL": jwks_url, "MCP_AUTH_ISSUER": JWT_ISSUER,
-                "MCP_AUTH_AUDIENCE": JWT_AUDIENCE}
+    settings = {
+        "MCP_AUTH": "jwt",
+        "MCP_AUTH_JWKS_URL": jwks_url,
+        "MCP_AUTH_ISSUER": JWT_ISSUER,
+        "MCP_AUTH_AUDIENCE": JWT_AUDIENCE,
+    }
     with running_stack(tmp_path_factory.mktemp("jwt"), replicas=1, auth=settings) as s:
         yield s
 
@@ -217,7 +226,7 @@ class _RecordHeaders(BaseHTTPRequestHandler):
 
     seen: list[dict[str, str]]
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:
         self.seen.append({":path": self.path, **{k.lower(): v for k, v in self.headers.items()}})
         self.send_response(200)
         self.send_header("Content-Length", "0")
@@ -235,13 +244,22 @@ def header_probe(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iter
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     http_port, https_port, stats_port = free_ports(3)
-    env = {**stack.service("haproxy").env, "HAPROXY_BIND": f"127.0.0.1:{http_port}",
-           "HAPROXY_TLS_BIND": f"127.0.0.1:{https_port}", "HAPROXY_STATS_BIND": f"127.0.0.1:{stats_port}"}
+    env = {
+        **stack.service("haproxy").env,
+        "HAPROXY_BIND": f"127.0.0.1:{http_port}",
+        "HAPROXY_TLS_BIND": f"127.0.0.1:{https_port}",
+        "HAPROXY_STATS_BIND": f"127.0.0.1:{stats_port}",
+    }
     env = {k: v for k, v in env.items() if not k.startswith("MCP_SERVER_")}
     env["MCP_SERVER_1"] = f"127.0.0.1:{server.server_address[1]}"
     log = open(tmp_path_factory.mktemp("header-probe") / "haproxy.log", "wb")
-    proc = subprocess.Popen(["haproxy", "-db", "-f", str(ROOT / "haproxy" / "haproxy.cfg")], cwd=ROOT,
-                            env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        ["haproxy", "-db", "-f", str(ROOT / "haproxy" / "haproxy.cfg")],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         # Up once HAProxy has seen two good checks (rise 2, 0.5 s apart).
         deadline = time.monotonic() + 15

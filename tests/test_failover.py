@@ -23,11 +23,11 @@ from pathlib import Path
 
 import httpx2
 import pytest
-
-from tools import failover_bench as bench
 from conftest import ROOT, running_stack
+
 from resilient_client import ResilientClient
 from stack import Stack
+from tools import failover_bench as bench
 
 # The load runs until the stack is whole again (plus a tail) whatever this is;
 # a short minimum keeps the four scenarios near a minute and a half together.
@@ -44,7 +44,8 @@ KNOWN_GAPS = {
     "pause": ("pause: resilient: a call took",),
     "restart-all": (
         # Every replica down at once: nothing answers for as long as the replicas take to start.
-        "restart-all: plain: a session stalled", "restart-all: resilient: a call took",
+        "restart-all: plain: a session stalled",
+        "restart-all: resilient: a call took",
         # Now and then (4 runs in 22 here) a connection is closed with no answer while every
         # replica stops; the sessionless FastMCP client that gets it never works again
         # (test_a_sessionless_client_works_again_after_one_dropped_connection).
@@ -134,9 +135,13 @@ async def test_restart_of_every_replica_at_once(fault_stack: Stack) -> None:
     assert_stack_is_whole(fault_stack)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "no replica exists between the last one exiting and the first new one passing two health checks: "
-    "importing FastMCP alone costs a replica ~2 s of start-up, so the outage is longer than 3 s"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "no replica exists between the last one exiting and the first new one passing two health checks: "
+        "importing FastMCP alone costs a replica ~2 s of start-up, so the outage is longer than 3 s"
+    ),
+)
 @pytest.mark.timeout(120)
 async def test_restart_of_every_replica_at_once_costs_no_call_over_3_s(fault_stack: Stack) -> None:
     report = await report_of(fault_stack, "restart-all")
@@ -183,10 +188,15 @@ class DroppingProxy:
             up_writer.close()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a call whose SSE answer had begun when its replica hung is not failed by HAProxy cutting the stream: "
-    "the MCP SDK's client resumes it (GET with Last-Event-ID) and waits there, so the call takes the "
-    "client's own timeout (4 s) before its retry; the 3 s target misses whenever a fault catches one"))
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason=(
+        "a call whose SSE answer had begun when its replica hung is not failed by HAProxy cutting the stream: "
+        "the MCP SDK's client resumes it (GET with Last-Event-ID) and waits there, so the call takes the "
+        "client's own timeout (4 s) before its retry; the 3 s target misses whenever a fault catches one"
+    ),
+)
 @pytest.mark.timeout(90)
 async def test_a_resilient_call_caught_mid_stream_by_a_hung_replica_ends_within_3_s(fault_stack: Stack) -> None:
     async with ResilientClient(fault_stack.config.mcp_url, **bench.RESILIENT_SETTINGS) as client:
@@ -205,9 +215,14 @@ async def test_a_resilient_call_caught_mid_stream_by_a_hung_replica_ends_within_
     assert took <= bench.TARGET_LONGEST_CALL, f"the call took {took:.2f} s after its replica hung"
 
 
-@pytest.mark.xfail(strict=True, raises=(RuntimeError, httpx2.RemoteProtocolError), reason=(
-    "FastMCP 4.0.11 / mcp 2.3.0: a transport error on one POST ends the client's session task, and every "
-    "later call raises again; a sessionless client with no retries of its own never works again"))
+@pytest.mark.xfail(
+    strict=True,
+    raises=(RuntimeError, httpx2.RemoteProtocolError),
+    reason=(
+        "FastMCP 4.0.11 / mcp 2.3.0: a transport error on one POST ends the client's session task, and every "
+        "later call raises again; a sessionless client with no retries of its own never works again"
+    ),
+)
 @pytest.mark.timeout(60)
 async def test_a_sessionless_client_works_again_after_one_dropped_connection(fault_stack: Stack) -> None:
     async with DroppingProxy(fault_stack.config.mcp_url) as proxy:
@@ -216,7 +231,7 @@ async def test_a_sessionless_client_works_again_after_one_dropped_connection(fau
             await client.open()
             assert (await client.call("increment_counter"))["counter"] == 1
             proxy.drop_next = True
-            with pytest.raises(Exception):  # noqa: B017, PT011 - this one call's failure is not the point
+            with pytest.raises(Exception):  # noqa: B017 - this one call's failure is not the point
                 await client.call("increment_counter")
             assert proxy.dropped == 1
             # HAProxy never got the dropped request: the next increment is the second.
@@ -242,7 +257,9 @@ async def test_kill_9_of_the_redis_primary_under_load_loses_no_acknowledged_incr
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("scenario", ["redis-restart", "redis-outage"])
-async def test_redis_restart_and_a_10_s_outage_lose_nothing_and_heal_by_themselves(fault_stack: Stack, scenario: str) -> None:
+async def test_redis_restart_and_a_10_s_outage_lose_nothing_and_heal_by_themselves(
+    fault_stack: Stack, scenario: str
+) -> None:
     report = await report_of(fault_stack, scenario)
     assert missed_apart_from_known_gaps(report) == []
     assert [c.lost for c in report.clients] == [0, 0, 0]
@@ -268,16 +285,41 @@ async def test_redis_restart_and_a_10_s_outage_lose_nothing_and_heal_by_themselv
 def test_check_targets_names_what_is_missed() -> None:
     """The checker itself can fail: a lost increment, a duplicate and a slow mark-down are all named."""
     clean = bench.ClientReport(
-        kind="resilient", sessions=5, calls=100, failed=0, failed_after_detection=0, overran=0, longest_call_s=0.5, longest_stall_s=0.6,
-        acknowledged=100, final=100, lost=0, duplicated=0, unreadable=0, working_after=5, exposed=2, moved=2,
-        new_sessions=0, errors=[],
+        kind="resilient",
+        sessions=5,
+        calls=100,
+        failed=0,
+        failed_after_detection=0,
+        overran=0,
+        longest_call_s=0.5,
+        longest_stall_s=0.6,
+        acknowledged=100,
+        final=100,
+        lost=0,
+        duplicated=0,
+        unreadable=0,
+        working_after=5,
+        exposed=2,
+        moved=2,
+        new_sessions=0,
+        errors=[],
     )
     report = bench.ScenarioReport(
-        scenario="kill", replica="mcp-server-1", sessions=5, load_seconds=10, fault_at_s=2, fault_seconds=5,
-        mark_down_s=0.1, back_up_s=6, in_flight_at_fault=1, in_flight_on_replica=1,
-        plain=bench.ClientReport(**{**clean.__dict__, "kind": "plain"}), resilient=clean,
+        scenario="kill",
+        replica="mcp-server-1",
+        sessions=5,
+        load_seconds=10,
+        fault_at_s=2,
+        fault_seconds=5,
+        mark_down_s=0.1,
+        back_up_s=6,
+        in_flight_at_fault=1,
+        in_flight_on_replica=1,
+        plain=bench.ClientReport(**{**clean.__dict__, "kind": "plain"}),
+        resilient=clean,
         sessionless=bench.ClientReport(**{**clean.__dict__, "kind": "sessionless"}),
-        healthy_after=True, backends_after={},
+        healthy_after=True,
+        backends_after={},
     )
     assert bench.check_targets(report) == []
     report.resilient.final, report.resilient.lost = 99, 1
@@ -297,8 +339,14 @@ def test_check_targets_names_what_is_missed() -> None:
 
 def test_the_command_refuses_a_stack_that_is_not_up(tmp_path: Path) -> None:
     env = {**os.environ, "STACK_DIR": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-m", "tools.failover_bench", "--scenario", "kill"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "tools.failover_bench", "--scenario", "kill"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     assert "not up and healthy" in result.stderr and "--own-stack" in result.stderr
 
@@ -307,9 +355,22 @@ def test_the_command_refuses_a_stack_that_is_not_up(tmp_path: Path) -> None:
 def test_the_command_runs_a_scenario_on_a_stack_of_its_own(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     result = subprocess.run(
-        [sys.executable, "-m", "tools.failover_bench", "--scenario", "kill", "--own-stack",
-         "--duration", "6", "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=170,
+        [
+            sys.executable,
+            "-m",
+            "tools.failover_bench",
+            "--scenario",
+            "kill",
+            "--own-stack",
+            "--duration",
+            "6",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
     )
     assert "Failover benchmark" in result.stdout, result.stdout + result.stderr
     data = json.loads(out.read_text())
@@ -320,8 +381,12 @@ def test_the_command_runs_a_scenario_on_a_stack_of_its_own(tmp_path: Path) -> No
     assert not [m for m in missed if not m.startswith(KNOWN_GAPS["kill"])], result.stdout
     assert result.returncode == (1 if missed else 0), result.stdout + result.stderr
     assert ("every target met" in result.stdout) == (not missed) and data["ok"] is (not missed)
-    assert set(data["targets"]) >= {"resilient_longest_call_s", "plain_longest_stall_s", "mark_down_s",
-                                    "sessionless_call_timeout_s"}
+    assert set(data["targets"]) >= {
+        "resilient_longest_call_s",
+        "plain_longest_stall_s",
+        "mark_down_s",
+        "sessionless_call_timeout_s",
+    }
     assert scenario["replica"].startswith("mcp-server-")
     assert 0 <= scenario["mark_down_s"] <= 2.0
     assert scenario["load_seconds"] >= 6

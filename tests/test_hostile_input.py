@@ -23,14 +23,14 @@ from pathlib import Path
 
 import httpx2
 import pytest
+from conftest import HOSTILE_INPUTS, stack_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from conftest import HOSTILE_INPUTS, stack_config
-from tools.mcp_wire import ACCEPT, PROTOCOL, RawSession, jsonrpc_messages, last_jsonrpc_message
 from mcp_ha.handles import UNKNOWN_HANDLE
 from stack import Stack, http_status
+from tools.mcp_wire import ACCEPT, PROTOCOL, RawSession, jsonrpc_messages, last_jsonrpc_message
 
 # No answer within this long is a hang, and fails the test.
 TIMEOUT = 20.0
@@ -42,16 +42,47 @@ MODERN_META = {
     "io.modelcontextprotocol/clientInfo": {"name": "hostile", "version": "1"},
     "io.modelcontextprotocol/clientCapabilities": {},
 }
-STATEFUL_TOOLS = {"increment_counter": {}, "get_counter": {}, "add_note": {"note": "n"}, "list_notes": {},
-                  "analyze_data": {"num_items": 0}, "watch_counter": {"duration_seconds": 0},
-                  "resume_session": {"old_session_id": "x"}}
+STATEFUL_TOOLS = {
+    "increment_counter": {},
+    "get_counter": {},
+    "add_note": {"note": "n"},
+    "list_notes": {},
+    "analyze_data": {"num_items": 0},
+    "watch_counter": {"duration_seconds": 0},
+    "resume_session": {"old_session_id": "x"},
+}
 # Values no header should carry: control characters, bytes that are not UTF-8,
 # non-ASCII, terminal escapes, and lengths past any sane header.
-HOSTILE_HEADER_VALUES = [b"\x00", b"a\x01b", b"\x7f", b"a\rb", b"a\nb", b"\x1b[31m", b"\xff\xfe",
-                         "é日本\u202e".encode(), b"x" * 10_000, b"x" * 100_000]
+HOSTILE_HEADER_VALUES = [
+    b"\x00",
+    b"a\x01b",
+    b"\x7f",
+    b"a\rb",
+    b"a\nb",
+    b"\x1b[31m",
+    b"\xff\xfe",
+    "é日本\u202e".encode(),
+    b"x" * 10_000,
+    b"x" * 100_000,
+]
 # The same as strings, for JSON, where any of them can be sent (json.dumps escapes the lone surrogate).
-HOSTILE_STRINGS = ["", "\x00", "a\x01b", "\x1b[31m", "\u202e", "é日本", "\ud800", "*", "?" * 32, "[a-f]*",
-                   "mcp:session:*", "../../etc/passwd", "%2e%2e%2f", "x" * 10_000, "x" * 100_000]
+HOSTILE_STRINGS = [
+    "",
+    "\x00",
+    "a\x01b",
+    "\x1b[31m",
+    "\u202e",
+    "é日本",
+    "\ud800",
+    "*",
+    "?" * 32,
+    "[a-f]*",
+    "mcp:session:*",
+    "../../etc/passwd",
+    "%2e%2e%2f",
+    "x" * 10_000,
+    "x" * 100_000,
+]
 
 
 def tried(kind: str, count: int = 1) -> None:
@@ -71,10 +102,19 @@ def tool_call(name: object, arguments: object) -> dict:
 
 def modern_call(name: str, arguments: dict) -> tuple[dict, dict[str, str]]:
     """A sessionless (2026-07-28) tools/call and its headers."""
-    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-            "params": {"name": name, "arguments": arguments, "_meta": MODERN_META}}
-    return body, {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": MODERN,
-                  "Mcp-Method": "tools/call", "Mcp-Name": name}
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": arguments, "_meta": MODERN_META},
+    }
+    return body, {
+        "Content-Type": "application/json",
+        "Accept": ACCEPT,
+        "MCP-Protocol-Version": MODERN,
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": name,
+    }
 
 
 def assert_refused(response: httpx2.Response) -> dict | None:
@@ -115,8 +155,12 @@ async def send_raw(port: int, request: bytes) -> tuple[int, bytes]:
 
 
 def raw_request(method: str, headers: dict[bytes, bytes], body: bytes = b"") -> bytes:
-    lines = [f"{method} /mcp HTTP/1.1".encode(), b"Host: 127.0.0.1", b"Connection: close",
-             b"Content-Length: " + str(len(body)).encode()]
+    lines = [
+        f"{method} /mcp HTTP/1.1".encode(),
+        b"Host: 127.0.0.1",
+        b"Connection: close",
+        b"Content-Length: " + str(len(body)).encode(),
+    ]
     lines += [name + b": " + value for name, value in headers.items()]
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
@@ -172,8 +216,14 @@ async def guard(stack: Stack) -> AsyncIterator[Guard]:
         async with bystander.stream("tools/call", {"name": "get_counter", "arguments": {}}) as stream:
             event_ids = [event.id async for event in stream if event.id]
         assert event_ids
-        guard = Guard(stack, http, bystander, handle, event_ids,
-                      pids={name: stack.pid(name) for name in stack.config.replica_names()})
+        guard = Guard(
+            stack,
+            http,
+            bystander,
+            handle,
+            event_ids,
+            pids={name: stack.pid(name) for name in stack.config.replica_names()},
+        )
         guard.tracebacks()  # from here on
         yield guard
 
@@ -207,10 +257,23 @@ def malformed_bodies() -> list[bytes]:
     valid = json.dumps(tool_call("increment_counter", {})).encode()
     truncated = [valid[:cut] for cut in range(0, len(valid), 7)]
     return truncated + [
-        b"not json", b'"just a string"', b"null", b"1", b"true", b"{", b"}", b'{"a":1}', b"\xff\xfe",
-        b"\xef\xbb\xbf" + valid, valid + b"x", valid + valid, valid.replace(b'"2.0"', b"'2.0'"),
-        b'{"jsonrpc":"2.0","id":1,"method":"ping\\x"}', b'{"jsonrpc":"2.0","id":1,"method":"\\ud800"}',
-        b'{"jsonrpc":"2.0","id":1,"method":"ping",}', b'{"jsonrpc":"2.0","id":01,"method":"ping"}',
+        b"not json",
+        b'"just a string"',
+        b"null",
+        b"1",
+        b"true",
+        b"{",
+        b"}",
+        b'{"a":1}',
+        b"\xff\xfe",
+        b"\xef\xbb\xbf" + valid,
+        valid + b"x",
+        valid + valid,
+        valid.replace(b'"2.0"', b"'2.0'"),
+        b'{"jsonrpc":"2.0","id":1,"method":"ping\\x"}',
+        b'{"jsonrpc":"2.0","id":1,"method":"\\ud800"}',
+        b'{"jsonrpc":"2.0","id":1,"method":"ping",}',
+        b'{"jsonrpc":"2.0","id":01,"method":"ping"}',
         b'{"jsonrpc":"2.0","id":1,"method":"ping"' + b" " * 100_000,
     ]
 
@@ -228,8 +291,15 @@ async def test_malformed_and_truncated_json_is_a_4xx_json_rpc_error(unharmed: Gu
 
 async def test_batches_are_refused_with_a_4xx(unharmed: Guard, attacker: RawSession) -> None:
     call = tool_call("increment_counter", {})
-    batches = [[], [call], [call, call], [{"jsonrpc": "2.0", "method": "notifications/initialized"}], [[call]],
-               [call] * 1000, [{"jsonrpc": "2.0", "id": 1, "method": "ping"}, 1, None]]
+    batches = [
+        [],
+        [call],
+        [call, call],
+        [{"jsonrpc": "2.0", "method": "notifications/initialized"}],
+        [[call]],
+        [call] * 1000,
+        [{"jsonrpc": "2.0", "id": 1, "method": "ping"}, 1, None],
+    ]
     for i, batch in enumerate(batches):
         response = await attacker.http.post(targets(unharmed.stack)[i % 4], headers=attacker.headers(), json=batch)
         assert 400 <= response.status_code < 500, (str(batch)[:80], response.status_code)
@@ -238,22 +308,39 @@ async def test_batches_are_refused_with_a_4xx(unharmed: Guard, attacker: RawSess
 
 
 WRONG_ENVELOPES = {
-    "id as object": {"id": {"a": 1}}, "id as list": {"id": [1]}, "id as bool": {"id": True},
-    "id null": {"id": None}, "id fractional": {"id": 1.5}, "id NaN": {"id": float("nan")},
-    "jsonrpc 1.0": {"jsonrpc": "1.0"}, "jsonrpc as number": {"jsonrpc": 2.0}, "no jsonrpc": {"jsonrpc": ...},
-    "method as number": {"method": 5}, "method null": {"method": None}, "method as list": {"method": ["tools/call"]},
-    "method with NUL": {"method": "tools/call\x00"}, "no method": {"method": ...},
-    "params as list": {"params": [{"name": "increment_counter"}]}, "params as string": {"params": "x"},
-    "params as number": {"params": 1}, "params null": {"params": None},
+    "id as object": {"id": {"a": 1}},
+    "id as list": {"id": [1]},
+    "id as bool": {"id": True},
+    "id null": {"id": None},
+    "id fractional": {"id": 1.5},
+    "id NaN": {"id": float("nan")},
+    "jsonrpc 1.0": {"jsonrpc": "1.0"},
+    "jsonrpc as number": {"jsonrpc": 2.0},
+    "no jsonrpc": {"jsonrpc": ...},
+    "method as number": {"method": 5},
+    "method null": {"method": None},
+    "method as list": {"method": ["tools/call"]},
+    "method with NUL": {"method": "tools/call\x00"},
+    "no method": {"method": ...},
+    "params as list": {"params": [{"name": "increment_counter"}]},
+    "params as string": {"params": "x"},
+    "params as number": {"params": 1},
+    "params null": {"params": None},
     "name as list": {"params": {"name": ["increment_counter"], "arguments": {}}},
     "name as number": {"params": {"name": 5, "arguments": {}}},
     "arguments as list": {"params": {"name": "increment_counter", "arguments": []}},
     "arguments as string": {"params": {"name": "increment_counter", "arguments": "{}"}},
     "_meta as list": {"params": {"name": "increment_counter", "arguments": {}, "_meta": []}},
-    "idempotency key as object": {"params": {"name": "increment_counter", "arguments": {},
-                                             "_meta": {"io.github.mcp-ha-kit/idempotency-key": {"a": 1}}}},
-    "progress token as object": {"params": {"name": "increment_counter", "arguments": {},
-                                            "_meta": {"progressToken": {"a": 1}}}},
+    "idempotency key as object": {
+        "params": {
+            "name": "increment_counter",
+            "arguments": {},
+            "_meta": {"io.github.mcp-ha-kit/idempotency-key": {"a": 1}},
+        }
+    },
+    "progress token as object": {
+        "params": {"name": "increment_counter", "arguments": {}, "_meta": {"progressToken": {"a": 1}}}
+    },
     "an error with a method": {"error": {"code": 1, "message": "m"}},
 }
 
@@ -262,8 +349,9 @@ WRONG_ENVELOPES = {
 async def test_wrong_json_rpc_types_are_refused_and_never_applied(
     unharmed: Guard, attacker: RawSession, variant: str
 ) -> None:
-    envelope = {k: v for k, v in {**tool_call("increment_counter", {}), **WRONG_ENVELOPES[variant]}.items()
-                if v is not ...}
+    envelope = {
+        k: v for k, v in {**tool_call("increment_counter", {}), **WRONG_ENVELOPES[variant]}.items() if v is not ...
+    }
     for url in targets(unharmed.stack)[:2]:
         response = await attacker.http.post(url, headers=attacker.headers(), content=json.dumps(envelope))
         # The SDK takes a message whose id is not a JSON-RPC id for a notification: 202, no answer, nothing run.
@@ -307,8 +395,9 @@ async def test_wrong_argument_types_for_every_tool_are_tool_errors(unharmed: Gua
             kind = prop.get("type") or next(option["type"] for option in prop["anyOf"] if option["type"] != "null")
             cases += [(tool["name"], {**valid, name: value}) for value in WRONG_VALUES[kind]]
     for i, (name, arguments) in enumerate(cases):
-        response = await attacker.http.post(targets(unharmed.stack)[i % 4], headers=attacker.headers(),
-                                            json=tool_call(name, arguments))
+        response = await attacker.http.post(
+            targets(unharmed.stack)[i % 4], headers=attacker.headers(), json=tool_call(name, arguments)
+        )
         assert response.status_code == 200, (name, arguments, response.status_code)
         assert assert_refused(response) is not None
         tried("wrong argument type")
@@ -320,8 +409,15 @@ async def test_wrong_argument_types_for_every_tool_are_tool_errors(unharmed: Gua
 async def test_hostile_session_handles_reach_no_state(unharmed: Guard, attacker: RawSession) -> None:
     """A handle is used only if it is one create_session minted: near misses of a real one included."""
     real = unharmed.handle
-    handles = HOSTILE_STRINGS + [uuid.uuid4().hex, real.upper(), real + "\n", real + "\x00", " " + real, real[:-1],
-                                 unharmed.bystander.session_id]  # a session-era id is not a handle
+    handles = HOSTILE_STRINGS + [
+        uuid.uuid4().hex,
+        real.upper(),
+        real + "\n",
+        real + "\x00",
+        " " + real,
+        real[:-1],
+        unharmed.bystander.session_id,
+    ]  # a session-era id is not a handle
     i = 0
     for handle in handles:
         for tool, arguments in STATEFUL_TOOLS.items():
@@ -345,8 +441,9 @@ async def test_hostile_old_session_ids_copy_nothing(unharmed: Guard, attacker: R
     victim = unharmed.bystander.session_id
     for i, old in enumerate(HOSTILE_STRINGS + [victim.upper(), victim + "\n", victim[:-1] + "*", " " + victim]):
         url = targets(unharmed.stack)[i % 4]
-        response = await attacker.http.post(url, headers=attacker.headers(),
-                                            content=json.dumps(tool_call("resume_session", {"old_session_id": old})))
+        response = await attacker.http.post(
+            url, headers=attacker.headers(), content=json.dumps(tool_call("resume_session", {"old_session_id": old}))
+        )
         tried("hostile old_session_id")
         if response.status_code == 400:
             assert "\ud800" in old  # a lone surrogate: the JSON parser refuses the body
@@ -361,12 +458,19 @@ async def test_hostile_summary_uris_are_json_rpc_errors_and_leak_nothing(unharme
     victim = unharmed.bystander.session_id
     ids = HOSTILE_STRINGS + [victim.upper(), victim + "\n", victim[:-1] + "*", victim + "/../" + victim]
     uris = [f"resource://session/{value}/summary" for value in ids] + [
-        "resource://session//summary", f"resource://session/{victim}/summary/extra", "file:///etc/passwd",
-        "resource://session/x/summary" + "\x00", "\x00", "x" * 900_000]
+        "resource://session//summary",
+        f"resource://session/{victim}/summary/extra",
+        "file:///etc/passwd",
+        "resource://session/x/summary" + "\x00",
+        "\x00",
+        "x" * 900_000,
+    ]
     for i, uri in enumerate(uris):
-        response = await attacker.http.post(targets(unharmed.stack)[i % 4], headers=attacker.headers(),
-                                            content=json.dumps({"jsonrpc": "2.0", "id": 1, "method": "resources/read",
-                                                                "params": {"uri": uri}}))
+        response = await attacker.http.post(
+            targets(unharmed.stack)[i % 4],
+            headers=attacker.headers(),
+            content=json.dumps({"jsonrpc": "2.0", "id": 1, "method": "resources/read", "params": {"uri": uri}}),
+        )
         assert_refused(response)
         assert "mine" not in response.text, uri[:80]
         tried("hostile resource URI")
@@ -394,7 +498,7 @@ async def test_bodies_near_and_over_the_limit(unharmed: Guard, attacker: RawSess
 
     async def chunks() -> AsyncIterator[bytes]:
         for start in range(0, len(big), 65536):
-            yield big[start:start + 65536]
+            yield big[start : start + 65536]
 
     response = await attacker.http.post(attacker.url, headers=attacker.headers(), content=chunks())
     assert response.status_code == 413
@@ -403,15 +507,18 @@ async def test_bodies_near_and_over_the_limit(unharmed: Guard, attacker: RawSess
     # Straight to a replica: under its limit the tool's own bounds answer; over it, 413.
     direct = attacker.at(targets(unharmed.stack)[1])
     for note, status in (("x" * 3_000_000, 200), ("x" * 5_000_000, 413)):
-        response = await direct.http.post(direct.url, headers=direct.headers(),
-                                          json=tool_call("add_note", {"note": note}))
+        response = await direct.http.post(
+            direct.url, headers=direct.headers(), json=tool_call("add_note", {"note": note})
+        )
         assert response.status_code == status
         assert_refused(response)
         tried("huge body")
     # A number of 100,000 digits, and an object of 50,000 keys.
-    for body in (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"analyze_data","arguments":'
-                 b'{"num_items":1' + b"0" * 100_000 + b"}}}",
-                 json.dumps(tool_call("get_counter", {f"k{i}": i for i in range(50_000)})).encode()):
+    for body in (
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"analyze_data","arguments":'
+        b'{"num_items":1' + b"0" * 100_000 + b"}}}",
+        json.dumps(tool_call("get_counter", {f"k{i}": i for i in range(50_000)})).encode(),
+    ):
         for url in targets(unharmed.stack)[:2]:
             assert_refused(await attacker.http.post(url, headers=attacker.headers(), content=body))
             tried("huge body")
@@ -425,11 +532,14 @@ def nested(depth: int) -> str:
 async def test_deeply_nested_json_is_a_parse_error_not_a_recursion_error(unharmed: Guard, attacker: RawSession) -> None:
     deep = nested(10_000)
     objects = '{"a":' * 10_000 + "1" + "}" * 10_000
-    bodies = [deep, objects,
-              f'{{"jsonrpc":"2.0","id":{deep},"method":"ping"}}',
-              f'{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{deep}}}',
-              f'{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"add_note","arguments":{{"note":{deep}}}}}}}',
-              f'{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"get_counter","arguments":{{}},"_meta":{objects}}}}}']
+    bodies = [
+        deep,
+        objects,
+        f'{{"jsonrpc":"2.0","id":{deep},"method":"ping"}}',
+        f'{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{deep}}}',
+        f'{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"add_note","arguments":{{"note":{deep}}}}}}}',
+        f'{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"get_counter","arguments":{{}},"_meta":{objects}}}}}',
+    ]
     for body in bodies:
         for url in targets(unharmed.stack):
             response = await attacker.http.post(url, headers=attacker.headers(), content=body)
@@ -450,10 +560,20 @@ async def test_a_session_initialized_with_deeply_nested_capabilities_is_adopted_
     """Initialize params are stored for adoption and read back by another replica: depth must not break that."""
     capabilities = json.loads('{"experimental":{"x":{"deep":' + nested(150) + "}}}")
     session = RawSession(http, unharmed.stack.config.mcp_url)
-    response = await http.post(session.url, headers=headers_for(None), json={
-        "jsonrpc": "2.0", "id": 1, "method": "initialize",
-        "params": {"protocolVersion": PROTOCOL, "capabilities": capabilities,
-                   "clientInfo": {"name": "\x1b[31m" + "é" * 1000, "version": nested(100)}}})
+    response = await http.post(
+        session.url,
+        headers=headers_for(None),
+        json={
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": PROTOCOL,
+                "capabilities": capabilities,
+                "clientInfo": {"name": "\x1b[31m" + "é" * 1000, "version": nested(100)},
+            },
+        },
+    )
     tried("deeply nested JSON")
     assert "result" in last_jsonrpc_message(response), response.text[:300]
     session.session_id = response.headers["mcp-session-id"]
@@ -471,8 +591,9 @@ async def test_notes_over_max_note_chars_are_tool_errors_and_nothing_is_kept(
     assert (await attacker.call("add_note", {"note": "é" * MAX_NOTE_CHARS}))["notes_count"] == 1
     # ~900 KB passes HAProxy's 1 MB body limit: the tool's own bound refuses it, on every replica.
     for i, note in enumerate(["é" * (MAX_NOTE_CHARS + 1), "x" * 100_000, "x" * 900_000, "\x00" * 200_000]):
-        response = await attacker.http.post(targets(unharmed.stack)[i % 4], headers=attacker.headers(),
-                                            json=tool_call("add_note", {"note": note}))
+        response = await attacker.http.post(
+            targets(unharmed.stack)[i % 4], headers=attacker.headers(), json=tool_call("add_note", {"note": note})
+        )
         result = last_jsonrpc_message(response)["result"]
         assert result["isError"] is True
         assert f"at most {MAX_NOTE_CHARS} characters" in result["content"][0]["text"]
@@ -489,8 +610,9 @@ async def test_a_huge_note_is_refused_before_it_reaches_the_store(raw: RawSessio
 # -- headers --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("header", ["mcp-session-id", "Last-Event-ID", "MCP-Protocol-Version", "Origin",
-                                    "Content-Type", "Accept"])
+@pytest.mark.parametrize(
+    "header", ["mcp-session-id", "Last-Event-ID", "MCP-Protocol-Version", "Origin", "Content-Type", "Accept"]
+)
 async def test_hostile_header_values_are_refused(unharmed: Guard, attacker: RawSession, header: str) -> None:
     body = json.dumps(tool_call("increment_counter", {})).encode()
     method = "GET" if header == "Last-Event-ID" else "POST"
@@ -530,8 +652,15 @@ async def test_hostile_sessionless_header_values_are_refused(
 
 
 async def test_unknown_or_garbage_session_ids_get_a_4xx(unharmed: Guard, http: httpx2.AsyncClient) -> None:
-    for session_id in ["garbage", "*", uuid.uuid4().hex, "a" * 5000, "../../etc/passwd",
-                       unharmed.bystander.session_id.upper(), unharmed.handle]:
+    for session_id in [
+        "garbage",
+        "*",
+        uuid.uuid4().hex,
+        "a" * 5000,
+        "../../etc/passwd",
+        unharmed.bystander.session_id.upper(),
+        unharmed.handle,
+    ]:
         for url in targets(unharmed.stack):
             response = await http.post(url, headers=headers_for(session_id), json=tool_call("increment_counter", {}))
             # A header HAProxy itself refuses (too long) is a 4xx too.
@@ -578,15 +707,25 @@ async def test_malformed_http_framing_is_a_4xx_and_applies_nothing_twice(unharme
         b"POST /x/../mcp HTTP/1.1\r\nHost: x\r\n" + headers + sized,
         b"GET /mcp\r\n\r\n",
         *(method + b" /mcp HTTP/1.1\r\nHost: x\r\n" + headers + sized for method in (b"PUT", b"PATCH", b"TRACE")),
-        *(b"DELETE /mcp HTTP/1.1\r\nHost: x\r\nmcp-session-id: " + sid.encode() + b"\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-          for sid in (unharmed.bystander.session_id.upper(), unharmed.handle, unharmed.bystander.session_id[:-1] + "*")),
+        *(
+            b"DELETE /mcp HTTP/1.1\r\nHost: x\r\nmcp-session-id: "
+            + sid.encode()
+            + b"\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+            for sid in (
+                unharmed.bystander.session_id.upper(),
+                unharmed.handle,
+                unharmed.bystander.session_id[:-1] + "*",
+            )
+        ),
     ]
     # Ambiguous but repairable: HAProxy normalises these (Transfer-Encoding wins over Content-Length, a folded
     # header is unfolded, bare LF read as CRLF) and a replica may refuse them; either way no 5xx, and no
     # more than one call applied.
-    tolerated = [start + b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked,
-                 start + b"X-Fold: a\r\n b\r\n" + sized,
-                 (start + b"Content-Length: %d\r\n\r\n" % len(body)).replace(b"\r\n", b"\n") + body]
+    tolerated = [
+        start + b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked,
+        start + b"X-Fold: a\r\n b\r\n" + sized,
+        (start + b"Content-Length: %d\r\n\r\n" % len(body)).replace(b"\r\n", b"\n") + body,
+    ]
     # A body cut short (200 KB declared, 100 KB sent, then the connection closed): there is no one to answer.
     for port in (unharmed.stack.config.http_port, unharmed.stack.config.replica_ports[0]):
         _, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -619,10 +758,25 @@ async def test_forged_last_event_ids_are_refused_on_every_replica(unharmed: Guar
         own = [event.id async for event in stream if event.id][-1]
     position, _, tag = own.partition(".")
     theirs = unharmed.event_ids
-    unknown = [f"{position[:-1]}9.{tag}", f"1-0.{tag}", f"18446744073709551615-18446744073709551615.{tag}",
-               f"{position}.{theirs[0].partition('.')[2][::-1]}"]
-    malformed = [f"18446744073709551616-0.{tag}", position, f"{position}.", f".{tag}", f"-1-0.{tag}",
-                 f"{position}.{tag.upper()}", f"{own}*", "*", "1-0.*", "x" * 10_000, own + " " + own]
+    unknown = [
+        f"{position[:-1]}9.{tag}",
+        f"1-0.{tag}",
+        f"18446744073709551615-18446744073709551615.{tag}",
+        f"{position}.{theirs[0].partition('.')[2][::-1]}",
+    ]
+    malformed = [
+        f"18446744073709551616-0.{tag}",
+        position,
+        f"{position}.",
+        f".{tag}",
+        f"-1-0.{tag}",
+        f"{position}.{tag.upper()}",
+        f"{own}*",
+        "*",
+        "1-0.*",
+        "x" * 10_000,
+        own + " " + own,
+    ]
     for url in targets(unharmed.stack):
         for event_id, statuses in [*((i, {404}) for i in theirs + unknown), *((i, {400}) for i in malformed)]:
             response = await attacker.http.get(url, headers={**attacker.headers(), "Last-Event-ID": event_id})
@@ -658,7 +812,9 @@ async def test_slow_drip_requests_get_408_from_haproxy(unharmed: Guard, attacker
             sender.cancel()
             writer.close()
 
-    answers = await asyncio.gather(drip(head, body), drip(b"POST /mcp HTTP/1.1\r\nHost: x\r\n", b"X-Slow: " + b"a" * 40))
+    answers = await asyncio.gather(
+        drip(head, body), drip(b"POST /mcp HTTP/1.1\r\nHost: x\r\n", b"X-Slow: " + b"a" * 40)
+    )
     tried("slow-drip request", len(answers))
     assert [answer.split()[1] for answer in answers] == [b"408", b"408"], answers
     assert (await attacker.call("get_counter"))["counter"] == 0
@@ -682,8 +838,9 @@ async def test_a_flood_of_tool_calls_over_the_rate_limit_gets_429_and_loses_noth
     pid = limited_stack.pid("mcp-server-1")
     session = RawSession(http, limited_stack.config.mcp_url)
     await session.initialize()
-    responses = await asyncio.gather(*(session.post("tools/call", {"name": "increment_counter", "arguments": {}})
-                                       for _ in range(120)))
+    responses = await asyncio.gather(
+        *(session.post("tools/call", {"name": "increment_counter", "arguments": {}}) for _ in range(120))
+    )
     tried("flood request over the rate limit", len(responses))
     statuses = Counter(r.status_code for r in responses)
     assert set(statuses) <= {200, 429} and statuses[429] >= 60, statuses
@@ -697,8 +854,7 @@ async def test_a_flood_of_tool_calls_over_the_rate_limit_gets_429_and_loses_noth
 
 # Valid JSON only (no NaN or Infinity): malformed JSON is a class of its own, and the parser stops it at the door.
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=40),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=12,
 )
@@ -715,10 +871,25 @@ def mostly(plausible: st.SearchStrategy) -> st.SearchStrategy:
 def present(mapping: dict) -> dict:
     return {key: value for key, value in mapping.items() if value is not DROP}
 
-METHODS = ["initialize", "ping", "tools/list", "tools/call", "resources/list", "resources/read",
-           "resources/templates/list", "resources/subscribe", "prompts/list", "prompts/get", "logging/setLevel",
-           "completion/complete", "notifications/initialized", "notifications/cancelled", "notifications/progress",
-           "notifications/roots/list_changed"]
+
+METHODS = [
+    "initialize",
+    "ping",
+    "tools/list",
+    "tools/call",
+    "resources/list",
+    "resources/read",
+    "resources/templates/list",
+    "resources/subscribe",
+    "prompts/list",
+    "prompts/get",
+    "logging/setLevel",
+    "completion/complete",
+    "notifications/initialized",
+    "notifications/cancelled",
+    "notifications/progress",
+    "notifications/roots/list_changed",
+]
 _as_int = TypeAdapter(int)
 
 
@@ -739,8 +910,7 @@ def tame(tool: object, arguments: object) -> object:
     return arguments
 
 
-FUZZ_SETTINGS = settings(max_examples=150, deadline=None, database=None,
-                         suppress_health_check=[HealthCheck.too_slow])
+FUZZ_SETTINGS = settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @dataclass
@@ -763,8 +933,10 @@ class Fuzzer:
                 meta = params.get("_meta", {})
                 if isinstance(meta, dict):
                     params["_meta"] = {**meta, **MODERN_META}
-            for header, value in (("Mcp-Method", fields.get("method")),
-                                  ("Mcp-Name", params.get("name") if isinstance(params, dict) else None)):
+            for header, value in (
+                ("Mcp-Method", fields.get("method")),
+                ("Mcp-Name", params.get("name") if isinstance(params, dict) else None),
+            ):
                 if isinstance(value, str) and value.isascii() and value.isprintable():
                     headers[header] = value
         return http.post(self.urls[url_index % len(self.urls)], headers=headers, content=json.dumps(body))
@@ -775,6 +947,7 @@ class Fuzzer:
 
         def run() -> None:
             with httpx2.Client(timeout=TIMEOUT) as http:
+
                 @FUZZ_SETTINGS
                 @given(body=bodies, target=st.integers(0, 3), modern=st.booleans())
                 def one(body: object, target: int, modern: bool) -> None:
@@ -788,8 +961,6 @@ class Fuzzer:
         assert HOSTILE_INPUTS[kind] - before >= 100
 
 
-
-
 @pytest.mark.timeout(120)
 async def test_fuzzed_tool_arguments_are_answered(unharmed: Guard, attacker: RawSession) -> None:
     listed = last_jsonrpc_message(await attacker.post("tools/list"))["result"]["tools"]
@@ -798,7 +969,8 @@ async def test_fuzzed_tool_arguments_are_answered(unharmed: Guard, attacker: Raw
     def calls(tool: str) -> st.SearchStrategy:
         keys = st.sampled_from(params[tool]) | st.text(max_size=8) if params[tool] else st.text(max_size=8)
         return mostly(st.dictionaries(keys, JSON_VALUES, max_size=4)).map(
-            lambda arguments: tool_call(tool, tame(tool, {} if arguments is DROP else arguments)))
+            lambda arguments: tool_call(tool, tame(tool, {} if arguments is DROP else arguments))
+        )
 
     fuzzer = Fuzzer(targets(unharmed.stack), attacker.session_id)
     await fuzzer.answers_all(st.sampled_from(sorted(params)).flatmap(calls), "fuzzed tool arguments")
@@ -808,16 +980,28 @@ async def test_fuzzed_tool_arguments_are_answered(unharmed: Guard, attacker: Raw
 async def test_fuzzed_json_rpc_envelopes_are_answered(unharmed: Guard, attacker: RawSession) -> None:
     tools = sorted(STATEFUL_TOOLS) + ["get_server_info", "create_session"]
     params = st.fixed_dictionaries(
-        {"name": mostly(st.sampled_from(tools)), "arguments": mostly(st.dictionaries(st.text(max_size=16), JSON_VALUES,
-                                                                                     max_size=3))},
-        optional={"_meta": JSON_VALUES, "uri": mostly(st.just(f"resource://session/{uuid.uuid4().hex}/summary")),
-                  "protocolVersion": mostly(st.sampled_from([PROTOCOL, MODERN])), "capabilities": JSON_VALUES,
-                  "clientInfo": JSON_VALUES, "level": mostly(st.sampled_from(["debug", "info", "error"])),
-                  "requestId": JSON_VALUES, "cursor": JSON_VALUES},
+        {
+            "name": mostly(st.sampled_from(tools)),
+            "arguments": mostly(st.dictionaries(st.text(max_size=16), JSON_VALUES, max_size=3)),
+        },
+        optional={
+            "_meta": JSON_VALUES,
+            "uri": mostly(st.just(f"resource://session/{uuid.uuid4().hex}/summary")),
+            "protocolVersion": mostly(st.sampled_from([PROTOCOL, MODERN])),
+            "capabilities": JSON_VALUES,
+            "clientInfo": JSON_VALUES,
+            "level": mostly(st.sampled_from(["debug", "info", "error"])),
+            "requestId": JSON_VALUES,
+            "cursor": JSON_VALUES,
+        },
     ).map(present)
     envelope = st.fixed_dictionaries(
-        {"jsonrpc": mostly(st.just("2.0")), "id": mostly(st.integers(0, 2**53) | st.text(max_size=20)),
-         "method": mostly(st.sampled_from(METHODS)), "params": mostly(params)},
+        {
+            "jsonrpc": mostly(st.just("2.0")),
+            "id": mostly(st.integers(0, 2**53) | st.text(max_size=20)),
+            "method": mostly(st.sampled_from(METHODS)),
+            "params": mostly(params),
+        },
         optional={"result": JSON_VALUES, "error": JSON_VALUES},
     ).map(present)
 
@@ -826,8 +1010,11 @@ async def test_fuzzed_json_rpc_envelopes_are_answered(unharmed: Guard, attacker:
             body["params"]["arguments"] = tame(body["params"].get("name"), body["params"].get("arguments"))
         return body
 
-    bodies = st.sampled_from([envelope] * 4 + [st.lists(envelope, max_size=3), JSON_VALUES]).flatmap(
-        lambda chosen: chosen).map(tamed)
+    bodies = (
+        st.sampled_from([envelope] * 4 + [st.lists(envelope, max_size=3), JSON_VALUES])
+        .flatmap(lambda chosen: chosen)
+        .map(tamed)
+    )
     await Fuzzer(targets(unharmed.stack), attacker.session_id).answers_all(bodies, "fuzzed JSON-RPC envelope")
 
 

@@ -31,9 +31,11 @@ def test_the_constants_it_copies_are_the_servers() -> None:
 
 @pytest.mark.quick
 def test_it_imports_nothing_from_the_server_side() -> None:
-    probe = ("import sys, resilient_client; "
-             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-             "('mcp_ha', 'session_store', 'stores', 'server', 'prometheus_client')))")
+    probe = (
+        "import sys, resilient_client; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('mcp_ha', 'session_store', 'stores', 'server', 'prometheus_client')))"
+    )
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

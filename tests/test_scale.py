@@ -14,10 +14,10 @@ import uuid
 
 import pytest
 
-from tools.bench import EMPTY, FILL  # sessions made inside Redis, one call instead of 300,000 round trips
-from tools.mcp_wire import RawSession
 from stack import Stack
 from stores.redis_store import RedisSessionStore
+from tools.bench import EMPTY, FILL  # sessions made inside Redis, one call instead of 300,000 round trips
+from tools.mcp_wire import RawSession
 
 SESSIONS = 100_000
 BOUND = 1.5
@@ -27,7 +27,10 @@ def redis_eval(stack: Stack, script: str, prefix: str, marker: str) -> None:
     keys = [f"{prefix}:session:", f"{prefix}:sessions"]
     subprocess.run(
         ["redis-cli", "-p", str(stack.config.redis_port), "EVAL", script, "2", *keys, str(SESSIONS), marker],
-        check=True, capture_output=True, timeout=120, env=stack.config.redis_cli_env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+        env=stack.config.redis_cli_env,
     )
 
 
@@ -55,14 +58,20 @@ async def test_get_server_info_costs_the_same_at_100k_sessions(stack: Stack, raw
     empty_after = await median_seconds(call)
     baseline = (empty_before + empty_after) / 2
     ratio = full / baseline
-    print(f"\nget_server_info median: {baseline * 1e3:.2f} ms at ~0 sessions, "
-          f"{full * 1e3:.2f} ms at {SESSIONS:,}: ratio {ratio:.2f}")
+    print(
+        f"\nget_server_info median: {baseline * 1e3:.2f} ms at ~0 sessions, "
+        f"{full * 1e3:.2f} ms at {SESSIONS:,}: ratio {ratio:.2f}"
+    )
     assert ratio <= BOUND
 
 
 @pytest.mark.timeout(300)
 async def test_count_sessions_costs_the_same_at_100k_sessions(redis_stack: Stack) -> None:
-    empty_prefix, full_prefix, marker = f"mcp:e{uuid.uuid4().hex[:8]}", f"mcp:f{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:8]
+    empty_prefix, full_prefix, marker = (
+        f"mcp:e{uuid.uuid4().hex[:8]}",
+        f"mcp:f{uuid.uuid4().hex[:8]}",
+        uuid.uuid4().hex[:8],
+    )
     redis_eval(redis_stack, FILL, full_prefix, marker)
     empty = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=empty_prefix)
     full = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=full_prefix)

@@ -13,10 +13,10 @@ from datetime import datetime
 
 import httpx2
 import pytest
+from conftest import Connect
 from fastmcp import Client
 from fastmcp.exceptions import ToolError
 
-from conftest import Connect
 from stack import Stack
 
 REPLICAS = {"mcp-server-1", "mcp-server-2", "mcp-server-3"}
@@ -156,9 +156,15 @@ async def test_sessions_are_isolated(connect: Connect) -> None:
 async def test_every_contract_tool_is_listed_with_the_contracts_required_arguments(client: Client) -> None:
     required = {tool.name: set(tool.input_schema.get("required", [])) for tool in await client.list_tools()}
     assert required == {
-        "increment_counter": set(), "get_counter": set(), "add_note": {"note"}, "list_notes": set(),
-        "get_server_info": set(), "get_status": set(), "analyze_data": {"num_items"},
-        "watch_counter": {"duration_seconds"}, "resume_session": {"old_session_id"},
+        "increment_counter": set(),
+        "get_counter": set(),
+        "add_note": {"note"},
+        "list_notes": set(),
+        "get_server_info": set(),
+        "get_status": set(),
+        "analyze_data": {"num_items"},
+        "watch_counter": {"duration_seconds"},
+        "resume_session": {"old_session_id"},
         # Beyond the contract: handles for sessionless clients (session_handles.py).
         "create_session": set(),
     }

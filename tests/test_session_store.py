@@ -15,8 +15,8 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-
 from conftest import free_ports
+
 from session_store import (
     Conflict,
     Fenced,
@@ -64,12 +64,16 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
     # A prefix of its own per test keeps the tests' sessions and counts apart.
     prefix = f"mcp:t{new_id()[:8]}"
     if request.param == "redis":
-        s = RedisSessionStore(request.getfixturevalue("redis_stack").config.redis_url, prefix=prefix,
-                              **request.getfixturevalue("redis_stack").config.redis_auth)
+        s = RedisSessionStore(
+            request.getfixturevalue("redis_stack").config.redis_url,
+            prefix=prefix,
+            **request.getfixturevalue("redis_stack").config.redis_auth,
+        )
     else:
         sentinel_stack = request.getfixturevalue("sentinel_stack")
-        s = RedisSessionStore(sentinels=sentinels_of(sentinel_stack), **auth_of(sentinel_stack),
-                              prefix=prefix, wait_replicas=1)
+        s = RedisSessionStore(
+            sentinels=sentinels_of(sentinel_stack), **auth_of(sentinel_stack), prefix=prefix, wait_replicas=1
+        )
     yield s
     await s.aclose()
 
@@ -320,8 +324,12 @@ async def test_keys_starting_with_a_dot_belong_to_the_store(store: SessionStore,
     sid = new_id()
     await store.open_session(sid, RECORD)
     for misuse in (
-        store.get(sid, key), store.set(sid, key, 1), store.incr(sid, key), store.append(sid, key, 1),
-        store.delete(sid, key), store.apply(sid, [("set", key, 1)], expect={}, result=None),
+        store.get(sid, key),
+        store.set(sid, key, 1),
+        store.incr(sid, key),
+        store.append(sid, key, 1),
+        store.delete(sid, key),
+        store.apply(sid, [("set", key, 1)], expect={}, result=None),
         store.apply(sid, [("set", "x", 1)], expect={key: None}, result=None),
     ):
         with pytest.raises(ValueError):
@@ -420,17 +428,27 @@ async def test_apply_applies_every_write_in_order_and_answers_its_result(store: 
     await store.set(sid, "gone", "soon")
     await store.set(sid, "kept", "as is")
     writes = [
-        ("set", "counter", 5), ("incr", "counter", 2), ("incr", "fresh", 3),
-        ("append", "notes", {"n": 1}), ("append", "notes", "two"),
-        ("delete", "gone", None), ("delete", "never", None),
-        ("set", "temp", 1), ("delete", "temp", None),
-        ("delete", "recreated", None), ("append", "recreated", 1),
+        ("set", "counter", 5),
+        ("incr", "counter", 2),
+        ("incr", "fresh", 3),
+        ("append", "notes", {"n": 1}),
+        ("append", "notes", "two"),
+        ("delete", "gone", None),
+        ("delete", "never", None),
+        ("set", "temp", 1),
+        ("delete", "temp", None),
+        ("delete", "recreated", None),
+        ("append", "recreated", 1),
         ("set", "value", {"b": [1.5, None], "a": "x"}),
     ]
     result = {"answer": [1, "two"], "none": None}
     assert await store.apply(sid, writes, expect={}, result=result) == result
     assert await store.items(sid) == {
-        "kept": "as is", "counter": 7, "fresh": 3, "notes": [{"n": 1}, "two"], "recreated": [1],
+        "kept": "as is",
+        "counter": 7,
+        "fresh": 3,
+        "notes": [{"n": 1}, "two"],
+        "recreated": [1],
         "value": {"b": [1.5, None], "a": "x"},
     }
     assert await store.apply(sid, [], expect={}, result=None) is None
@@ -447,18 +465,26 @@ async def test_apply_checks_expected_entries_against_what_is_stored(store: Sessi
     await store.append(sid, "notes", {"k": [1]})
     await store.set(sid, "nothing", None)
     # What the store holds, as a reader got it back: no conflict.
-    expect = {"value": await store.get(sid, "value"), "counter": 3, "notes": ["a", {"k": [1]}],
-              "absent": None, "nothing": None}
+    expect = {
+        "value": await store.get(sid, "value"),
+        "counter": 3,
+        "notes": ["a", {"k": [1]}],
+        "absent": None,
+        "nothing": None,
+    }
     assert await store.apply(sid, [("incr", "counter", 1)], expect=expect, result="ok") == "ok"
     assert await store.get(sid, "counter") == 4
 
 
-@pytest.mark.parametrize("expect", [
-    {"counter": 1},  # it moved on to 2
-    {"counter": 2, "notes": ["a"]},  # one entry still as read, another not
-    {"absent": None, "notes": None},  # read as absent, now there
-    {"counter": "2"},  # the same text, another JSON value
-])
+@pytest.mark.parametrize(
+    "expect",
+    [
+        {"counter": 1},  # it moved on to 2
+        {"counter": 2, "notes": ["a"]},  # one entry still as read, another not
+        {"absent": None, "notes": None},  # read as absent, now there
+        {"counter": "2"},  # the same text, another JSON value
+    ],
+)
 async def test_apply_refuses_when_an_expected_entry_changed_and_applies_nothing(
     store: SessionStore, expect: dict
 ) -> None:
@@ -467,22 +493,30 @@ async def test_apply_refuses_when_an_expected_entry_changed_and_applies_nothing(
     await store.append(sid, "notes", "a")
     await store.append(sid, "notes", "b")
     with pytest.raises(Conflict):
-        await store.apply(sid, [("set", "x", 1), ("incr", "counter", 1), ("delete", "notes", None)],
-                          expect=expect, result="r", op=Op("k", "d"))
+        await store.apply(
+            sid,
+            [("set", "x", 1), ("incr", "counter", 1), ("delete", "notes", None)],
+            expect=expect,
+            result="r",
+            op=Op("k", "d"),
+        )
     assert await store.items(sid) == {"counter": 2, "notes": ["a", "b"]}
     assert await store.recall(sid, Op("k", "d")) == (False, None)  # nothing recorded: a retry applies it
     assert await store.apply(sid, [("set", "x", 1)], expect={"counter": 2}, result="r", op=Op("k", "d")) == "r"
     assert await store.get(sid, "x") == 1
 
 
-@pytest.mark.parametrize("writes", [
-    [("set", "x", 1), ("incr", "notes", 1)],  # a list is no integer
-    [("append", "notes", "c"), ("append", "counter", "c")],  # an integer is no list
-    [("set", "x", 1), ("set", "counter", "text"), ("incr", "counter", 1)],  # as an earlier write left it
-    [("incr", "fresh", 1), ("append", "fresh", "c")],
-    [("append", "fresh", "c"), ("incr", "fresh", 1)],
-    [("delete", "counter", None), ("set", "counter", 1.5), ("incr", "counter", 1)],
-])
+@pytest.mark.parametrize(
+    "writes",
+    [
+        [("set", "x", 1), ("incr", "notes", 1)],  # a list is no integer
+        [("append", "notes", "c"), ("append", "counter", "c")],  # an integer is no list
+        [("set", "x", 1), ("set", "counter", "text"), ("incr", "counter", 1)],  # as an earlier write left it
+        [("incr", "fresh", 1), ("append", "fresh", "c")],
+        [("append", "fresh", "c"), ("incr", "fresh", 1)],
+        [("delete", "counter", None), ("set", "counter", 1.5), ("incr", "counter", 1)],
+    ],
+)
 async def test_a_write_of_the_wrong_type_leaves_the_whole_apply_unapplied(store: SessionStore, writes: list) -> None:
     sid = new_id()
     await store.incr(sid, "counter", 2)
@@ -508,8 +542,9 @@ async def test_a_repeated_apply_replays_its_result_and_applies_nothing(store: Se
     first = await store.apply(sid, [("incr", "counter", 1)], expect={"counter": None}, result={"n": 1}, op=op)
     assert first == {"n": 1}
     # Replayed even though the writes, the expectations and the result differ, and no longer hold.
-    again = await store.apply(sid, [("incr", "counter", 5), ("set", "x", 1)], expect={"counter": 40},
-                              result={"n": 99}, op=op)
+    again = await store.apply(
+        sid, [("incr", "counter", 5), ("set", "x", 1)], expect={"counter": 40}, result={"n": 99}, op=op
+    )
     assert again == {"n": 1}
     assert await store.items(sid) == {"counter": 1}
     assert await store.recall(sid, op) == (True, {"n": 1})
@@ -523,8 +558,9 @@ async def test_an_apply_with_another_calls_digest_is_refused_and_applies_nothing
     assert await store.apply(sid, [("set", "x", 1)], expect={}, result="first", op=Op("k", "digest-a")) == "first"
     for write in ("1", "a write the first call never made"):
         with pytest.raises(OpReused):
-            await store.apply(sid, [("set", "x", 2), ("set", "y", 2)], expect={}, result="second",
-                              op=Op("k", "digest-b", write))
+            await store.apply(
+                sid, [("set", "x", 2), ("set", "y", 2)], expect={}, result="second", op=Op("k", "digest-b", write)
+            )
     assert await store.items(sid) == {"x": 1}
 
 
@@ -538,8 +574,9 @@ async def test_a_stale_apply_is_fenced_and_its_replay_is_not(store: SessionStore
     assert await store.apply(sid, [("incr", "counter", 1)], expect={}, result="x", epoch=first, op=op) == "done"
     # ...and a new one from the stale owner is refused, expectations unchecked.
     with pytest.raises(Fenced):
-        await store.apply(sid, [("incr", "counter", 1)], expect={"counter": 99}, result="x", epoch=first,
-                          op=Op("k", "d", "apply::2"))
+        await store.apply(
+            sid, [("incr", "counter", 1)], expect={"counter": 99}, result="x", epoch=first, op=Op("k", "d", "apply::2")
+        )
     assert await store.items(sid) == {"counter": 1}
     assert await store.apply(sid, [("incr", "counter", 1)], expect={"counter": 1}, result="y", epoch=second) == "y"
     assert await store.get(sid, "counter") == 2
@@ -550,8 +587,9 @@ async def test_recall_tells_whether_an_op_was_applied_and_its_result(store: Sess
     before = await store.count_sessions()
     assert await store.recall(sid, Op("k", "d", "apply::1")) == (False, None)
     assert await store.count_sessions() == before  # a read that wrote nothing, not even the index
-    assert await store.apply(sid, [("set", "x", 1)], expect={}, result=[1, {"a": None}],
-                             op=Op("k", "d", "apply::1")) == [1, {"a": None}]
+    assert await store.apply(
+        sid, [("set", "x", 1)], expect={}, result=[1, {"a": None}], op=Op("k", "d", "apply::1")
+    ) == [1, {"a": None}]
     assert await store.recall(sid, Op("k", "d", "apply::1")) == (True, [1, {"a": None}])
     assert await store.recall(sid, Op("k", "d", "apply::2")) == (False, None)  # the call's other writes
     # A single write's op is recalled as well, with the write's answer.
@@ -695,13 +733,15 @@ async def test_memory_store_slides_the_ttl_on_delete_and_apply() -> None:
 
 async def test_redis_store_slides_the_ttl_on_delete_and_apply_and_keeps_compact_json(redis_stack: Stack) -> None:
     prefix = f"mcp:t{new_id()[:8]}"
-    store = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=prefix,
-                              ttl_seconds=600)
+    store = RedisSessionStore(
+        redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=prefix, ttl_seconds=600
+    )
     cli = ["redis-cli", "-p", str(redis_stack.config.redis_port)]
 
     def redis(*args: str) -> str:
-        return subprocess.run([*cli, *args], capture_output=True, text=True, check=True,
-                              env=redis_stack.config.redis_cli_env).stdout.strip()
+        return subprocess.run(
+            [*cli, *args], capture_output=True, text=True, check=True, env=redis_stack.config.redis_cli_env
+        ).stdout.strip()
 
     try:
         sid = new_id()
@@ -712,8 +752,10 @@ async def test_redis_store_slides_the_ttl_on_delete_and_apply_and_keeps_compact_
         # Compact and as given, so an apply's expected value compares as text.
         assert redis("HGET", key, "value") == '{"a":[1,2.5],"b":"c d"}'
         assert redis("HGET", key, "notes") == '[{"x":[1,{"y":null}]}]'
-        for write in (lambda: store.delete(sid, "other"),
-                      lambda: store.apply(sid, [("set", "x", 1)], expect={}, result=None, op=Op("k", "d"))):
+        for write in (
+            lambda: store.delete(sid, "other"),
+            lambda: store.apply(sid, [("set", "x", 1)], expect={}, result=None, op=Op("k", "d")),
+        ):
             redis("EXPIRE", key, "100")
             await write()
             assert 590 <= int(redis("TTL", key)) <= 600
@@ -740,8 +782,9 @@ async def test_memory_store_expires_idle_sessions() -> None:
 
 
 async def test_redis_store_expires_idle_sessions(redis_stack: Stack) -> None:
-    store = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth,
-                              prefix=f"mcp:t{new_id()[:8]}", ttl_seconds=1)
+    store = RedisSessionStore(
+        redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=f"mcp:t{new_id()[:8]}", ttl_seconds=1
+    )
     try:
         sid = new_id()
         await store.open_session(sid, RECORD)
@@ -757,13 +800,15 @@ async def test_redis_store_expires_idle_sessions(redis_stack: Stack) -> None:
 
 async def test_redis_store_keeps_one_key_per_session_with_the_ttl(redis_stack: Stack) -> None:
     prefix = f"mcp:t{new_id()[:8]}"
-    store = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=prefix,
-                              ttl_seconds=600)
+    store = RedisSessionStore(
+        redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=prefix, ttl_seconds=600
+    )
     cli = ["redis-cli", "-p", str(redis_stack.config.redis_port)]
 
     def redis(*args: str) -> str:
-        return subprocess.run([*cli, *args], capture_output=True, text=True, check=True,
-                              env=redis_stack.config.redis_cli_env).stdout.strip()
+        return subprocess.run(
+            [*cli, *args], capture_output=True, text=True, check=True, env=redis_stack.config.redis_cli_env
+        ).stdout.strip()
 
     try:
         sid = new_id()
@@ -805,8 +850,12 @@ async def test_redis_store_retries_a_write_with_an_op_id_whose_reply_was_lost(re
     With an op id the retry replays the recorded result (applied once); without
     one the write is not sent again, and the caller hears the store is unavailable.
     """
-    store = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth,
-                              prefix=f"mcp:t{new_id()[:8]}", timeout_seconds=0.5)
+    store = RedisSessionStore(
+        redis_stack.config.redis_url,
+        **redis_stack.config.redis_auth,
+        prefix=f"mcp:t{new_id()[:8]}",
+        timeout_seconds=0.5,
+    )
     sid = new_id()
     try:
         await store.incr(sid, "counter")
@@ -861,9 +910,13 @@ async def test_a_write_no_replica_acknowledged_fails_and_its_retry_applies_it_on
     The write did happen there; sent again with the same op once the replica is back, it is
     replayed (counted once), and now acknowledged.
     """
-    store = RedisSessionStore(sentinels=sentinels_of(sentinel_stack), **auth_of(sentinel_stack),
-                              prefix=f"mcp:t{new_id()[:8]}",
-                              wait_replicas=1, wait_timeout_ms=300)
+    store = RedisSessionStore(
+        sentinels=sentinels_of(sentinel_stack),
+        **auth_of(sentinel_stack),
+        prefix=f"mcp:t{new_id()[:8]}",
+        wait_replicas=1,
+        wait_timeout_ms=300,
+    )
     sid = new_id()
     primary = sentinel_stack.redis_primary()
     replica = next(n for n in ("redis-1", "redis-2") if n != primary)
@@ -884,8 +937,9 @@ async def test_a_write_no_replica_acknowledged_fails_and_its_retry_applies_it_on
         assert await store.incr(sid, "counter", op=Op("b", "d")) == 2
         assert await store.get(sid, "counter") == 2
         # Without waiting, the same paused replica holds nothing up.
-        fast = RedisSessionStore(sentinels=sentinels_of(sentinel_stack), **auth_of(sentinel_stack),
-                                 prefix=store._prefix)
+        fast = RedisSessionStore(
+            sentinels=sentinels_of(sentinel_stack), **auth_of(sentinel_stack), prefix=store._prefix
+        )
         sentinel_stack.signal(replica, signal.SIGSTOP)
         try:
             assert await fast.incr(sid, "counter") == 3
@@ -898,8 +952,12 @@ async def test_a_write_no_replica_acknowledged_fails_and_its_retry_applies_it_on
 
 @pytest.mark.timeout(30)
 async def test_a_burst_through_sentinel_queues_for_the_bounded_pool(sentinel_stack: Stack) -> None:
-    store = RedisSessionStore(sentinels=sentinels_of(sentinel_stack), **auth_of(sentinel_stack),
-                              prefix=f"mcp:t{new_id()[:8]}", max_connections=4)
+    store = RedisSessionStore(
+        sentinels=sentinels_of(sentinel_stack),
+        **auth_of(sentinel_stack),
+        prefix=f"mcp:t{new_id()[:8]}",
+        max_connections=4,
+    )
     sid = new_id()
     try:
         await asyncio.gather(*(store.incr(sid, "counter") for _ in range(200)))
@@ -923,8 +981,9 @@ async def store_of_5_events(request: pytest.FixtureRequest) -> AsyncIterator[Ses
         yield InMemorySessionStore(max_events=5)
         return
     redis_stack: Stack = request.getfixturevalue("redis_stack")
-    s = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth,
-                              prefix=f"mcp:t{new_id()[:8]}", max_events=5)
+    s = RedisSessionStore(
+        redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=f"mcp:t{new_id()[:8]}", max_events=5
+    )
     yield s
     await s.aclose()
 
@@ -938,7 +997,10 @@ async def test_events_after_are_that_streams_later_events_in_order(store: Sessio
     late_priming = await store.add_event(sid, "1", None)
     assert len({priming, first, other, second, late_priming}) == 5
     # A priming event is a place to resume from: it comes back, without a message.
-    assert await store.events_after(sid, priming) == ("1", [(first, '{"n":1}'), (second, '{"n":2}'), (late_priming, None)])
+    assert await store.events_after(sid, priming) == (
+        "1",
+        [(first, '{"n":1}'), (second, '{"n":2}'), (late_priming, None)],
+    )
     assert await store.events_after(sid, second) == ("1", [(late_priming, None)])
     assert await store.events_after(sid, late_priming) == ("1", [])
     assert await store.events_after(sid, other) == ("2", [])
@@ -953,13 +1015,15 @@ async def test_concurrent_events_get_distinct_ids_in_the_order_stored(store: Ses
     assert stream_id == "s" and sorted(message for _, message in events) == sorted(str(i) for i in range(50))
     # Each id reads on from its own place in that order.
     for position, (event_id, _) in enumerate(events):
-        assert (await store.events_after(sid, event_id))[1] == events[position + 1:]
+        assert (await store.events_after(sid, event_id))[1] == events[position + 1 :]
 
 
 async def test_an_event_id_of_another_session_finds_nothing(store: SessionStore) -> None:
     a, b = new_id(), new_id()
     # Added in the same instants: Redis can give both logs the same entry ids.
-    pairs = [await asyncio.gather(store.add_event(a, "1", '"of a"'), store.add_event(b, "1", '"of b"')) for _ in range(5)]
+    pairs = [
+        await asyncio.gather(store.add_event(a, "1", '"of a"'), store.add_event(b, "1", '"of b"')) for _ in range(5)
+    ]
     for event_of_a, event_of_b in pairs:
         assert event_of_a != event_of_b
         assert await store.events_after(b, event_of_a) is None
@@ -975,12 +1039,35 @@ async def test_a_session_keeps_its_last_max_events(store_of_5_events: SessionSto
     assert await store.events_after(sid, ids[3]) == ("s", [(ids[i], str(i)) for i in range(4, 8)])
 
 
-@pytest.mark.parametrize("bad", [
-    "", "x", "*", "-", "+", "$", ">", "0-0", "(1-0", "1-0", "999999999999999-0", "1-0.", "1-0.zzzzzzzz",
-    "1-0.ABCDEF12", "1-0.0123456", "1-0.0123456789", "-1-0.01234567", "1.5-0.01234567", " 1-0.01234567",
-    "1-0.01234567\n", "18446744073709551616-0.01234567", "0-18446744073709551616.01234567", "9" * 10_000,
-    "١-٠.01234567",
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "x",
+        "*",
+        "-",
+        "+",
+        "$",
+        ">",
+        "0-0",
+        "(1-0",
+        "1-0",
+        "999999999999999-0",
+        "1-0.",
+        "1-0.zzzzzzzz",
+        "1-0.ABCDEF12",
+        "1-0.0123456",
+        "1-0.0123456789",
+        "-1-0.01234567",
+        "1.5-0.01234567",
+        " 1-0.01234567",
+        "1-0.01234567\n",
+        "18446744073709551616-0.01234567",
+        "0-18446744073709551616.01234567",
+        "9" * 10_000,
+        "١-٠.01234567",
+    ],
+)
 async def test_malformed_event_ids_find_nothing(store: SessionStore, bad: str) -> None:
     sid = new_id()
     await store.add_event(sid, "s", "{}")
@@ -1039,27 +1126,47 @@ async def test_memory_store_expires_event_logs_a_ttl_after_the_latest_event() ->
 
 async def test_redis_store_keeps_a_sessions_events_in_one_list_with_the_event_ttl(redis_stack: Stack) -> None:
     prefix = f"mcp:t{new_id()[:8]}"
-    store = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=prefix,
-                              event_ttl_seconds=600)
+    store = RedisSessionStore(
+        redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=prefix, event_ttl_seconds=600
+    )
     try:
         sid = new_id()
         await store.add_event(sid, "s", None)
         await store.add_event(sid, "s", "{}")
         cli = ["redis-cli", "-p", str(redis_stack.config.redis_port)]
-        keys = subprocess.run([*cli, "--scan", "--pattern", f"{prefix}:*"], capture_output=True, text=True,
-                              env=redis_stack.config.redis_cli_env).stdout.split()
+        keys = subprocess.run(
+            [*cli, "--scan", "--pattern", f"{prefix}:*"],
+            capture_output=True,
+            text=True,
+            env=redis_stack.config.redis_cli_env,
+        ).stdout.split()
         assert keys == [f"{prefix}:events:{sid}"]
-        assert subprocess.run([*cli, "TYPE", keys[0]], capture_output=True, text=True,
-                              env=redis_stack.config.redis_cli_env).stdout.strip() == "list"
-        assert 590 <= int(subprocess.run([*cli, "TTL", keys[0]], capture_output=True, text=True,
-                              env=redis_stack.config.redis_cli_env).stdout) <= 600
+        assert (
+            subprocess.run(
+                [*cli, "TYPE", keys[0]], capture_output=True, text=True, env=redis_stack.config.redis_cli_env
+            ).stdout.strip()
+            == "list"
+        )
+        assert (
+            590
+            <= int(
+                subprocess.run(
+                    [*cli, "TTL", keys[0]], capture_output=True, text=True, env=redis_stack.config.redis_cli_env
+                ).stdout
+            )
+            <= 600
+        )
     finally:
         await store.aclose()
 
 
 async def test_redis_store_expires_event_logs(redis_stack: Stack) -> None:
-    store = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth,
-                              prefix=f"mcp:t{new_id()[:8]}", event_ttl_seconds=1)
+    store = RedisSessionStore(
+        redis_stack.config.redis_url,
+        **redis_stack.config.redis_auth,
+        prefix=f"mcp:t{new_id()[:8]}",
+        event_ttl_seconds=1,
+    )
     try:
         sid = new_id()
         first = await store.add_event(sid, "s", None)
@@ -1076,9 +1183,12 @@ async def test_a_store_reports_each_write_it_replays(kind: str, request: pytest.
     if kind == "memory":
         store: SessionStore = InMemorySessionStore(on_replay=replays.append)
     else:
-        store = RedisSessionStore(request.getfixturevalue("redis_stack").config.redis_url,
-                                  **request.getfixturevalue("redis_stack").config.redis_auth, prefix=f"mcp:t{new_id()[:8]}",
-                                  on_replay=replays.append)
+        store = RedisSessionStore(
+            request.getfixturevalue("redis_stack").config.redis_url,
+            **request.getfixturevalue("redis_stack").config.redis_auth,
+            prefix=f"mcp:t{new_id()[:8]}",
+            on_replay=replays.append,
+        )
     sid = new_id()
     try:
         assert await store.incr(sid, "counter", op=Op("k", "d")) == 1
@@ -1105,9 +1215,13 @@ async def test_a_store_reports_each_write_it_replays(kind: str, request: pytest.
 @pytest.mark.timeout(30)
 async def test_an_outage_that_ended_leaves_later_calls_their_whole_retry_window(redis_stack: Stack) -> None:
     """A ping after Redis came back ends the outage, so a later blip is retried, not failed at once."""
-    store = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth,
-                              prefix=f"mcp:t{new_id()[:8]}", timeout_seconds=0.3,
-                              retry_seconds=1.5)
+    store = RedisSessionStore(
+        redis_stack.config.redis_url,
+        **redis_stack.config.redis_auth,
+        prefix=f"mcp:t{new_id()[:8]}",
+        timeout_seconds=0.3,
+        retry_seconds=1.5,
+    )
     sid = new_id()
     try:
         assert await store.ping()

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from conftest import free_ports, running_stack, stack_config
+
 from stack import Stack, StackError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,7 +115,10 @@ def test_a_taken_port_is_reported_clearly(tmp_path: Path) -> None:
         env = {"STACK_DIR": str(tmp_path), "REDIS_PORT": str(port)}
         result = subprocess.run(
             [sys.executable, str(ROOT / "stack.py"), "up", "-d"],
-            env={**os.environ, **env}, capture_output=True, text=True, timeout=60,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     assert result.returncode == 1
     assert f"port {port} on 127.0.0.1 is already in use, so redis cannot start" in result.stderr
@@ -124,12 +127,20 @@ def test_a_taken_port_is_reported_clearly(tmp_path: Path) -> None:
 def test_a_missing_binary_is_reported_clearly(tmp_path: Path) -> None:
     http, stats, redis, replica = free_ports(4)
     env = {
-        "STACK_DIR": str(tmp_path), "PATH": "/nonexistent", "MCP_HTTP_PORT": str(http),
-        "MCP_STATS_PORT": str(stats), "REDIS_PORT": str(redis), "MCP_BASE_PORT": str(replica), "MCP_REPLICAS": "1",
+        "STACK_DIR": str(tmp_path),
+        "PATH": "/nonexistent",
+        "MCP_HTTP_PORT": str(http),
+        "MCP_STATS_PORT": str(stats),
+        "REDIS_PORT": str(redis),
+        "MCP_BASE_PORT": str(replica),
+        "MCP_REPLICAS": "1",
     }
     result = subprocess.run(
         [sys.executable, str(ROOT / "stack.py"), "up", "-d"],
-        env={**os.environ, **env}, capture_output=True, text=True, timeout=60,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 1
     assert "redis-server not found" in result.stderr and "apt-get install redis-server" in result.stderr
@@ -152,8 +163,12 @@ def test_a_recycled_pid_is_never_signalled(tmp_path: Path) -> None:
     s = Stack(stack_config(tmp_path, replicas=1))
     bystander = subprocess.Popen(["sleep", "30"])
     try:
-        s._write({"config": s.config.to_json(),
-                  "processes": {"redis": {"pid": bystander.pid, "start_ticks": "0", "argv": ["redis-server"]}}})
+        s._write(
+            {
+                "config": s.config.to_json(),
+                "processes": {"redis": {"pid": bystander.pid, "start_ticks": "0", "argv": ["redis-server"]}},
+            }
+        )
         assert s.pid("redis") is None
         assert s.state("redis") == "exited"
         s.stop("redis")
@@ -165,8 +180,16 @@ def test_a_recycled_pid_is_never_signalled(tmp_path: Path) -> None:
 
 def test_a_sentinel_stack_has_a_primary_a_replica_and_three_sentinels(sentinel_stack: Stack) -> None:
     rows = ps_json(sentinel_stack)
-    assert list(rows) == ["redis-1", "redis-2", "sentinel-1", "sentinel-2", "sentinel-3",
-                          "mcp-server-1", "mcp-server-2", "haproxy"]
+    assert list(rows) == [
+        "redis-1",
+        "redis-2",
+        "sentinel-1",
+        "sentinel-2",
+        "sentinel-3",
+        "mcp-server-1",
+        "mcp-server-2",
+        "haproxy",
+    ]
     assert all(row["state"] == "running" for row in rows.values())
     assert sentinel_stack.redis_primary() in ("redis-1", "redis-2")
     for name in ("mcp-server-1", "mcp-server-2"):

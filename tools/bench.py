@@ -91,10 +91,20 @@ from stores.redis_store import RedisSessionStore
 from tools.mcp_wire import CallFailed, RawSession, SessionlessSession
 
 # Tools that keep state per session: a sessionless client passes its handle to these.
-STATEFUL = {"increment_counter", "get_counter", "add_note", "list_notes", "analyze_data", "watch_counter",
-            "resume_session"}
-DEFAULT_ARGS: dict[str, dict] = {"add_note": {"note": "bench"}, "analyze_data": {"num_items": 1},
-                                 "watch_counter": {"duration_seconds": 0}}
+STATEFUL = {
+    "increment_counter",
+    "get_counter",
+    "add_note",
+    "list_notes",
+    "analyze_data",
+    "watch_counter",
+    "resume_session",
+}
+DEFAULT_ARGS: dict[str, dict] = {
+    "add_note": {"note": "bench"},
+    "analyze_data": {"num_items": 1},
+    "watch_counter": {"duration_seconds": 0},
+}
 # The arguments of every other tool: one dict for every call, never changed.
 NO_ARGUMENTS: dict = {}
 
@@ -170,8 +180,9 @@ class SessionlessClient(SessionlessSession):
     def __init__(self, http: httpx2.AsyncClient, url: str, **options: Any) -> None:
         super().__init__(http, url, **{"client_name": "bench", **options})
 
-    async def call_tool(self, tool: str, arguments: dict | None = None, *,
-                        headers: dict[str, str] | None = None) -> dict:
+    async def call_tool(
+        self, tool: str, arguments: dict | None = None, *, headers: dict[str, str] | None = None
+    ) -> dict:
         if tool in STATEFUL:
             arguments = {**arguments, "session_id": self.handle} if arguments else {"session_id": self.handle}
         return await super().call_tool(tool, arguments, headers=headers)
@@ -287,7 +298,7 @@ def parse_mix(text: str) -> list[tuple[str, int]]:
 
 def tool_cycle(mix: list[tuple[str, int]], offset: int) -> itertools.cycle:
     order = [name for name, weight in mix for _ in range(weight)]
-    return itertools.cycle(order[offset % len(order):] + order[: offset % len(order)])
+    return itertools.cycle(order[offset % len(order) :] + order[: offset % len(order)])
 
 
 async def drive(client: Client, tools: itertools.cycle, seconds: float, samples: Samples | None) -> None:
@@ -332,7 +343,9 @@ async def open_setup(name: str, url: str, kind: Callable[[httpx2.AsyncClient, st
     except CALL_ERRORS as exc:
         await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
         await http.aclose()
-        raise BenchError(f"{name}: could not open a session at {url}: {type(exc).__name__}: {exc}".rstrip(": ")) from None
+        raise BenchError(
+            f"{name}: could not open a session at {url}: {type(exc).__name__}: {exc}".rstrip(": ")
+        ) from None
     return Setup(name, url, clients, http)
 
 
@@ -352,16 +365,25 @@ async def probe_tools(setup: Setup, mix: list[tuple[str, int]]) -> None:
             async with asyncio.timeout(CALL_TIMEOUT):
                 await setup.clients[0].call_tool(tool, DEFAULT_ARGS.get(tool, NO_ARGUMENTS))
         except CALL_ERRORS as exc:
-            raise BenchError(f"{setup.name}: the tool {tool!r} fails at {setup.url}: {type(exc).__name__}: {exc}") from None
+            raise BenchError(
+                f"{setup.name}: the tool {tool!r} fails at {setup.url}: {type(exc).__name__}: {exc}"
+            ) from None
 
 
-async def interleave(setups: list[Setup], mix: list[tuple[str, int]], rounds: int, round_seconds: float,
-                     progress: Progress, task, label: str) -> None:
+async def interleave(
+    setups: list[Setup],
+    mix: list[tuple[str, int]],
+    rounds: int,
+    round_seconds: float,
+    progress: Progress,
+    task,
+    label: str,
+) -> None:
     for setup in setups:  # warm connections, caches, the replicas' code paths
         await run_round(setup, mix, min(1.0, round_seconds), measure=False)
     for r in range(rounds):
         # Alternate the order too, so neither setup always follows the other.
-        for setup in (setups if r % 2 == 0 else setups[::-1]):
+        for setup in setups if r % 2 == 0 else setups[::-1]:
             progress.update(task, description=f"{label}: round {r + 1}/{rounds}, {setup.name}")
             await run_round(setup, mix, round_seconds)
             progress.advance(task, round_seconds)
@@ -372,8 +394,14 @@ async def interleave(setups: list[Setup], mix: list[tuple[str, int]], rounds: in
 
 def redis_cli(redis: StackConfig, *args: str, stdin: str | None = None, timeout: float = 120) -> str:
     """As the admin: the benchmark fills, measures and empties Redis beside the kit's own user."""
-    result = subprocess.run(["redis-cli", "-p", str(redis.redis_port), *args], input=stdin, capture_output=True,
-                            text=True, timeout=timeout, env=redis.redis_cli_env)
+    result = subprocess.run(
+        ["redis-cli", "-p", str(redis.redis_port), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=redis.redis_cli_env,
+    )
     if result.returncode != 0 or result.stdout.startswith("ERR") or "(error)" in result.stdout:
         raise BenchError(f"redis-cli {' '.join(args[:2])} failed: {(result.stderr or result.stdout).strip()[:200]}")
     return result.stdout
@@ -385,8 +413,13 @@ def used_memory(redis: StackConfig) -> int:
     lines = redis_cli(redis, "MEMORY", "STATS").splitlines()
     stats = dict(zip(lines[::2], lines[1::2], strict=False))
     try:
-        total = int(next(line.split(":")[1] for line in redis_cli(redis, "INFO", "memory").splitlines()
-                         if line.startswith("used_memory:")))
+        total = int(
+            next(
+                line.split(":")[1]
+                for line in redis_cli(redis, "INFO", "memory").splitlines()
+                if line.startswith("used_memory:")
+            )
+        )
         return total - int(stats["clients.normal"]) - int(stats["clients.slaves"])
     except (StopIteration, KeyError, ValueError) as exc:
         raise BenchError(f"Redis did not report its memory use ({exc!r})") from exc
@@ -398,7 +431,7 @@ def scan(redis: StackConfig, pattern: str) -> list[str]:
 
 def delete_keys(redis: StackConfig, keys: list[str]) -> None:
     for i in range(0, len(keys), 500):
-        redis_cli(redis, stdin="DEL " + " ".join(keys[i:i + 500]) + "\n")
+        redis_cli(redis, stdin="DEL " + " ".join(keys[i : i + 500]) + "\n")
 
 
 def fill(redis: StackConfig, script: str, count: int, marker: str) -> None:
@@ -428,22 +461,46 @@ class Floor:
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{name}.log", "ab") as log:
-            self.procs.append(subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
-                                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            self.procs.append(
+                subprocess.Popen(
+                    argv,
+                    cwd=ROOT,
+                    env={**os.environ, **env},
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
 
     def start(self) -> None:
         c = self.stack.config
         for i, port in enumerate(self.ports, start=1):
-            self._spawn(f"floor-{i}", [c.python, "-m", "tools.bench_floor"],
-                        {"INSTANCE_ID": f"floor-{i}", "HOST": self.host, "PORT": str(port),
-                         "REDIS_URL": c.redis_url, "REDIS_USERNAME": c.redis_user,
-                         "REDIS_PASSWORD": c.redis_password, "BENCH_FLOOR_PREFIX": FLOOR_PREFIX})
+            self._spawn(
+                f"floor-{i}",
+                [c.python, "-m", "tools.bench_floor"],
+                {
+                    "INSTANCE_ID": f"floor-{i}",
+                    "HOST": self.host,
+                    "PORT": str(port),
+                    "REDIS_URL": c.redis_url,
+                    "REDIS_USERNAME": c.redis_user,
+                    "REDIS_PASSWORD": c.redis_password,
+                    "BENCH_FLOOR_PREFIX": FLOOR_PREFIX,
+                },
+            )
         # The same HAProxy settings as the stack's, so the floor pays for the same rules.
-        env = {"HAPROXY_BIND": f"{self.host}:{self.http_port}", "HAPROXY_STATS_BIND": f"{self.host}:{self.stats_port}",
-               "SESSION_TTL_SECONDS": str(c.session_ttl_seconds), "HAPROXY_STATS_USER": c.stats_user,
-               "HAPROXY_STATS_PASSWORD": c.stats_password, "HAPROXY_RATE_LIMIT": str(c.rate_limit),
-               "HAPROXY_MAX_BODY_BYTES": str(c.max_body_bytes), "HAPROXY_ALLOWED_ORIGINS": c.allowed_origins,
-               "HAPROXY_LUA_DIR": str(ROOT / "haproxy")}
+        env = {
+            "HAPROXY_BIND": f"{self.host}:{self.http_port}",
+            "HAPROXY_STATS_BIND": f"{self.host}:{self.stats_port}",
+            "SESSION_TTL_SECONDS": str(c.session_ttl_seconds),
+            "HAPROXY_STATS_USER": c.stats_user,
+            "HAPROXY_STATS_PASSWORD": c.stats_password,
+            "HAPROXY_RATE_LIMIT": str(c.rate_limit),
+            "HAPROXY_MAX_BODY_BYTES": str(c.max_body_bytes),
+            "HAPROXY_ALLOWED_ORIGINS": c.allowed_origins,
+            "HAPROXY_LUA_DIR": str(ROOT / "haproxy"),
+        }
         for i, port in enumerate(self.ports, start=1):
             env[f"MCP_SERVER_{i}"] = f"{self.host}:{port}"
         deadline = time.monotonic() + 30
@@ -524,8 +581,12 @@ class Plan:
     def planned_seconds(self, setups: int) -> float:
         rounds, seconds = self.hop
         wait_rounds, wait_seconds = self.durability
-        return (setups * self.duration + 2 * rounds * seconds + (len(self.scale_levels) + 1) * self.scale_seconds
-                + 2 * wait_rounds * wait_seconds)
+        return (
+            setups * self.duration
+            + 2 * rounds * seconds
+            + (len(self.scale_levels) + 1) * self.scale_seconds
+            + 2 * wait_rounds * wait_seconds
+        )
 
 
 def replica_url(stack: Stack, index: int = 0) -> str:
@@ -617,8 +678,7 @@ async def section_scale(stack: Stack, plan: Plan, progress: Progress, task) -> d
         await close_setup(setup)
     zero = [lv["p50_ms"] for lv in levels if lv["sessions_in_store"] == 0 and lv["p50_ms"]]
     base = statistics.fmean(zero) if zero else None
-    ratios = {str(lv["sessions_in_store"]): _ratio(lv["p50_ms"], base)
-              for lv in levels[:-1] if lv["sessions_in_store"]}
+    ratios = {str(lv["sessions_in_store"]): _ratio(lv["p50_ms"], base) for lv in levels[:-1] if lv["sessions_in_store"]}
     return {"levels": levels, "baseline_p50_ms": None if base is None else round(base, 3), "p50_ratio_to_0": ratios}
 
 
@@ -653,8 +713,11 @@ async def section_memory(stack: Stack, plan: Plan, progress: Progress, task) -> 
         per_session = []
         for client in clients[:5]:
             sid = client.session_id
-            keys = {"session": [f"mcp:session:{sid}"], "events": [f"mcp:events:{sid}"],
-                    "op": await asyncio.to_thread(scan, redis, f"mcp:op:{sid}:*")}
+            keys = {
+                "session": [f"mcp:session:{sid}"],
+                "events": [f"mcp:events:{sid}"],
+                "op": await asyncio.to_thread(scan, redis, f"mcp:op:{sid}:*"),
+            }
             sizes = {}
             for kind, names in keys.items():
                 total = 0
@@ -686,16 +749,15 @@ async def section_memory(stack: Stack, plan: Plan, progress: Progress, task) -> 
         "used_memory_delta_per_session": round((after - before) / count, 1),
         "used_memory_at_rest_per_session": round((at_rest - before) / count, 1),
         "note": "each session: initialize, increment_counter, add_note x3 (session-era, through HAProxy); "
-                "MEMORY USAGE averaged over 5 of them. Resident: the session's hash (state and adoption "
-                "record), kept while the session lives. Transient: op records (kept the op TTL, for retries) "
-                "and the event log (kept the event TTL, for stream resumption). used_memory deltas over all, "
-                "which also count the live-session index entry and Redis's own overhead; at rest is after "
-                "the transient keys are gone",
+        "MEMORY USAGE averaged over 5 of them. Resident: the session's hash (state and adoption "
+        "record), kept while the session lives. Transient: op records (kept the op TTL, for retries) "
+        "and the event log (kept the event TTL, for stream resumption). used_memory deltas over all, "
+        "which also count the live-session index entry and Redis's own overhead; at rest is after "
+        "the transient keys are gone",
     }
 
 
-async def section_durability(plan: Plan, call_p50_ms: float | None, state_dir: Path, progress: Progress,
-                             task) -> dict:
+async def section_durability(plan: Plan, call_p50_ms: float | None, state_dir: Path, progress: Progress, task) -> dict:
     """Keyed increments on a primary with one replica, with and without REDIS_WAIT_REPLICAS=1."""
     pair = Stack(StackConfig.on_free_ports(state_dir, replicas=0, redis_mode="sentinel"))
     stores: dict[str, RedisSessionStore] = {}
@@ -707,26 +769,33 @@ async def section_durability(plan: Plan, call_p50_ms: float | None, state_dir: P
             await asyncio.to_thread(pair.start, name)
         url = pair.config.redis_url
         auth = pair.config.redis_auth
-        stores = {"no_wait": RedisSessionStore(url, **auth, prefix="mcp:bench"),
-                  "wait_1": RedisSessionStore(url, **auth, prefix="mcp:bench", wait_replicas=1)}
-        setups = {name: Setup(name, url, [StoreClient(store) for _ in range(plan.sessions)], None)
-                  for name, store in stores.items()}
+        stores = {
+            "no_wait": RedisSessionStore(url, **auth, prefix="mcp:bench"),
+            "wait_1": RedisSessionStore(url, **auth, prefix="mcp:bench", wait_replicas=1),
+        }
+        setups = {
+            name: Setup(name, url, [StoreClient(store) for _ in range(plan.sessions)], None)
+            for name, store in stores.items()
+        }
         await interleave(list(setups.values()), [("incr", 1)], rounds, seconds, progress, task, "durability")
     finally:
         for store in stores.values():
             await store.aclose()
         await asyncio.to_thread(pair.down)
     out = {name: setup.samples.stats() for name, setup in setups.items()}
-    added = (None if out["wait_1"]["p50_ms"] is None or out["no_wait"]["p50_ms"] is None
-             else round(out["wait_1"]["p50_ms"] - out["no_wait"]["p50_ms"], 3))
+    added = (
+        None
+        if out["wait_1"]["p50_ms"] is None or out["no_wait"]["p50_ms"] is None
+        else round(out["wait_1"]["p50_ms"] - out["no_wait"]["p50_ms"], 3)
+    )
     return {
         **out,
         "throughput_ratio": _ratio(out["wait_1"]["calls_per_s"], out["no_wait"]["calls_per_s"]),
         "write_p50_added_ms": added,
         "share_of_call_p50": None if added is None or not call_p50_ms else round(added / call_p50_ms, 4),
         "note": f"{plan.sessions} sessions of keyed store.incr back to back on a loopback primary and replica; "
-                "share_of_call_p50: the added write latency over the p50 of a tool call through HAProxy "
-                "(throughput section)",
+        "share_of_call_p50: the added write latency over the p50 of a tool call through HAProxy "
+        "(throughput section)",
     }
 
 
@@ -744,7 +813,7 @@ def _forget_sessions(redis: StackConfig, sids: list[str]) -> None:
         keys += [f"mcp:session:{sid}", f"mcp:events:{sid}"]
     delete_keys(redis, keys)
     for i in range(0, len(sids), 500):
-        redis_cli(redis, stdin="ZREM mcp:sessions " + " ".join(sids[i:i + 500]) + "\n")
+        redis_cli(redis, stdin="ZREM mcp:sessions " + " ".join(sids[i : i + 500]) + "\n")
 
 
 def forget_floor_keys(redis: StackConfig) -> None:
@@ -759,15 +828,31 @@ def targets(report: dict) -> list[dict]:
     scale = report["scale"]["p50_ratio_to_0"]
     top = max(scale, key=int) if scale else None
     rows = [
-        {"target": f"MCP throughput through HAProxy >= {TARGET_FLOOR_FRACTION:.0%} of the floor's",
-         "value": t["haproxy_vs_floor_throughput"], "bound": TARGET_FLOOR_FRACTION, "higher_is_better": True},
-        {"target": f"latency at {int(top):,} sessions <= {TARGET_SCALE_RATIO}x at 0" if top else "latency at scale",
-         "value": scale.get(top) if top else None, "bound": TARGET_SCALE_RATIO, "higher_is_better": False,
-         "sessions": int(top) if top else None},
-        {"target": f"Redis bytes per session <= {TARGET_BYTES_PER_SESSION} (resident, MEMORY USAGE)",
-         "value": report["memory"]["resident"], "bound": TARGET_BYTES_PER_SESSION, "higher_is_better": False},
-        {"target": f"p50 through HAProxy <= direct p50 + {TARGET_HOP_MS:g} ms (one session)",
-         "value": report["proxy_hop"]["hop_p50_ms"], "bound": TARGET_HOP_MS, "higher_is_better": False},
+        {
+            "target": f"MCP throughput through HAProxy >= {TARGET_FLOOR_FRACTION:.0%} of the floor's",
+            "value": t["haproxy_vs_floor_throughput"],
+            "bound": TARGET_FLOOR_FRACTION,
+            "higher_is_better": True,
+        },
+        {
+            "target": f"latency at {int(top):,} sessions <= {TARGET_SCALE_RATIO}x at 0" if top else "latency at scale",
+            "value": scale.get(top) if top else None,
+            "bound": TARGET_SCALE_RATIO,
+            "higher_is_better": False,
+            "sessions": int(top) if top else None,
+        },
+        {
+            "target": f"Redis bytes per session <= {TARGET_BYTES_PER_SESSION} (resident, MEMORY USAGE)",
+            "value": report["memory"]["resident"],
+            "bound": TARGET_BYTES_PER_SESSION,
+            "higher_is_better": False,
+        },
+        {
+            "target": f"p50 through HAProxy <= direct p50 + {TARGET_HOP_MS:g} ms (one session)",
+            "value": report["proxy_hop"]["hop_p50_ms"],
+            "bound": TARGET_HOP_MS,
+            "higher_is_better": False,
+        },
     ]
     for row in rows:
         v = row["value"]
@@ -777,10 +862,14 @@ def targets(report: dict) -> list[dict]:
 
 def measured_errors(report: dict) -> list[str]:
     out = []
-    groups = {**{f"throughput/{k}": v for k, v in report["throughput"]["setups"].items()},
-              "proxy_hop/haproxy": report["proxy_hop"]["haproxy"], "proxy_hop/direct": report["proxy_hop"]["direct"],
-              **{f"scale/{lv['sessions_in_store']}": lv for lv in report["scale"]["levels"]},
-              "durability/no_wait": report["durability"]["no_wait"], "durability/wait_1": report["durability"]["wait_1"]}
+    groups = {
+        **{f"throughput/{k}": v for k, v in report["throughput"]["setups"].items()},
+        "proxy_hop/haproxy": report["proxy_hop"]["haproxy"],
+        "proxy_hop/direct": report["proxy_hop"]["direct"],
+        **{f"scale/{lv['sessions_in_store']}": lv for lv in report["scale"]["levels"]},
+        "durability/no_wait": report["durability"]["no_wait"],
+        "durability/wait_1": report["durability"]["wait_1"],
+    }
     for name, stats in groups.items():
         if stats["errors"] or not stats["ok"]:
             sample = stats["error_samples"][0] if stats["error_samples"] else "no call succeeded"
@@ -812,50 +901,120 @@ class Section:
 def sections(report: dict) -> list[Section]:
     out = []
     c = report["config"]
-    rows = [[name, str(s["calls"]), str(s["errors"]), f"{s['calls_per_s']:.0f}", _ms(s["p50_ms"]), _ms(s["p95_ms"]),
-             _ms(s["p99_ms"]), " ".join(f"{k}:{v}" for k, v in s["instances"].items())]
-            for name, s in report["throughput"]["setups"].items()]
-    out.append(Section(f"Throughput: {c['sessions']} sessions, mix {c['mix']}, {c['generation']} clients",
-                       ["setup", "calls", "errors", "calls/s", "p50 ms", "p95 ms", "p99 ms", "answered by"], rows,
-                       "  ".join(f"{k} {v}" for k, v in report["throughput"]["ratios"].items()),
-                       left=("setup", "answered by")))
+    rows = [
+        [
+            name,
+            str(s["calls"]),
+            str(s["errors"]),
+            f"{s['calls_per_s']:.0f}",
+            _ms(s["p50_ms"]),
+            _ms(s["p95_ms"]),
+            _ms(s["p99_ms"]),
+            " ".join(f"{k}:{v}" for k, v in s["instances"].items()),
+        ]
+        for name, s in report["throughput"]["setups"].items()
+    ]
+    out.append(
+        Section(
+            f"Throughput: {c['sessions']} sessions, mix {c['mix']}, {c['generation']} clients",
+            ["setup", "calls", "errors", "calls/s", "p50 ms", "p95 ms", "p99 ms", "answered by"],
+            rows,
+            "  ".join(f"{k} {v}" for k, v in report["throughput"]["ratios"].items()),
+            left=("setup", "answered by"),
+        )
+    )
 
     h = report["proxy_hop"]
-    rows = [[name, str(h[name]["calls"]), str(h[name]["errors"]), _ms(h[name]["p50_ms"]), _ms(h[name]["p95_ms"]),
-             _ms(h[name]["p99_ms"])] for name in ("haproxy", "direct")]
-    out.append(Section("Proxy hop, one session", ["setup", "calls", "errors", "p50 ms", "p95 ms", "p99 ms"], rows,
-                       f"hop (p50 difference): {_ms(h['hop_p50_ms'])} ms", left=("setup",)))
+    rows = [
+        [
+            name,
+            str(h[name]["calls"]),
+            str(h[name]["errors"]),
+            _ms(h[name]["p50_ms"]),
+            _ms(h[name]["p95_ms"]),
+            _ms(h[name]["p99_ms"]),
+        ]
+        for name in ("haproxy", "direct")
+    ]
+    out.append(
+        Section(
+            "Proxy hop, one session",
+            ["setup", "calls", "errors", "p50 ms", "p95 ms", "p99 ms"],
+            rows,
+            f"hop (p50 difference): {_ms(h['hop_p50_ms'])} ms",
+            left=("setup",),
+        )
+    )
 
     sc = report["scale"]
     rows = []
     for lv in sc["levels"]:
         n = lv["sessions_in_store"]
         ratio = sc["p50_ratio_to_0"].get(str(n)) if n else None
-        rows.append([f"{n:,}", str(lv["calls"]), str(lv["errors"]), _ms(lv["p50_ms"]), _ms(lv["p95_ms"]),
-                     _ms(lv["p99_ms"]), "-" if ratio is None else f"{ratio:.2f}"])
-    out.append(Section("Latency as sessions pile up (one session, through HAProxy)",
-                       ["sessions in store", "calls", "errors", "p50 ms", "p95 ms", "p99 ms", "p50 / at 0"], rows))
+        rows.append(
+            [
+                f"{n:,}",
+                str(lv["calls"]),
+                str(lv["errors"]),
+                _ms(lv["p50_ms"]),
+                _ms(lv["p95_ms"]),
+                _ms(lv["p99_ms"]),
+                "-" if ratio is None else f"{ratio:.2f}",
+            ]
+        )
+    out.append(
+        Section(
+            "Latency as sessions pile up (one session, through HAProxy)",
+            ["sessions in store", "calls", "errors", "p50 ms", "p95 ms", "p99 ms", "p50 / at 0"],
+            rows,
+        )
+    )
 
     m = report["memory"]
     per = m["memory_usage_per_key"]
-    rows = [["resident: mcp:session:<id> (state + adoption record)", f"{per['session']:.0f}"],
-            ["transient: mcp:events:<id> (event TTL)", f"{per['events']:.0f}"],
-            [f"transient: mcp:op:<id>:* ({per['op_keys']:.0f} keys, op TTL)", f"{per['op']:.0f}"],
-            ["used_memory delta / session, right after the calls (no client buffers)",
-             f"{m['used_memory_delta_per_session']:.0f}"],
-            ["used_memory delta / session, at rest (no client buffers)", f"{m['used_memory_at_rest_per_session']:.0f}"]]
-    out.append(Section(f"Redis per session (counter + 3 notes), {m['sessions_created']} sessions", ["key", "bytes"],
-                       rows, left=("key",)))
+    rows = [
+        ["resident: mcp:session:<id> (state + adoption record)", f"{per['session']:.0f}"],
+        ["transient: mcp:events:<id> (event TTL)", f"{per['events']:.0f}"],
+        [f"transient: mcp:op:<id>:* ({per['op_keys']:.0f} keys, op TTL)", f"{per['op']:.0f}"],
+        [
+            "used_memory delta / session, right after the calls (no client buffers)",
+            f"{m['used_memory_delta_per_session']:.0f}",
+        ],
+        ["used_memory delta / session, at rest (no client buffers)", f"{m['used_memory_at_rest_per_session']:.0f}"],
+    ]
+    out.append(
+        Section(
+            f"Redis per session (counter + 3 notes), {m['sessions_created']} sessions",
+            ["key", "bytes"],
+            rows,
+            left=("key",),
+        )
+    )
 
     d = report["durability"]
-    rows = [[label, str(d[name]["calls"]), str(d[name]["errors"]), f"{d[name]['calls_per_s']:.0f}",
-             _ms(d[name]["p50_ms"]), _ms(d[name]["p95_ms"]), _ms(d[name]["p99_ms"])]
-            for name, label in (("no_wait", "0"), ("wait_1", "1"))]
+    rows = [
+        [
+            label,
+            str(d[name]["calls"]),
+            str(d[name]["errors"]),
+            f"{d[name]['calls_per_s']:.0f}",
+            _ms(d[name]["p50_ms"]),
+            _ms(d[name]["p95_ms"]),
+            _ms(d[name]["p99_ms"]),
+        ]
+        for name, label in (("no_wait", "0"), ("wait_1", "1"))
+    ]
     share = "-" if d["share_of_call_p50"] is None else f"{d['share_of_call_p50']:.1%}"
-    out.append(Section("Durability: a keyed write, with and without a replica's acknowledgement (WAIT)",
-                       ["REDIS_WAIT_REPLICAS", "writes", "errors", "writes/s", "p50 ms", "p95 ms", "p99 ms"], rows,
-                       f"throughput ratio {d['throughput_ratio']}; p50 added {_ms(d['write_p50_added_ms'])} ms per "
-                       f"write, {share} of a tool call's p50 through HAProxy", left=("REDIS_WAIT_REPLICAS",)))
+    out.append(
+        Section(
+            "Durability: a keyed write, with and without a replica's acknowledgement (WAIT)",
+            ["REDIS_WAIT_REPLICAS", "writes", "errors", "writes/s", "p50 ms", "p95 ms", "p99 ms"],
+            rows,
+            f"throughput ratio {d['throughput_ratio']}; p50 added {_ms(d['write_p50_added_ms'])} ms per "
+            f"write, {share} of a tool call's p50 through HAProxy",
+            left=("REDIS_WAIT_REPLICAS",),
+        )
+    )
     return out
 
 
@@ -902,9 +1061,11 @@ def _region(text: str, path: Path, name: str) -> tuple[int, int]:
     starts, ends = text.count(start), text.count(end)
     if starts != 1 or ends != 1 or text.index(start) > text.index(end):
         found = f"found {start} {starts} time(s) and {end} {ends} time(s)" + (
-            ", the end marker first" if starts == ends == 1 else "")
-        raise MarkdownError(f"{path} needs the markers {start} and {end}, each once and in that order, where the "
-                            f"figures go ({found})")
+            ", the end marker first" if starts == ends == 1 else ""
+        )
+        raise MarkdownError(
+            f"{path} needs the markers {start} and {end}, each once and in that order, where the figures go ({found})"
+        )
     return text.index(start) + len(start), text.index(end)
 
 
@@ -954,10 +1115,15 @@ def markdown_option(name: str) -> Callable:
                 raise click.BadParameter(str(exc)) from None
         return value
 
-    return click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False, path_type=Path),
-                        callback=check, metavar="FILE",
-                        help=f"After the run, write its figures as markdown tables into FILE, between {start} and "
-                             f"{end} (nothing else in FILE changes).")
+    return click.option(
+        "--markdown",
+        "markdown_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        callback=check,
+        metavar="FILE",
+        help=f"After the run, write its figures as markdown tables into FILE, between {start} and "
+        f"{end} (nothing else in FILE changes).",
+    )
 
 
 def md_escape(text: str) -> str:
@@ -982,24 +1148,33 @@ def provenance(module: str) -> str:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     command = shlex.join(["python", "-m", module, *sys.argv[1:]])
     fence = "``" if "`" in command else "`"
-    return (f"Measured {when} on {platform.system()} {platform.machine()}, nproc {cpus}, "
-            f"Python {platform.python_version()}, with {fence}{command}{fence}.")
+    return (
+        f"Measured {when} on {platform.system()} {platform.machine()}, nproc {cpus}, "
+        f"Python {platform.python_version()}, with {fence}{command}{fence}."
+    )
 
 
 def markdown_report(report: dict) -> str:
-    targets_table = Section("Targets", ["target", "value", "holds"],
-                            [[t["target"], "-" if t["value"] is None else str(t["value"]),
-                              "holds" if t["holds"] else "missed"] for t in report["targets"]],
-                            left=("target", "holds"))
+    targets_table = Section(
+        "Targets",
+        ["target", "value", "holds"],
+        [
+            [t["target"], "-" if t["value"] is None else str(t["value"]), "holds" if t["holds"] else "missed"]
+            for t in report["targets"]
+        ],
+        left=("target", "holds"),
+    )
     return "\n\n".join([provenance("tools.bench"), *(md_table(s) for s in [*sections(report), targets_table])])
 
 
 # -- the chart ----------------------------------------------------------------------------
 
 
-MATPLOTLIB_MISSING = ("--chart needs matplotlib, which is not installed: it is in the 'bench' dependency group "
-                      "(uv sync --group bench; a plain `uv sync` or `make python-deps` installs it too), "
-                      "or pip install matplotlib==3.10.9")
+MATPLOTLIB_MISSING = (
+    "--chart needs matplotlib, which is not installed: it is in the 'bench' dependency group "
+    "(uv sync --group bench; a plain `uv sync` or `make python-deps` installs it too), "
+    "or pip install matplotlib==3.10.9"
+)
 
 
 def _pyplot():
@@ -1068,8 +1243,14 @@ async def run(stack: Stack, plan: Plan, log_dir: Path, state_dir: Path) -> dict:
         # Inside the try: a floor that fails half-way is stopped too.
         with console.status("starting the floor (tools.bench_floor behind its own HAProxy)"):
             await asyncio.to_thread(floor.start)
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                      TimeElapsedColumn(), console=console, transient=not console.is_terminal) as progress:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=not console.is_terminal,
+        ) as progress:
             task = progress.add_task("starting", total=plan.planned_seconds(setups) + 1)
             throughput = await section_throughput(stack, floor, plan, progress, task)
             latencies = throughput.pop("_latencies")  # for the chart only, kept out of the JSON
@@ -1078,37 +1259,80 @@ async def run(stack: Stack, plan: Plan, log_dir: Path, state_dir: Path) -> dict:
             # 100,000 filled sessions go, which would show up here as negative bytes.
             memory = await section_memory(stack, plan, progress, task)
             scale = await section_scale(stack, plan, progress, task)
-            durability = await section_durability(plan, throughput["setups"]["haproxy"]["p50_ms"], state_dir,
-                                                  progress, task)
+            durability = await section_durability(
+                plan, throughput["setups"]["haproxy"]["p50_ms"], state_dir, progress, task
+            )
             progress.update(task, description="done", completed=progress.tasks[0].total)
     finally:
         await asyncio.to_thread(floor.stop)
         await asyncio.to_thread(forget_floor_keys, stack.config)
-    return {"throughput": throughput, "proxy_hop": hop, "scale": scale, "memory": memory, "durability": durability,
-            "_latencies": latencies}
+    return {
+        "throughput": throughput,
+        "proxy_hop": hop,
+        "scale": scale,
+        "memory": memory,
+        "durability": durability,
+        "_latencies": latencies,
+    }
 
 
 @click.command()
-@click.option("--mix", default="increment_counter", show_default=True,
-              help="Tools to call and their weights, e.g. increment_counter=3,get_counter=1.")
-@click.option("--sessions", type=click.IntRange(1, 256), default=8, show_default=True,
-              help="Concurrent sessions per setup, each calling back to back.")
-@click.option("--duration", type=click.FloatRange(1, 600), default=None,
-              help="Seconds of measured load per setup (split into interleaved rounds); 15, or 3 with --quick.")
-@click.option("--generation", type=click.Choice(["session", "sessionless"]), default="session", show_default=True,
-              help="session: 2025-11-25 with mcp-session-id; sessionless: 2026-07-28 with a create_session handle.")
-@click.option("--compare", "compare", metavar="URL",
-              help="Another MCP endpoint (session-era, the kit's tool contract) measured beside ours.")
+@click.option(
+    "--mix",
+    default="increment_counter",
+    show_default=True,
+    help="Tools to call and their weights, e.g. increment_counter=3,get_counter=1.",
+)
+@click.option(
+    "--sessions",
+    type=click.IntRange(1, 256),
+    default=8,
+    show_default=True,
+    help="Concurrent sessions per setup, each calling back to back.",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(1, 600),
+    default=None,
+    help="Seconds of measured load per setup (split into interleaved rounds); 15, or 3 with --quick.",
+)
+@click.option(
+    "--generation",
+    type=click.Choice(["session", "sessionless"]),
+    default="session",
+    show_default=True,
+    help="session: 2025-11-25 with mcp-session-id; sessionless: 2026-07-28 with a create_session handle.",
+)
+@click.option(
+    "--compare",
+    "compare",
+    metavar="URL",
+    help="Another MCP endpoint (session-era, the kit's tool contract) measured beside ours.",
+)
 @click.option("--quick", is_flag=True, help="Short rounds and fewer sessions made: under a minute, for CI.")
 @click.option("--own-stack", is_flag=True, help="Start a stack of its own on free loopback ports, stop it at the end.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the results here.")
-@click.option("--chart", "chart_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Draw latency distributions and throughput per setup into this PNG.")
+@click.option(
+    "--chart",
+    "chart_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Draw latency distributions and throughput per setup into this PNG.",
+)
 @markdown_option(MARKDOWN_MARKERS)
 @click.option("--check-targets", is_flag=True, help="Exit 1 when a target is missed (otherwise they are only printed).")
-def main(mix: str, sessions: int, duration: float | None, generation: str, compare: str | None, quick: bool,
-         own_stack: bool, json_path: Path | None, chart_path: Path | None, markdown_path: Path | None,
-         check_targets: bool) -> None:
+def main(
+    mix: str,
+    sessions: int,
+    duration: float | None,
+    generation: str,
+    compare: str | None,
+    quick: bool,
+    own_stack: bool,
+    json_path: Path | None,
+    chart_path: Path | None,
+    markdown_path: Path | None,
+    check_targets: bool,
+) -> None:
     """Measure calls/s and latency through HAProxy, directly and against a bare floor; scale; memory."""
     duration = duration or (3.0 if quick else 15.0)
     plan = Plan(parse_mix(mix), sessions, duration, generation, quick, compare)
@@ -1147,16 +1371,38 @@ def main(mix: str, sessions: int, duration: float | None, generation: str, compa
             stack.down()
 
     latencies = report.pop("_latencies")
-    report["config"] = {"mix": mix, "sessions": sessions, "duration_s": plan.duration, "rounds": plan.rounds,
-                        "generation": generation, "quick": quick, "own_stack": own_stack, "compare": compare,
-                        "replicas": len(stack.config.replica_ports), "cpus": os.cpu_count()}
+    report["config"] = {
+        "mix": mix,
+        "sessions": sessions,
+        "duration_s": plan.duration,
+        "rounds": plan.rounds,
+        "generation": generation,
+        "quick": quick,
+        "own_stack": own_stack,
+        "compare": compare,
+        "replicas": len(stack.config.replica_ports),
+        "cpus": os.cpu_count(),
+    }
     report["targets"] = targets(report)
     errors = measured_errors(report)
     report["errors"] = errors
     report["ok"] = not errors
     report["seconds"] = round(time.monotonic() - started, 1)
-    report = {k: report[k] for k in ("ok", "errors", "config", "targets", "throughput", "proxy_hop", "scale",
-                                     "memory", "durability", "seconds")}
+    report = {
+        k: report[k]
+        for k in (
+            "ok",
+            "errors",
+            "config",
+            "targets",
+            "throughput",
+            "proxy_hop",
+            "scale",
+            "memory",
+            "durability",
+            "seconds",
+        )
+    }
 
     for table in results_tables(report):
         console.print(table)

@@ -34,15 +34,19 @@ INSTANCE_ID = os.environ.get("INSTANCE_ID", "floor-1")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6380/0")
 PREFIX = os.environ.get("BENCH_FLOOR_PREFIX", "mcp:benchfloor")
 
-store = RedisSessionStore(REDIS_URL, prefix=PREFIX, username=os.environ.get("REDIS_USERNAME") or None,
-                          password=os.environ.get("REDIS_PASSWORD") or None)
+store = RedisSessionStore(
+    REDIS_URL,
+    prefix=PREFIX,
+    username=os.environ.get("REDIS_USERNAME") or None,
+    password=os.environ.get("REDIS_PASSWORD") or None,
+)
 
 
 async def incr(request: Request) -> Response:
     try:
         session_id = json.loads(await request.body())["session_id"]
     except (ValueError, KeyError, TypeError):
-        return JSONResponse({"error": "send {\"session_id\": ...}"}, status_code=400)
+        return JSONResponse({"error": 'send {"session_id": ...}'}, status_code=400)
     op = Op(request.headers.get("x-request-id") or uuid.uuid4().hex, "incr")
     counter = await store.incr(session_id, "counter", op=op)
     return JSONResponse({"counter": counter, "instance": INSTANCE_ID})
@@ -59,5 +63,11 @@ app = Starlette(routes=[Route("/incr", incr, methods=["POST"]), Route("/health",
 
 if __name__ == "__main__":
     # The same server settings as the replicas'.
-    uvicorn.run(app, host=os.environ.get("HOST", "127.0.0.1"), port=int(os.environ.get("PORT", "8000")),
-                loop="uvloop", http="httptools", log_level="warning")
+    uvicorn.run(
+        app,
+        host=os.environ.get("HOST", "127.0.0.1"),
+        port=int(os.environ.get("PORT", "8000")),
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+    )

@@ -73,8 +73,17 @@ from rich.table import Table
 
 from resilient_client import ResilientClient
 from stack import Stack, StackConfig, StackError, running_stack
-from tools.bench import MarkdownError, Section, markdown_option, markers, md_escape, md_table, provenance, rich_table
-from tools.bench import write_between_markers
+from tools.bench import (
+    MarkdownError,
+    Section,
+    markdown_option,
+    markers,
+    md_escape,
+    md_table,
+    provenance,
+    rich_table,
+    write_between_markers,
+)
 from tools.mcp_wire import RawSession
 
 REPLICA_SCENARIOS = ("kill", "pause", "rolling", "restart-all")
@@ -375,8 +384,9 @@ async def _drive(run: SessionRun, call: Callable[[], Awaitable[Any]], bound: flo
             pass
 
 
-async def _watch_backends(stack: Stack, timeline: list[tuple[float, dict[str, str]]], status: RunStatus,
-                          stop: asyncio.Event) -> None:
+async def _watch_backends(
+    stack: Stack, timeline: list[tuple[float, dict[str, str]]], status: RunStatus, stop: asyncio.Event
+) -> None:
     while not stop.is_set():
         backends = await asyncio.to_thread(stack.backend_status)
         now = time.monotonic()
@@ -431,7 +441,9 @@ async def _inject(stack: Stack, scenario: str, replica: str, status: RunStatus) 
         if stack.config.redis_mode == "sentinel":
             status.set_phase("waiting for the sentinels to promote a replica")
             if not await asyncio.to_thread(_promoted, stack, replica):
-                raise StackError(f"no replica was promoted within {PROMOTION_TIMEOUT_SECONDS:.0f} s of killing {replica}")
+                raise StackError(
+                    f"no replica was promoted within {PROMOTION_TIMEOUT_SECONDS:.0f} s of killing {replica}"
+                )
         else:
             await asyncio.sleep(KILL_DOWN_SECONDS)
         status.set_phase(f"starting {replica}")
@@ -487,8 +499,17 @@ def _longest_stall(run: SessionRun, load_start: float, load_end: float) -> float
     return max(b - a for a, b in zip(ends, ends[1:]))
 
 
-def _client_report(kind: str, runs: list[SessionRun], *, replica: str, struck: float, over: float,
-                   load_start: float, load_end: float, detected: float | None) -> ClientReport:
+def _client_report(
+    kind: str,
+    runs: list[SessionRun],
+    *,
+    replica: str,
+    struck: float,
+    over: float,
+    load_start: float,
+    load_end: float,
+    detected: float | None,
+) -> ClientReport:
     calls = [c for r in runs for c in r.calls]
     lost = duplicated = unreadable = 0
     final = 0
@@ -525,8 +546,9 @@ def _client_report(kind: str, runs: list[SessionRun], *, replica: str, struck: f
     )
 
 
-def _first(timeline: list[tuple[float, dict[str, str]]], after: float, test: Callable[[str], bool],
-           replica: str) -> float | None:
+def _first(
+    timeline: list[tuple[float, dict[str, str]]], after: float, test: Callable[[str], bool], replica: str
+) -> float | None:
     for t, backends in timeline:
         if t >= after and test(backends.get(replica, "")):
             return t
@@ -559,8 +581,15 @@ async def _close_all(closers: list[Callable[[], Awaitable[Any]]]) -> None:
     await asyncio.gather(*(close(c) for c in closers))
 
 
-async def run_scenario(stack: Stack, scenario: str, *, sessions: int = 5, duration: float = 8.0,
-                       fault_at: float = 2.0, status: RunStatus | None = None) -> ScenarioReport:
+async def run_scenario(
+    stack: Stack,
+    scenario: str,
+    *,
+    sessions: int = 5,
+    duration: float = 8.0,
+    fault_at: float = 2.0,
+    status: RunStatus | None = None,
+) -> ScenarioReport:
     """Run `sessions` sessions of each kind of client through one fault; what they saw.
 
     The load lasts `duration` seconds, or until the stack has been whole again
@@ -590,8 +619,10 @@ async def run_scenario(stack: Stack, scenario: str, *, sessions: int = 5, durati
 
         load_start = status.started = time.monotonic()
         watcher = asyncio.create_task(_watch_backends(stack, timeline, status, watch_stop))
-        tasks = [asyncio.create_task(_drive(r, partial(c.call, "increment_counter"), c.bound, stop))
-                 for r, c in zip(runs, clients)]
+        tasks = [
+            asyncio.create_task(_drive(r, partial(c.call, "increment_counter"), c.bound, stop))
+            for r, c in zip(runs, clients)
+        ]
 
         status.set_phase("steady load")
         await asyncio.sleep(fault_at)
@@ -635,13 +666,22 @@ async def run_scenario(stack: Stack, scenario: str, *, sessions: int = 5, durati
         await _close_all([c.aclose for c in clients])
 
     # Redis faults take no replica out on purpose: a replica rides out a failover (see server.StoreHealth).
-    mark_down = None if scenario in REDIS_SCENARIOS else _first(timeline, struck, lambda s: not s.startswith("UP"), replica)
+    mark_down = (
+        None if scenario in REDIS_SCENARIOS else _first(timeline, struck, lambda s: not s.startswith("UP"), replica)
+    )
     back_up = _first(timeline, mark_down, lambda s: s.startswith("UP"), replica) if mark_down else None
     backends_after = await asyncio.to_thread(stack.backend_status)
-    healthy = (all(stack.state(svc.name) == "running" for svc in stack.services())
-               and backends_after == dict.fromkeys(replicas, "UP"))
-    common = {"replica": replica, "struck": struck, "over": over, "load_start": load_start, "load_end": load_end,
-              "detected": mark_down}
+    healthy = all(stack.state(svc.name) == "running" for svc in stack.services()) and backends_after == dict.fromkeys(
+        replicas, "UP"
+    )
+    common = {
+        "replica": replica,
+        "struck": struck,
+        "over": over,
+        "load_start": load_start,
+        "load_end": load_end,
+        "detected": mark_down,
+    }
     status.set_phase("done")
     return ScenarioReport(
         scenario=scenario,
@@ -682,12 +722,20 @@ def check_targets(report: ScenarioReport) -> list[str]:
     for c in report.clients:
         k = c.kind
         need(c.unreadable == 0, f"{k}: the final counter of {c.unreadable} session(s) could not be read")
-        need(c.lost == 0 or loss_allowed,
-             f"{k}: {c.lost} acknowledged increment(s) lost (final {c.final}, acknowledged {c.acknowledged})")
-        need(c.duplicated == 0, f"{k}: {c.duplicated} increment(s) applied twice (final {c.final}, "
-                                f"acknowledged {c.acknowledged}, failed {c.failed})")
+        need(
+            c.lost == 0 or loss_allowed,
+            f"{k}: {c.lost} acknowledged increment(s) lost (final {c.final}, acknowledged {c.acknowledged})",
+        )
+        need(
+            c.duplicated == 0,
+            f"{k}: {c.duplicated} increment(s) applied twice (final {c.final}, "
+            f"acknowledged {c.acknowledged}, failed {c.failed})",
+        )
         need(c.overran == 0, f"{k}: {c.overran} call(s) neither returned nor raised within their timeout")
-        need(c.working_after == c.sessions, f"{k}: only {c.working_after} of {c.sessions} sessions worked after the fault")
+        need(
+            c.working_after == c.sessions,
+            f"{k}: only {c.working_after} of {c.sessions} sessions worked after the fault",
+        )
         need(c.calls > 0 and c.acknowledged > 0, f"{k}: no call was answered at all")
 
     r = report.resilient
@@ -696,10 +744,16 @@ def check_targets(report: ScenarioReport) -> list[str]:
     if s in REDIS_SCENARIOS:
         # Reported, not targets: how long calls wait depends on how long Redis is gone.
         return missed
-    need(r.longest_call_s <= TARGET_LONGEST_CALL, f"resilient: a call took {r.longest_call_s:.2f} s (target ≤ {TARGET_LONGEST_CALL:.0f} s)")
+    need(
+        r.longest_call_s <= TARGET_LONGEST_CALL,
+        f"resilient: a call took {r.longest_call_s:.2f} s (target ≤ {TARGET_LONGEST_CALL:.0f} s)",
+    )
 
     p = report.plain
-    need(p.longest_stall_s < TARGET_STALL, f"plain: a session stalled {p.longest_stall_s:.2f} s (target < {TARGET_STALL:.0f} s)")
+    need(
+        p.longest_stall_s < TARGET_STALL,
+        f"plain: a session stalled {p.longest_stall_s:.2f} s (target < {TARGET_STALL:.0f} s)",
+    )
     # The clients with no retries of their own (plain, sessionless) see what HAProxy cannot rescue for them.
     unretried = [c for c in report.clients if not CLIENTS[c.kind].retries]
     if s in ("kill", "pause"):
@@ -708,17 +762,27 @@ def check_targets(report: ScenarioReport) -> list[str]:
         # one call under way at a time, and one the fault catches may be followed, within that window,
         # by the session's next call; a call sent once HAProxy has taken the replica out must not fail.
         for c in unretried:
-            need(c.failed_after_detection == 0, f"{c.kind}: {c.failed_after_detection} call(s) sent after HAProxy "
-                                                f"took {report.replica} out failed: {'; '.join(c.errors)}")
-        need(p.moved == p.exposed, f"plain: {p.exposed - p.moved} of {p.exposed} sessions on {report.replica} "
-                                   "were not answered by another replica")
+            need(
+                c.failed_after_detection == 0,
+                f"{c.kind}: {c.failed_after_detection} call(s) sent after HAProxy "
+                f"took {report.replica} out failed: {'; '.join(c.errors)}",
+            )
+        need(
+            p.moved == p.exposed,
+            f"plain: {p.exposed - p.moved} of {p.exposed} sessions on {report.replica} "
+            "were not answered by another replica",
+        )
         limit = TARGET_MARK_DOWN[s]
-        need(report.mark_down_s is not None and report.mark_down_s <= limit,
-             f"HAProxy took {report.mark_down_s} s to take {report.replica} out (target ≤ {limit:.0f} s)")
+        need(
+            report.mark_down_s is not None and report.mark_down_s <= limit,
+            f"HAProxy took {report.mark_down_s} s to take {report.replica} out (target ≤ {limit:.0f} s)",
+        )
     elif s == "rolling":
         for c in unretried:
-            need(c.failed == 0,
-                 f"{c.kind}: {c.failed} failed call(s) in a rolling restart (target 0): {'; '.join(c.errors)}")
+            need(
+                c.failed == 0,
+                f"{c.kind}: {c.failed} failed call(s) in a rolling restart (target 0): {'; '.join(c.errors)}",
+            )
     return missed
 
 
@@ -738,17 +802,26 @@ class LiveView:
     def __rich__(self) -> Table:
         s = self.status
         elapsed = time.monotonic() - s.started if s.started else 0.0
-        table = Table(title=f"[{self.index}/{self.total}] {s.scenario}: {s.phase}  ({elapsed:.1f} s)",
-                      title_justify="left")
+        table = Table(
+            title=f"[{self.index}/{self.total}] {s.scenario}: {s.phase}  ({elapsed:.1f} s)", title_justify="left"
+        )
         for column in ("client", "sessions", "calls", "ok", "failed", "in flight"):
             table.add_column(column, justify="right" if column != "client" else "left")
         for kind in KINDS:
             runs = [r for r in s.runs if r.kind == kind]
             calls = sum(len(r.calls) for r in runs)
             failed = sum(r.failed for r in runs)
-            table.add_row(kind, str(len(runs)), str(calls), str(calls - failed),
-                          f"[red]{failed}[/red]" if failed else "0", str(sum(r.in_flight for r in runs)))
-        backends = "  ".join(f"{n}: {'[green]' if v.startswith('UP') else '[red]'}{v}[/]" for n, v in sorted(s.backends.items()))
+            table.add_row(
+                kind,
+                str(len(runs)),
+                str(calls),
+                str(calls - failed),
+                f"[red]{failed}[/red]" if failed else "0",
+                str(sum(r.in_flight for r in runs)),
+            )
+        backends = "  ".join(
+            f"{n}: {'[green]' if v.startswith('UP') else '[red]'}{v}[/]" for n, v in sorted(s.backends.items())
+        )
         table.caption = backends or "HAProxy: (no answer)"
         table.caption_justify = "left"
         return table
@@ -760,35 +833,53 @@ def _seconds(value: float | None) -> str:
 
 def results_section(reports: list[ScenarioReport]) -> Section:
     """The figures of every scenario, one row per kind of client (and one for the stack's own misses)."""
-    columns = ["scenario", "faulted", "client", "calls", "failed", "in flight\nat fault", "sessions\non faulted",
-               "longest\ncall s", "longest\nstall s", "marked\ndown s", "final / acked", "lost", "dup", "targets"]
+    columns = [
+        "scenario",
+        "faulted",
+        "client",
+        "calls",
+        "failed",
+        "in flight\nat fault",
+        "sessions\non faulted",
+        "longest\ncall s",
+        "longest\nstall s",
+        "marked\ndown s",
+        "final / acked",
+        "lost",
+        "dup",
+        "targets",
+    ]
     rows = []
     for report in reports:
         missed = check_targets(report)
         for c in report.clients:
             mine = [m for m in missed if f": {c.kind}:" in m]
             first = c.kind == KINDS[0]
-            rows.append([
-                report.scenario if first else "",
-                report.replica if first else "",
-                c.kind,
-                str(c.calls),
-                str(c.failed),
-                str(report.in_flight_at_fault) if first else "",
-                str(c.exposed),
-                f"{c.longest_call_s:.2f}",
-                f"{c.longest_stall_s:.2f}",
-                _seconds(report.mark_down_s) if first else "",
-                f"{'?' if c.final is None else c.final} / {c.acknowledged}",
-                str(c.lost),
-                str(c.duplicated),
-                "met" if not mine else f"{len(mine)} missed",
-            ])
+            rows.append(
+                [
+                    report.scenario if first else "",
+                    report.replica if first else "",
+                    c.kind,
+                    str(c.calls),
+                    str(c.failed),
+                    str(report.in_flight_at_fault) if first else "",
+                    str(c.exposed),
+                    f"{c.longest_call_s:.2f}",
+                    f"{c.longest_stall_s:.2f}",
+                    _seconds(report.mark_down_s) if first else "",
+                    f"{'?' if c.final is None else c.final} / {c.acknowledged}",
+                    str(c.lost),
+                    str(c.duplicated),
+                    "met" if not mine else f"{len(mine)} missed",
+                ]
+            )
         stack_missed = [m for m in missed if not any(f": {kind}:" in m for kind in KINDS)]
         if stack_missed:
             rows.append(["", "", "stack", *[""] * (len(columns) - 4), f"{len(stack_missed)} missed"])
-    caption = ("in flight at fault: plain calls under way at the fault instant, on any replica. "
-               "marked down: seconds until HAProxy took the (first) faulted replica out.")
+    caption = (
+        "in flight at fault: plain calls under way at the fault instant, on any replica. "
+        "marked down: seconds until HAProxy took the (first) faulted replica out."
+    )
     return Section("Failover benchmark", columns, rows, caption, left=("scenario", "faulted", "client", "targets"))
 
 
@@ -798,31 +889,53 @@ def results_table(reports: list[ScenarioReport]) -> Table:
 
 def markdown_report(reports: list[ScenarioReport]) -> str:
     first = reports[0]
-    redis = first.redis_mode + (f", REDIS_WAIT_REPLICAS={first.wait_replicas}" if first.redis_mode == "sentinel" else "")
-    setup = (f"{first.sessions} sessions of each kind of client ({', '.join(KINDS)}) through HAProxy, each calling "
-             f"increment_counter in a loop; Redis: {redis}. Plain and sessionless calls time out after "
-             f"{PLAIN_CALL_TIMEOUT:g} s; ResilientClient: "
-             + ", ".join(f"{k} {v:g}" for k, v in RESILIENT_SETTINGS.items()) + ".")
-    bounds = (f"Targets: a resilient call takes at most {TARGET_LONGEST_CALL:g} s, no plain session stalls "
-              f"{TARGET_STALL:g} s, HAProxy takes the faulted replica out within "
-              + ", ".join(f"{v:g} s ({k})" for k, v in TARGET_MARK_DOWN.items())
-              + "; no acknowledged increment is lost and none applied twice (see check_targets).")
+    redis = first.redis_mode + (
+        f", REDIS_WAIT_REPLICAS={first.wait_replicas}" if first.redis_mode == "sentinel" else ""
+    )
+    setup = (
+        f"{first.sessions} sessions of each kind of client ({', '.join(KINDS)}) through HAProxy, each calling "
+        f"increment_counter in a loop; Redis: {redis}. Plain and sessionless calls time out after "
+        f"{PLAIN_CALL_TIMEOUT:g} s; ResilientClient: "
+        + ", ".join(f"{k} {v:g}" for k, v in RESILIENT_SETTINGS.items())
+        + "."
+    )
+    bounds = (
+        f"Targets: a resilient call takes at most {TARGET_LONGEST_CALL:g} s, no plain session stalls "
+        f"{TARGET_STALL:g} s, HAProxy takes the faulted replica out within "
+        + ", ".join(f"{v:g} s ({k})" for k, v in TARGET_MARK_DOWN.items())
+        + "; no acknowledged increment is lost and none applied twice (see check_targets)."
+    )
     missed = [m for r in reports for m in check_targets(r)]
-    verdict = (["Every target met."] if not missed
-               else ["Targets not met:", "", *(f"- {md_escape(m)}" for m in missed)])
-    return "\n\n".join([provenance("tools.failover_bench"), md_escape(setup), md_table(results_section(reports)),
-                        md_escape(bounds), "\n".join(verdict)])
+    verdict = ["Every target met."] if not missed else ["Targets not met:", "", *(f"- {md_escape(m)}" for m in missed)]
+    return "\n\n".join(
+        [
+            provenance("tools.failover_bench"),
+            md_escape(setup),
+            md_table(results_section(reports)),
+            md_escape(bounds),
+            "\n".join(verdict),
+        ]
+    )
 
 
-async def run_all(stack: Stack, scenarios: list[str], reports: list[ScenarioReport], *, sessions: int,
-                  duration: float, fault_at: float, live: bool = True) -> None:
+async def run_all(
+    stack: Stack,
+    scenarios: list[str],
+    reports: list[ScenarioReport],
+    *,
+    sessions: int,
+    duration: float,
+    fault_at: float,
+    live: bool = True,
+) -> None:
     """Run each scenario in turn, adding its report to `reports` as soon as it is in."""
     for index, scenario in enumerate(scenarios, start=1):
         status = RunStatus(scenario=scenario)
         view = LiveView(status, index, len(scenarios))
         with Live(view, console=console, refresh_per_second=4, transient=True) if live else nullcontext():
-            report = await run_scenario(stack, scenario, sessions=sessions, duration=duration, fault_at=fault_at,
-                                        status=status)
+            report = await run_scenario(
+                stack, scenario, sessions=sessions, duration=duration, fault_at=fault_at, status=status
+            )
         missed = check_targets(report)
         mark = "[green]✔[/green]" if not missed else "[red]✘[/red]"
         failed = ", ".join(f"{c.kind} {c.failed}/{c.calls} failed" for c in report.clients)
@@ -847,31 +960,77 @@ def report_json(reports: list[ScenarioReport]) -> dict:
 
 
 @click.command()
-@click.option("--scenario", type=click.Choice([*SCENARIOS, "all"]), default="all", show_default=True,
-              help="Which fault to inject.")
-@click.option("--sessions", type=click.IntRange(1, 50), default=5, show_default=True,
-              help="Sessions of each kind of client: plain, ResilientClient and sessionless.")
-@click.option("--duration", type=click.FloatRange(3, 300), default=8.0, show_default=True,
-              help="Seconds of load per scenario, at least; it goes on until the stack is whole again, "
-                   f"plus {TAIL_SECONDS} s.")
-@click.option("--fault-at", type=click.FloatRange(0.5, 60), default=2.0, show_default=True,
-              help="Seconds into the load when the fault strikes.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the reports to this file as JSON.")
-@click.option("--own-stack", is_flag=True,
-              help="Start a stack of its own on free loopback ports, and stop it at the end.")
-@click.option("--redis", "redis_mode", type=click.Choice(["single", "sentinel"]), default="single", show_default=True,
-              help="With --own-stack: one Redis, or a primary, a replica and three sentinels.")
-@click.option("--wait-replicas", type=click.IntRange(0, 1), default=0, show_default=True,
-              help="With --own-stack: the replicas' REDIS_WAIT_REPLICAS (1 needs --redis sentinel).")
+@click.option(
+    "--scenario",
+    type=click.Choice([*SCENARIOS, "all"]),
+    default="all",
+    show_default=True,
+    help="Which fault to inject.",
+)
+@click.option(
+    "--sessions",
+    type=click.IntRange(1, 50),
+    default=5,
+    show_default=True,
+    help="Sessions of each kind of client: plain, ResilientClient and sessionless.",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(3, 300),
+    default=8.0,
+    show_default=True,
+    help=f"Seconds of load per scenario, at least; it goes on until the stack is whole again, plus {TAIL_SECONDS} s.",
+)
+@click.option(
+    "--fault-at",
+    type=click.FloatRange(0.5, 60),
+    default=2.0,
+    show_default=True,
+    help="Seconds into the load when the fault strikes.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the reports to this file as JSON.",
+)
+@click.option(
+    "--own-stack", is_flag=True, help="Start a stack of its own on free loopback ports, and stop it at the end."
+)
+@click.option(
+    "--redis",
+    "redis_mode",
+    type=click.Choice(["single", "sentinel"]),
+    default="single",
+    show_default=True,
+    help="With --own-stack: one Redis, or a primary, a replica and three sentinels.",
+)
+@click.option(
+    "--wait-replicas",
+    type=click.IntRange(0, 1),
+    default=0,
+    show_default=True,
+    help="With --own-stack: the replicas' REDIS_WAIT_REPLICAS (1 needs --redis sentinel).",
+)
 @markdown_option(MARKDOWN_MARKERS)
 @click.option("-v", "--verbose", is_flag=True, help="Log each phase and every client retry.")
-def main(scenario: str, sessions: int, duration: float, fault_at: float, json_path: Path | None,
-         own_stack: bool, redis_mode: str, wait_replicas: int, markdown_path: Path | None, verbose: bool) -> None:
+def main(
+    scenario: str,
+    sessions: int,
+    duration: float,
+    fault_at: float,
+    json_path: Path | None,
+    own_stack: bool,
+    redis_mode: str,
+    wait_replicas: int,
+    markdown_path: Path | None,
+    verbose: bool,
+) -> None:
     """Inject replica faults under steady load and measure what clients see."""
     # Retries and broken connections are the point of the run, not news: the table counts them.
-    logging.basicConfig(level=logging.INFO if verbose else logging.CRITICAL,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.CRITICAL, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     scenarios = list(SCENARIOS) if scenario == "all" else [scenario]
     if wait_replicas and redis_mode != "sentinel":
         raise click.UsageError("--wait-replicas 1 needs --redis sentinel: a lone Redis has no replica to wait for")
@@ -880,8 +1039,9 @@ def main(scenario: str, sessions: int, duration: float, fault_at: float, json_pa
     try:
         if own_stack:
             state_dir = Path(tempfile.mkdtemp(prefix="failover-bench-"))
-            stack = Stack(StackConfig.on_free_ports(state_dir, redis_mode=redis_mode,
-                                                    redis_wait_replicas=wait_replicas))
+            stack = Stack(
+                StackConfig.on_free_ports(state_dir, redis_mode=redis_mode, redis_wait_replicas=wait_replicas)
+            )
             with console.status(f"starting a stack of its own in {state_dir}"):
                 stack.up()
         else:
@@ -895,8 +1055,17 @@ def main(scenario: str, sessions: int, duration: float, fault_at: float, json_pa
     reports: list[ScenarioReport] = []
     broken: StackError | None = None
     try:
-        asyncio.run(run_all(stack, scenarios, reports, sessions=sessions, duration=duration, fault_at=fault_at,
-                            live=console.is_terminal))
+        asyncio.run(
+            run_all(
+                stack,
+                scenarios,
+                reports,
+                sessions=sessions,
+                duration=duration,
+                fault_at=fault_at,
+                live=console.is_terminal,
+            )
+        )
     except StackError as exc:
         broken = exc
     finally:
@@ -921,8 +1090,7 @@ def main(scenario: str, sessions: int, duration: float, fault_at: float, json_pa
             except MarkdownError as exc:
                 click.echo(f"error: {exc}", err=True)
                 sys.exit(2)
-            console.print(f"figures written into {markdown_path}, "
-                          f"between {' and '.join(markers(MARKDOWN_MARKERS))}")
+            console.print(f"figures written into {markdown_path}, between {' and '.join(markers(MARKDOWN_MARKERS))}")
     if broken is not None:
         click.echo(f"error: the stack failed during the run: {broken}", err=True)
         sys.exit(2)

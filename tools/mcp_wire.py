@@ -95,8 +95,15 @@ class RawSession:
 
     protocol = PROTOCOL
 
-    def __init__(self, http: httpx2.AsyncClient, url: str, *, token: str | None = None,
-                 timeout: float | None = None, client_name: str = "tests") -> None:
+    def __init__(
+        self,
+        http: httpx2.AsyncClient,
+        url: str,
+        *,
+        token: str | None = None,
+        timeout: float | None = None,
+        client_name: str = "tests",
+    ) -> None:
         self.http = http
         self.url = url
         self._token = token  # a bearer token, for a stack with authentication on
@@ -142,8 +149,14 @@ class RawSession:
 
     async def open(self) -> str:
         """initialize, then notifications/initialized; the session id. CallFailed when it cannot."""
-        response = await self.post("initialize", {"protocolVersion": self.protocol, "capabilities": {},
-                                                  "clientInfo": {"name": self.client_name, "version": "1"}})
+        response = await self.post(
+            "initialize",
+            {
+                "protocolVersion": self.protocol,
+                "capabilities": {},
+                "clientInfo": {"name": self.client_name, "version": "1"},
+            },
+        )
         message = final_message(response)
         if "result" not in message:
             raise CallFailed(f"initialize failed: {json.dumps(message)[:160]}")
@@ -164,8 +177,9 @@ class RawSession:
     def at(self, url: str, *, token: str | None = None) -> RawSession:
         """The same session spoken to another address (a replica directly, bypassing HAProxy), with the same
         token or, to act as someone else, `token`."""
-        session = type(self)(self.http, url, token=token or self.token, timeout=self.timeout,
-                             client_name=self.client_name)
+        session = type(self)(
+            self.http, url, token=token or self.token, timeout=self.timeout, client_name=self.client_name
+        )
         session.session_id = self.session_id
         session._next_id = self._next_id
         return session
@@ -190,8 +204,9 @@ class RawSession:
     def _params(self, params: dict) -> dict:
         return params
 
-    async def post(self, method: str, params: dict | None = None, *,
-                   headers: dict[str, str] | None = None) -> httpx2.Response:
+    async def post(
+        self, method: str, params: dict | None = None, *, headers: dict[str, str] | None = None
+    ) -> httpx2.Response:
         """One JSON-RPC request, its answer as it came (any status); `headers` are added to this one only
         (an X-Request-Id, say). An idempotency key goes in `params["_meta"]`."""
         self._next_id += 1
@@ -222,11 +237,13 @@ class RawSession:
         async with asyncio.timeout(self.timeout):
             return await self.http.post(self.url, headers=wire, json=body)
 
-    async def call_tool(self, tool: str, arguments: dict | None = None, *,
-                        headers: dict[str, str] | None = None) -> dict:
+    async def call_tool(
+        self, tool: str, arguments: dict | None = None, *, headers: dict[str, str] | None = None
+    ) -> dict:
         """A tool's structured result; CallFailed on an HTTP error, a JSON-RPC error or a tool error."""
-        response = await self.post("tools/call", {"name": tool, "arguments": {} if arguments is None else arguments},
-                                   headers=headers)
+        response = await self.post(
+            "tools/call", {"name": tool, "arguments": {} if arguments is None else arguments}, headers=headers
+        )
         return tool_result(final_message(response))
 
     async def call(self, tool: str, arguments: dict | None = None) -> dict:
@@ -255,8 +272,15 @@ class SessionlessSession(RawSession):
 
     protocol = SESSIONLESS_PROTOCOL
 
-    def __init__(self, http: httpx2.AsyncClient, url: str, *, token: str | None = None,
-                 timeout: float | None = None, client_name: str = "tests") -> None:
+    def __init__(
+        self,
+        http: httpx2.AsyncClient,
+        url: str,
+        *,
+        token: str | None = None,
+        timeout: float | None = None,
+        client_name: str = "tests",
+    ) -> None:
         super().__init__(http, url, token=token, timeout=timeout, client_name=client_name)
         self.meta = {
             "io.modelcontextprotocol/protocolVersion": SESSIONLESS_PROTOCOL,
@@ -311,7 +335,7 @@ def _data_field(text: str, end: int) -> tuple[int, str]:
             if stop < 0:
                 stop = len(text)
             cr = text.find("\r", start, stop)
-            return at, text[start:stop if cr < 0 else cr]
+            return at, text[start : stop if cr < 0 else cr]
         end = at
     return -1, ""
 

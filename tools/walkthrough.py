@@ -50,8 +50,10 @@ async def tour(stack: Stack) -> None:
         console.rule(f"2. Stop the session's replica: python stack.py stop {replica}")
         started = time.monotonic()
         stack.stop(replica)
-        console.print(f"  {replica} drained and stopped in {time.monotonic() - started:.1f} s; "
-                      f"HAProxy shows it {stack.backend_status().get(replica)}")
+        console.print(
+            f"  {replica} drained and stopped in {time.monotonic() - started:.1f} s; "
+            f"HAProxy shows it {stack.backend_status().get(replica)}"
+        )
 
         console.rule("3. The same session goes on, adopted by another replica")
         result = (await client.call_tool("increment_counter", {})).data
@@ -71,8 +73,9 @@ async def tour(stack: Stack) -> None:
         console.print(f"  create_session → session_id={handle}")
         for _ in range(4):
             result = (await sessionless.call_tool("increment_counter", {"session_id": handle})).data
-            console.print(f"  increment_counter(session_id) → counter={result['counter']} "
-                          f"on [cyan]{result['instance']}[/cyan]")
+            console.print(
+                f"  increment_counter(session_id) → counter={result['counter']} on [cyan]{result['instance']}[/cyan]"
+            )
 
 
 if __name__ == "__main__":

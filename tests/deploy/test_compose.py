@@ -20,7 +20,7 @@ import yaml
 from fastmcp.server.auth.providers.jwt import JWTVerifier, StaticTokenVerifier
 
 from mcp_ha import auth
-from mcp_ha.settings import Settings, SettingsError
+from mcp_ha.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 REPLICAS = ["mcp-server-1", "mcp-server-2", "mcp-server-3"]
@@ -33,9 +33,13 @@ needs_haproxy = pytest.mark.skipif(
 # ${VAR}, ${VAR-default}, ${VAR:-default}, ${VAR:?message}, $VAR and $$, as compose reads them.
 _INTERPOLATION = re.compile(r"\$(?:(\$)|\{(\w+)(?:(:?-)([^}]*)|(:?\?)([^}]*))?\}|(\w+))")
 # What the tests set on the "host" for variables compose requires.
-HOST_ENV = {"HAPROXY_STATS_PASSWORD": "a-test-password", "REDIS_ADMIN_PASSWORD": "test-admin-password",
-            "REDIS_PASSWORD": "test-kit-password", "REDIS_SENTINEL_AUTH_PASSWORD": "test-sentinel-password",
-            "REDIS_REPLICATION_PASSWORD": "test-replication-password"}
+HOST_ENV = {
+    "HAPROXY_STATS_PASSWORD": "a-test-password",
+    "REDIS_ADMIN_PASSWORD": "test-admin-password",
+    "REDIS_PASSWORD": "test-kit-password",
+    "REDIS_SENTINEL_AUTH_PASSWORD": "test-sentinel-password",
+    "REDIS_REPLICATION_PASSWORD": "test-replication-password",
+}
 
 
 def verifier_from_env(environ: dict[str, str]):
@@ -153,13 +157,17 @@ def start_compose_redis(command: list[str], tmp: Path, port: int, env: dict[str,
     for option, values in (("--replicaof", 2), ("--replica-announce-ip", 1)):
         if option in argv:
             i = argv.index(option)
-            del argv[i:i + 1 + values]
+            del argv[i : i + 1 + values]
     argv = [a.replace("/data/", f"{tmp}/") for a in argv]
     argv += ["--bind", "127.0.0.1", "--port", str(port), "--dir", str(tmp)]
     script = "\n".join(body).replace("/data/", f"{tmp}/") + "\nexec " + shlex.join(argv) + "\n"
     with open(tmp / "redis.log", "wb") as log:
-        return subprocess.Popen(["sh", "-c", script], env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env},
-                                stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            ["sh", "-c", script],
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def wait_for_pong(port: int, password: str, log: Path) -> None:
@@ -197,11 +205,20 @@ def test_replicas_take_the_auth_settings_from_the_host_and_are_open_without_them
     svc = service(compose, name)
     assert verifier_from_env(environment(svc)) is None
     token = "a-token-of-twenty-chars"
-    verifier = verifier_from_env(environment(svc, {**HOST_ENV, "MCP_AUTH": "static",
-                                                         "MCP_AUTH_TOKENS": f"alice:{token}"}))
+    verifier = verifier_from_env(
+        environment(svc, {**HOST_ENV, "MCP_AUTH": "static", "MCP_AUTH_TOKENS": f"alice:{token}"})
+    )
     assert isinstance(verifier, StaticTokenVerifier) and verifier.tokens[token]["client_id"] == "alice"
-    jwt = environment(svc, {**HOST_ENV, "MCP_AUTH": "jwt", "MCP_AUTH_JWKS_URL": "https://idp.example/jwks.json",
-                            "MCP_AUTH_ISSUER": "https://idp.example", "MCP_AUTH_AUDIENCE": "mcp"})
+    jwt = environment(
+        svc,
+        {
+            **HOST_ENV,
+            "MCP_AUTH": "jwt",
+            "MCP_AUTH_JWKS_URL": "https://idp.example/jwks.json",
+            "MCP_AUTH_ISSUER": "https://idp.example",
+            "MCP_AUTH_AUDIENCE": "mcp",
+        },
+    )
     assert isinstance(verifier_from_env(jwt), JWTVerifier)
 
 
@@ -260,7 +277,9 @@ def test_haproxy_points_at_each_replica(compose):
     for key in ("HAPROXY_BIND", "HAPROXY_STATS_BIND"):
         assert env[key].rsplit(":", 1)[0] in ("", "*", "0.0.0.0", "::", "[::]"), f"{key}={env[key]}"
     # One TTL for the stick table and the session state.
-    assert {environment(service(compose, name))["SESSION_TTL_SECONDS"] for name in REPLICAS} == {env["SESSION_TTL_SECONDS"]}
+    assert {environment(service(compose, name))["SESSION_TTL_SECONDS"] for name in REPLICAS} == {
+        env["SESSION_TTL_SECONDS"]
+    }
 
 
 @needs_haproxy
@@ -388,8 +407,14 @@ def test_the_image_holds_every_module_the_server_imports():
         "and pathlib.Path(m.__file__).resolve().is_relative_to(root) "
         "and '.venv' not in pathlib.Path(m.__file__).parts})))"
     )
-    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
-                            env={**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0"}, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0"},
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     imported = set(result.stdout.split())
     assert {"server.py", "session_store.py", "mcp_ha", "stores"} <= imported
@@ -432,22 +457,35 @@ def test_with_the_sentinel_file_the_replicas_ask_the_sentinels(compose: dict, se
         assert set(sentinel_file["services"][name]["depends_on"]) == set(SENTINELS)
 
 
-@pytest.mark.parametrize("name,variable", [("redis", "REDIS_REPLICATION_PASSWORD"),
-                                           ("redis-2", "REDIS_REPLICATION_PASSWORD"),
-                                           ("sentinel-1", "REDIS_ADMIN_PASSWORD"),
-                                           ("sentinel-1", "REDIS_SENTINEL_AUTH_PASSWORD")])
-def test_a_password_the_config_cannot_hold_stops_the_container_without_printing_it(sentinel_file: dict, tmp_path: Path,
-                                                                                  name: str, variable: str) -> None:
+@pytest.mark.parametrize(
+    "name,variable",
+    [
+        ("redis", "REDIS_REPLICATION_PASSWORD"),
+        ("redis-2", "REDIS_REPLICATION_PASSWORD"),
+        ("sentinel-1", "REDIS_ADMIN_PASSWORD"),
+        ("sentinel-1", "REDIS_SENTINEL_AUTH_PASSWORD"),
+    ],
+)
+def test_a_password_the_config_cannot_hold_stops_the_container_without_printing_it(
+    sentinel_file: dict, tmp_path: Path, name: str, variable: str
+) -> None:
     """The passwords written in clear (masterauth; the sentinels', which Sentinel writes back unquoted): a quote
     or a space would make Redis refuse its file and print the line, password and all, in the container's log."""
     host_env = {**HOST_ENV, variable: 'a "pass\\word" with spaces'}
     command = sentinel_file["services"][name]["command"]
     argv = ["sh", "-c", interpolate(command[2], host_env), *[interpolate(a, host_env) for a in command[3:]]]
-    result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=30,
-                            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                                 **environment(sentinel_file["services"][name], host_env)})
+    result = subprocess.run(
+        argv,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **environment(sentinel_file["services"][name], host_env)},
+    )
     assert result.returncode == 1
-    assert f"{variable}" in result.stderr and "use printable ASCII without spaces, quotes or backslashes" in result.stderr
+    assert (
+        f"{variable}" in result.stderr and "use printable ASCII without spaces, quotes or backslashes" in result.stderr
+    )
     assert host_env[variable] not in result.stdout + result.stderr
 
 
@@ -456,6 +494,7 @@ def test_the_sentinel_config_compose_writes_runs_in_a_real_sentinel(sentinel_fil
     """The directives themselves, on redis-server --sentinel here, logging in to the sentinel file's own
     primary (its command, run here on loopback), and asking for a password itself."""
     from conftest import free_ports
+
     from stack import redis_command, redis_info
 
     port, redis_port = free_ports(2)
@@ -470,12 +509,17 @@ def test_the_sentinel_config_compose_writes_runs_in_a_real_sentinel(sentinel_fil
         script = interpolate(sentinel["command"][-1], HOST_ENV).replace("/data/", f"{tmp_path}/")
         script = script.replace("port 26379", f"bind 127.0.0.1\nport {port}\ndir {tmp_path}")
         script = script.replace("mymaster redis 6379", f"mymaster 127.0.0.1 {redis_port}")
-        script = script.replace(f"exec redis-sentinel {tmp_path}/sentinel.conf",
-                                f"exec redis-server {tmp_path}/sentinel.conf --sentinel")
+        script = script.replace(
+            f"exec redis-sentinel {tmp_path}/sentinel.conf", f"exec redis-server {tmp_path}/sentinel.conf --sentinel"
+        )
         assert "exec redis-server" in script
         with open(tmp_path / "sentinel.log", "wb") as log:
-            proc = subprocess.Popen(["sh", "-c", script], stdout=log, stderr=subprocess.STDOUT,
-                                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **environment(sentinel)})
+            proc = subprocess.Popen(
+                ["sh", "-c", script],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **environment(sentinel)},
+            )
         status = ""
         for _ in range(100):
             info = redis_info("127.0.0.1", port, "sentinel", password=HOST_ENV["REDIS_ADMIN_PASSWORD"])
@@ -513,8 +557,12 @@ def requires(svc: dict, variable: str) -> bool:
 
 
 def test_compose_ships_no_redis_password_and_refuses_to_start_without_one(compose, sentinel_file):
-    admin, kit, sentinel, replication = ("REDIS_ADMIN_PASSWORD", "REDIS_PASSWORD", "REDIS_SENTINEL_AUTH_PASSWORD",
-                                         "REDIS_REPLICATION_PASSWORD")
+    admin, kit, sentinel, replication = (
+        "REDIS_ADMIN_PASSWORD",
+        "REDIS_PASSWORD",
+        "REDIS_SENTINEL_AUTH_PASSWORD",
+        "REDIS_REPLICATION_PASSWORD",
+    )
     assert requires(service(compose, "redis"), admin) and requires(service(compose, "redis"), kit)
     for name in REPLICAS:
         assert requires(service(compose, name), kit)
@@ -535,8 +583,11 @@ def test_composes_acl_is_the_local_stacks(compose, sentinel_file):
     assert acl_users(interpolate(service(compose, "redis")["command"][2], HOST_ENV)) == every
     for name in ("redis", "redis-2"):
         body, _ = redis_script(sentinel_file["services"][name]["command"])
-        assert acl_users("\n".join(body)) == {**every, "sentinel": REDIS_SENTINEL_ACL,
-                                              "replication": REDIS_REPLICATION_ACL}
+        assert acl_users("\n".join(body)) == {
+            **every,
+            "sentinel": REDIS_SENTINEL_ACL,
+            "replication": REDIS_REPLICATION_ACL,
+        }
         assert "masteruser replication" in body
     for name in SENTINELS:
         conf = sentinel_conf(sentinel_file["services"][name])
@@ -552,6 +603,7 @@ def test_composes_acl_is_the_local_stacks(compose, sentinel_file):
 def test_composes_redis_command_runs_with_its_acl(compose, tmp_path: Path) -> None:
     """The base file's Redis command, run here: unauthenticated clients refused, the kit's user held to its ACL."""
     from conftest import free_ports
+
     from stack import redis_command
 
     (port,) = free_ports(1)

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 import httpx2
 import pytest
+from test_server import *  # noqa: F403 (the contract's tests, collected here again: against the containers)
 
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
-from tools.mcp_wire import RawSession, last_jsonrpc_message
 from stack import redis_command
-from test_server import *  # noqa: F403 (the contract's tests, collected here again: against the containers)
+from tools.mcp_wire import RawSession, last_jsonrpc_message
 
 COMPOSE = shlex.split(os.environ.get("MCP_DOCKER_COMPOSE", ""))
 pytestmark = pytest.mark.skipif(
@@ -82,15 +82,27 @@ class ComposeStack:
         if not container:
             return "missing"
         done = subprocess.run(
-            ["docker", "inspect", "-f", "{{if ne .State.Status \"running\"}}{{.State.Status}}"
-             "{{else if .State.Health}}{{.State.Health.Status}}{{else}}running{{end}}",
-             container], capture_output=True, text=True, timeout=30)
+            [
+                "docker",
+                "inspect",
+                "-f",
+                '{{if ne .State.Status "running"}}{{.State.Status}}'
+                "{{else if .State.Health}}{{.State.Health.Status}}{{else}}running{{end}}",
+                container,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         return done.stdout.strip() or "gone"
 
     def haproxy_states(self) -> dict[str, str]:
         """Each replica's status in HAProxy's stats CSV (UP, DOWN, MAINT, ...)."""
-        response = httpx2.get(f"http://127.0.0.1:{self.config.stats_port}/stats;csv",
-                              auth=("stats", os.environ["HAPROXY_STATS_PASSWORD"]), timeout=5)
+        response = httpx2.get(
+            f"http://127.0.0.1:{self.config.stats_port}/stats;csv",
+            auth=("stats", os.environ["HAPROXY_STATS_PASSWORD"]),
+            timeout=5,
+        )
         response.raise_for_status()
         lines = response.text.lstrip("# ").splitlines()
         header = lines[0].split(",")
@@ -180,8 +192,9 @@ class Caller:
             await asyncio.sleep(0.2)
 
 
-async def test_session_survives_docker_compose_stop_of_its_replica(compose_stack: ComposeStack, healed,
-                                                                   http: httpx2.AsyncClient) -> None:
+async def test_session_survives_docker_compose_stop_of_its_replica(
+    compose_stack: ComposeStack, healed, http: httpx2.AsyncClient
+) -> None:
     caller = Caller(http, compose_stack.config.mcp_url)
     await caller.session.initialize()
     for expected in (1, 2, 3):
@@ -198,8 +211,9 @@ async def test_session_survives_docker_compose_stop_of_its_replica(compose_stack
     assert (await caller.session.call("get_counter"))["counter"] == caller.calls == 6
 
 
-async def test_session_survives_a_rolling_docker_compose_restart(compose_stack: ComposeStack, healed,
-                                                                 http: httpx2.AsyncClient) -> None:
+async def test_session_survives_a_rolling_docker_compose_restart(
+    compose_stack: ComposeStack, healed, http: httpx2.AsyncClient
+) -> None:
     caller = Caller(http, compose_stack.config.mcp_url)
     await caller.session.initialize()
     await caller.increment()
@@ -227,7 +241,8 @@ async def test_session_survives_a_rolling_docker_compose_restart(compose_stack: 
 
 
 async def test_session_survives_docker_compose_restart_of_every_replica_at_once(
-        compose_stack: ComposeStack, healed, http: httpx2.AsyncClient) -> None:
+    compose_stack: ComposeStack, healed, http: httpx2.AsyncClient
+) -> None:
     caller = Caller(http, compose_stack.config.mcp_url)
     await caller.session.initialize()
     for _ in range(3):

@@ -15,8 +15,8 @@ import httpx2
 import pytest
 
 from mcp_ha.drain import BALANCER_CHECK_HEADER
-from tools.mcp_wire import RawSession
 from stack import Stack
+from tools.mcp_wire import RawSession
 
 CONFIG = Path(__file__).resolve().parents[2] / "haproxy" / "haproxy.cfg"
 
@@ -131,8 +131,12 @@ async def test_the_stats_port_needs_the_stacks_credentials(stack: Stack, http: h
 
 def test_haproxy_refuses_to_start_without_a_stats_password(stack: Stack) -> None:
     env = {k: v for k, v in stack.service("haproxy").env.items() if k != "HAPROXY_STATS_PASSWORD"}
-    result = subprocess.run(["haproxy", "-c", "-f", str(CONFIG)], capture_output=True, text=True,
-                            env={k: v for k, v in {**os.environ, **env}.items() if k != "HAPROXY_STATS_PASSWORD"})
+    result = subprocess.run(
+        ["haproxy", "-c", "-f", str(CONFIG)],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in {**os.environ, **env}.items() if k != "HAPROXY_STATS_PASSWORD"},
+    )
     assert result.returncode != 0
     assert "HAPROXY_STATS_PASSWORD is not set" in result.stdout + result.stderr
 
@@ -146,8 +150,9 @@ async def test_a_body_over_the_limit_is_refused_by_haproxy(raw: RawSession) -> N
     assert (await raw.call("resume_session", {"old_session_id": "x" * 100_000}))["keys_copied"] == 0
 
 
-async def test_a_request_with_an_origin_is_refused_unless_listed(stack: Stack, raw: RawSession,
-                                                              http: httpx2.AsyncClient) -> None:
+async def test_a_request_with_an_origin_is_refused_unless_listed(
+    stack: Stack, raw: RawSession, http: httpx2.AsyncClient
+) -> None:
     # No origin is allowed by default; clients that are not browsers send none.
     health = stack.config.mcp_url.removesuffix("/mcp") + "/health"
     assert (await http.get(health)).status_code == 200
@@ -157,8 +162,12 @@ async def test_a_request_with_an_origin_is_refused_unless_listed(stack: Stack, r
 
 
 def _access_lines(stack: Stack, marker: str) -> list[str]:
-    return [line for name in stack.config.replica_names()
-            for line in (stack.log_dir / f"{name}.log").read_text().splitlines() if marker in line]
+    return [
+        line
+        for name in stack.config.replica_names()
+        for line in (stack.log_dir / f"{name}.log").read_text().splitlines()
+        if marker in line
+    ]
 
 
 async def test_forged_forwarding_headers_do_not_reach_the_replicas(stack: Stack, http: httpx2.AsyncClient) -> None:
@@ -181,8 +190,13 @@ async def test_forged_forwarding_headers_do_not_reach_the_replicas(stack: Stack,
 
 async def test_listed_origins_are_served(limited_stack: Stack, http: httpx2.AsyncClient) -> None:
     health = limited_stack.config.mcp_url.removesuffix("/mcp") + "/health"
-    for origin, status in (("http://app.example", 200), ("HTTPS://other.example:8443", 200),
-                           ("http://app.example.evil", 403), ("http://evil.example", 403), (None, 200)):
+    for origin, status in (
+        ("http://app.example", 200),
+        ("HTTPS://other.example:8443", 200),
+        ("http://app.example.evil", 403),
+        ("http://evil.example", 403),
+        (None, 200),
+    ):
         headers = {"Origin": origin} if origin is not None else {}
         assert (await http.get(health, headers=headers)).status_code == status, origin
 
@@ -253,13 +267,17 @@ def test_the_certificate_names_the_stack_and_its_key_is_private(stack: Stack) ->
 def test_config_is_valid_without_tls_and_reads_the_tls_variables(stack: Stack, tmp_path: Path) -> None:
     env = {k: v for k, v in {**os.environ, **stack.service("haproxy").env}.items() if not k.startswith("HAPROXY_TLS_")}
     for unset in ({}, {"HAPROXY_TLS_CERT": ""}):  # empty, as compose passes an unset variable: no TLS either
-        plain = subprocess.run(["haproxy", "-c", "-f", str(CONFIG)], env={**env, **unset}, capture_output=True,
-                               text=True)
+        plain = subprocess.run(
+            ["haproxy", "-c", "-f", str(CONFIG)], env={**env, **unset}, capture_output=True, text=True
+        )
         assert plain.returncode == 0, plain.stdout + plain.stderr
-    for tls in ({"HAPROXY_TLS_CERT": str(tmp_path / "missing.pem")},
-                {"HAPROXY_TLS_CERT": str(stack.config.tls_pem), "HAPROXY_TLS_BIND": "127.0.0.1:not-a-port"}):
-        broken = subprocess.run(["haproxy", "-c", "-f", str(CONFIG)], env={**env, **tls}, capture_output=True,
-                                text=True)
+    for tls in (
+        {"HAPROXY_TLS_CERT": str(tmp_path / "missing.pem")},
+        {"HAPROXY_TLS_CERT": str(stack.config.tls_pem), "HAPROXY_TLS_BIND": "127.0.0.1:not-a-port"},
+    ):
+        broken = subprocess.run(
+            ["haproxy", "-c", "-f", str(CONFIG)], env={**env, **tls}, capture_output=True, text=True
+        )
         assert broken.returncode != 0, tls
 
 

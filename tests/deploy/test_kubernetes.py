@@ -28,10 +28,10 @@ from urllib.parse import urlsplit
 import kubernetes_validate
 import pytest
 import yaml
+from test_compose import acl_users, instruction, interpolate, start_compose_redis, wait_for_pong
 
 from mcp_ha.drain import Drain
 from stack import http_status
-from test_compose import acl_users, instruction, interpolate, start_compose_redis, wait_for_pong
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "deploy" / "kubernetes"
@@ -41,9 +41,13 @@ KUSTOMIZATIONS = {"single": MANIFESTS, "sentinel": ROOT / "deploy" / "kubernetes
 SECRETS_ENV = MANIFESTS / "secrets.env"
 # Dummy values, as a user would write them: none may appear anywhere but in the Secret. The last
 # two only the Sentinel overlay uses.
-SECRETS = {"HAPROXY_STATS_PASSWORD": "test-stats-password", "REDIS_ADMIN_PASSWORD": "test-admin-password",
-           "REDIS_PASSWORD": "test-kit-password", "REDIS_SENTINEL_AUTH_PASSWORD": "test-sentinel-password",
-           "REDIS_REPLICATION_PASSWORD": "test-replication-password"}
+SECRETS = {
+    "HAPROXY_STATS_PASSWORD": "test-stats-password",
+    "REDIS_ADMIN_PASSWORD": "test-admin-password",
+    "REDIS_PASSWORD": "test-kit-password",
+    "REDIS_SENTINEL_AUTH_PASSWORD": "test-sentinel-password",
+    "REDIS_REPLICATION_PASSWORD": "test-replication-password",
+}
 # The oldest version whose schema has every field used (preStop `sleep`, on by default from 1.30),
 # and the newest the package bundles.
 KUBERNETES_VERSIONS = ["1.30", "1.37"]
@@ -102,8 +106,7 @@ def build(directory: Path, given: dict[Path, str]) -> list[dict]:
         assert set(generator) <= {"name", "files", "literals"}, generator
         data = {Path(f).name: inside(directory / f, directory).read_text() for f in generator.get("files", [])}
         data |= dict(literal.split("=", 1) for literal in generator.get("literals", []))
-        objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": generator["name"]},
-                        "data": data})
+        objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": generator["name"]}, "data": data})
     for generator in kustomization.get("secretGenerator", []):
         assert set(generator) <= {"name", "envs"}, generator
         data = {}
@@ -115,8 +118,15 @@ def build(directory: Path, given: dict[Path, str]) -> list[dict]:
             else:
                 text = inside(path, directory).read_text()
             data |= read_env_file(text)
-        objects.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": generator["name"]},
-                        "type": "Opaque", "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}})
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": generator["name"]},
+                "type": "Opaque",
+                "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+            }
+        )
     return objects
 
 
@@ -206,10 +216,16 @@ def named_port(c: dict, port: int | str) -> int:
 
 def test_the_kustomization_builds_the_whole_kit(objects):
     assert {(o["kind"], o["metadata"]["name"]) for o in objects} == {
-        ("StatefulSet", "redis"), ("Service", "redis"),
-        ("Deployment", "mcp-server"), ("Service", "mcp-server"), ("PodDisruptionBudget", "mcp-server"),
-        ("Deployment", "haproxy"), ("Service", "haproxy"),
-        ("ConfigMap", "haproxy-config"), ("ConfigMap", "mcp-settings"), ("Secret", "mcp-ha-kit-secrets"),
+        ("StatefulSet", "redis"),
+        ("Service", "redis"),
+        ("Deployment", "mcp-server"),
+        ("Service", "mcp-server"),
+        ("PodDisruptionBudget", "mcp-server"),
+        ("Deployment", "haproxy"),
+        ("Service", "haproxy"),
+        ("ConfigMap", "haproxy-config"),
+        ("ConfigMap", "mcp-settings"),
+        ("Secret", "mcp-ha-kit-secrets"),
     }
 
 
@@ -220,8 +236,10 @@ def test_every_object_is_valid_for_kubernetes(each_kit, version):
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
-            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} (Kubernetes {version}): {exc.message} "
-                        f"at {'.'.join(map(str, exc.path))}")
+            pytest.fail(
+                f"{obj['kind']}/{obj['metadata']['name']} (Kubernetes {version}): {exc.message} "
+                f"at {'.'.join(map(str, exc.path))}"
+            )
 
 
 def test_the_validation_is_strict(objects):
@@ -250,8 +268,9 @@ def test_real_kustomize_builds_the_same_objects(each_kit, tmp_path):
     for part in ("deploy", "haproxy"):
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns(SECRETS_ENV.name))
     (tmp_path / SECRETS_ENV.relative_to(ROOT)).write_text(secrets_env_text())
-    result = subprocess.run([KUBECTL, "kustomize", str(tmp_path / directory.relative_to(ROOT))],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [KUBECTL, "kustomize", str(tmp_path / directory.relative_to(ROOT))], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     built = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
     text = json.dumps(built)
@@ -283,8 +302,13 @@ def test_replicas_are_ready_on_health_and_alive_while_listening(objects):
 def uvicorn_graceful_shutdown_seconds() -> float:
     """The replicas' timeout_graceful_shutdown (HighAvailability.run): what open streams get once the drain is done."""
     tree = ast.parse((ROOT / "mcp_ha" / "replica.py").read_text())
-    values = [kw.value.value for node in ast.walk(tree) if isinstance(node, ast.Call)
-              for kw in node.keywords if kw.arg == "timeout_graceful_shutdown"]
+    values = [
+        kw.value.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        for kw in node.keywords
+        if kw.arg == "timeout_graceful_shutdown"
+    ]
     assert len(values) == 1
     return values[0]
 
@@ -328,8 +352,9 @@ def test_rollouts_and_evictions_keep_replicas_serving(objects):
     pdb = find(objects, "PodDisruptionBudget", "mcp-server")
     assert selects(pdb["spec"]["selector"], labels)
     for other in ("haproxy", "redis"):
-        workload = next(o for o in objects if o["kind"] in ("Deployment", "StatefulSet")
-                        and o["metadata"]["name"] == other)
+        workload = next(
+            o for o in objects if o["kind"] in ("Deployment", "StatefulSet") and o["metadata"]["name"] == other
+        )
         assert not selects(pdb["spec"]["selector"], workload["spec"]["template"]["metadata"]["labels"])
     budget = pdb["spec"].get("maxUnavailable", deployment["spec"]["replicas"] - pdb["spec"].get("minAvailable", 0))
     assert budget == 1
@@ -340,8 +365,10 @@ def test_rollouts_and_evictions_keep_replicas_serving(objects):
 
 def test_haproxys_config_is_the_repositorys_byte_for_byte(objects):
     data = find(objects, "ConfigMap", "haproxy-config")["data"]
-    assert data == {"haproxy.cfg": (ROOT / "haproxy" / "haproxy.cfg").read_text(),
-                    "refuse_body.lua": (ROOT / "haproxy" / "refuse_body.lua").read_text()}
+    assert data == {
+        "haproxy.cfg": (ROOT / "haproxy" / "haproxy.cfg").read_text(),
+        "refuse_body.lua": (ROOT / "haproxy" / "refuse_body.lua").read_text(),
+    }
     deployment = find(objects, "Deployment", "haproxy")
     env = pod_env(objects, deployment)
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
@@ -368,10 +395,14 @@ def test_haproxy_finds_the_replicas_through_their_headless_service(objects):
 
 def haproxy_check(env: dict[str, str]) -> subprocess.CompletedProcess:
     # Only the pod's variables; the Lua file from where the ConfigMap takes it.
-    return subprocess.run([HAPROXY, "-c", "-f", str(ROOT / "haproxy" / "haproxy.cfg")], cwd=ROOT,
-                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env,
-                               "HAPROXY_LUA_DIR": str(ROOT / "haproxy")},
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [HAPROXY, "-c", "-f", str(ROOT / "haproxy" / "haproxy.cfg")],
+        cwd=ROOT,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env, "HAPROXY_LUA_DIR": str(ROOT / "haproxy")},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -447,6 +478,7 @@ def test_the_redis_command_runs_with_its_acl(objects, tmp_path):
     """The StatefulSet's command, run here on loopback (compose's runner: compose and Kubernetes both
     read $$ as $, and this command has no other variable syntax of either)."""
     from conftest import free_ports
+
     from stack import redis_command as send
 
     command = redis_command(objects)
@@ -511,17 +543,17 @@ class FakeClusterDns:
                 query, peer = self.sock.recvfrom(4096)
             except OSError:
                 return
-            tid, = struct.unpack(">H", query[:2])
+            (tid,) = struct.unpack(">H", query[:2])
             i, labels = 12, []
             while query[i]:
-                labels.append(query[i + 1:i + 1 + query[i]].decode())
+                labels.append(query[i + 1 : i + 1 + query[i]].decode())
                 i += 1 + query[i]
-            qtype, = struct.unpack(">H", query[i + 1:i + 3])
+            (qtype,) = struct.unpack(">H", query[i + 1 : i + 3])
             known = ".".join(labels).lower() == self.name
             records = [a for a in self.addresses if known and qtype == 1]
             answer = b"".join(b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 1, 4) + socket.inet_aton(a) for a in records)
             header = struct.pack(">HHHHHH", tid, 0x8180 | (0 if known else 3), 1, len(records), 0, 0)
-            self.sock.sendto(header + query[12:i + 5] + answer, peer)
+            self.sock.sendto(header + query[12 : i + 5] + answer, peer)
 
     def close(self) -> None:
         self.sock.close()
@@ -568,15 +600,31 @@ def test_haproxy_follows_the_pods_the_headless_service_resolves_to(haproxy_env, 
 
     http_port, stats_port, pod_port = free_ports(3)
     host = haproxy_env["MCP_SERVER_DNS"].rsplit(":", 1)[0]
-    env = {**haproxy_env, "HAPROXY_BIND": f"127.0.0.1:{http_port}", "HAPROXY_STATS_BIND": f"127.0.0.1:{stats_port}",
-           "MCP_SERVER_DNS": f"{host}:{pod_port}", "MCP_SERVER_DNS_SLOTS": "3",
-           "HAPROXY_LUA_DIR": str(ROOT / "haproxy")}
+    env = {
+        **haproxy_env,
+        "HAPROXY_BIND": f"127.0.0.1:{http_port}",
+        "HAPROXY_STATS_BIND": f"127.0.0.1:{stats_port}",
+        "MCP_SERVER_DNS": f"{host}:{pod_port}",
+        "MCP_SERVER_DNS_SLOTS": "3",
+        "HAPROXY_LUA_DIR": str(ROOT / "haproxy"),
+    }
     (tmp_path / "resolv.conf").write_text("nameserver 127.0.0.1\n")
-    pods = {ip: subprocess.Popen([sys.executable, "server.py"], cwd=ROOT, stdout=open(tmp_path / f"{ip}.log", "wb"),
-                                 stderr=subprocess.STDOUT,
-                                 env={"PATH": os.environ["PATH"], "INSTANCE_ID": f"pod-{ip}", "HOST": ip,
-                                      "PORT": str(pod_port), "LOG_FORMAT": "text"})
-            for ip in ("127.0.0.2", "127.0.0.3")}
+    pods = {
+        ip: subprocess.Popen(
+            [sys.executable, "server.py"],
+            cwd=ROOT,
+            stdout=open(tmp_path / f"{ip}.log", "wb"),
+            stderr=subprocess.STDOUT,
+            env={
+                "PATH": os.environ["PATH"],
+                "INSTANCE_ID": f"pod-{ip}",
+                "HOST": ip,
+                "PORT": str(pod_port),
+                "LOG_FORMAT": "text",
+            },
+        )
+        for ip in ("127.0.0.2", "127.0.0.3")
+    }
     dns = FakeClusterDns(host)
     haproxy = None
     stats = f"http://127.0.0.1:{stats_port}/stats"
@@ -586,17 +634,29 @@ def test_haproxy_follows_the_pods_the_headless_service_resolves_to(haproxy_env, 
             wait_for(lambda: http_status(f"http://{ip}:{pod_port}/health") == 200, f"the replica on {ip}")
         dns.addresses = ["127.0.0.2"]
         # Its own mount namespace, where /etc/resolv.conf names the fake DNS; the host's is untouched.
-        script = f"mount --bind {tmp_path / 'resolv.conf'} /etc/resolv.conf && exec {HAPROXY} -db -f haproxy/haproxy.cfg"
-        haproxy = subprocess.Popen(["unshare", "-m", "sh", "-c", script], cwd=ROOT, env=env,
-                                   stdout=open(tmp_path / "haproxy.log", "wb"), stderr=subprocess.STDOUT)
+        script = (
+            f"mount --bind {tmp_path / 'resolv.conf'} /etc/resolv.conf && exec {HAPROXY} -db -f haproxy/haproxy.cfg"
+        )
+        haproxy = subprocess.Popen(
+            ["unshare", "-m", "sh", "-c", script],
+            cwd=ROOT,
+            env=env,
+            stdout=open(tmp_path / "haproxy.log", "wb"),
+            stderr=subprocess.STDOUT,
+        )
         wait_for(lambda: http_status(stats) == 401, "HAProxy's stats port")
         up = wait_for(lambda: [a for s, a in pod_states(stats, password).values() if s == "UP"], "the first pod")
         assert up == [f"127.0.0.2:{pod_port}"]
         assert sum(s.startswith("MAINT") for s, _ in pod_states(stats, password).values()) == 2, "empty slots"
 
         dns.addresses = ["127.0.0.2", "127.0.0.3"]
-        wait_for(lambda: sorted(a for s, a in pod_states(stats, password).values() if s == "UP")
-                 == [f"127.0.0.2:{pod_port}", f"127.0.0.3:{pod_port}"], "a new pod found")
+        wait_for(
+            lambda: (
+                sorted(a for s, a in pod_states(stats, password).values() if s == "UP")
+                == [f"127.0.0.2:{pod_port}", f"127.0.0.3:{pod_port}"]
+            ),
+            "a new pod found",
+        )
 
         # Terminating, and still resolvable (publishNotReadyAddresses): HAProxy's checks take it out.
         draining = pods["127.0.0.3"]

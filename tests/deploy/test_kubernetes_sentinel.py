@@ -16,13 +16,30 @@ from pathlib import Path
 
 import httpx2
 import pytest
-
-from tools.mcp_wire import RawSession
-from stack import (REDIS_KIT_ACL, REDIS_REPLICATION_ACL, REDIS_SENTINEL_ACL, REDIS_SENTINEL_KIT_ACL, http_status,
-                   redis_command)
 from test_compose import acl_users
-from test_kubernetes import (KUSTOMIZATIONS, ROOT, SECRETS, build_kit, container, find, named_port, objects,  # noqa: F401
-                             pod_env, selects, wait_for)
+from test_kubernetes import (
+    KUSTOMIZATIONS,
+    ROOT,
+    SECRETS,
+    build_kit,
+    container,
+    find,
+    named_port,
+    objects,  # noqa: F401
+    pod_env,
+    selects,
+    wait_for,
+)
+
+from stack import (
+    REDIS_KIT_ACL,
+    REDIS_REPLICATION_ACL,
+    REDIS_SENTINEL_ACL,
+    REDIS_SENTINEL_KIT_ACL,
+    http_status,
+    redis_command,
+)
+from tools.mcp_wire import RawSession
 
 OVERLAY = KUSTOMIZATIONS["sentinel"]
 SCRIPTS = ("primary.sh", "redis.sh", "sentinel.sh")
@@ -55,8 +72,12 @@ def script(name: str) -> str:
 def test_the_overlay_is_the_kit_with_two_servers_and_three_sentinels(kit, objects):
     ids = lambda objs: {(o["kind"], o["metadata"]["name"]) for o in objs}  # noqa: E731
     assert ids(kit) - ids(objects) == {
-        ("StatefulSet", "sentinel"), ("Service", "sentinel"), ("PodDisruptionBudget", "sentinel"),
-        ("PodDisruptionBudget", "redis"), ("ConfigMap", "redis-topology"), ("ConfigMap", "redis-scripts"),
+        ("StatefulSet", "sentinel"),
+        ("Service", "sentinel"),
+        ("PodDisruptionBudget", "sentinel"),
+        ("PodDisruptionBudget", "redis"),
+        ("ConfigMap", "redis-topology"),
+        ("ConfigMap", "redis-scripts"),
     }
     assert ids(objects) <= ids(kit)
     assert find(kit, "StatefulSet", "redis")["spec"]["replicas"] == 2
@@ -73,7 +94,9 @@ def test_the_topology_names_every_pod_and_only_those(kit):
         service = find(kit, "Service", name)
         statefulset = find(kit, "StatefulSet", name)
         assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
-        assert selects({"matchLabels": service["spec"]["selector"]}, statefulset["spec"]["template"]["metadata"]["labels"])
+        assert selects(
+            {"matchLabels": service["spec"]["selector"]}, statefulset["spec"]["template"]["metadata"]["labels"]
+        )
         port = service["spec"]["ports"][0]
         assert named_port(container(statefulset), port["targetPort"]) == port["port"]
 
@@ -111,8 +134,12 @@ def test_the_scripts_are_posix_shell():
 
 
 def test_servers_and_sentinels_have_the_kits_acl():
-    assert acl_users(script("redis.sh")) == {"default": "~* &* +@all", "mcp": REDIS_KIT_ACL,
-                                             "sentinel": REDIS_SENTINEL_ACL, "replication": REDIS_REPLICATION_ACL}
+    assert acl_users(script("redis.sh")) == {
+        "default": "~* &* +@all",
+        "mcp": REDIS_KIT_ACL,
+        "sentinel": REDIS_SENTINEL_ACL,
+        "replication": REDIS_REPLICATION_ACL,
+    }
     assert acl_users(script("sentinel.sh")) == {"default": "~* &* +@all", "mcp": REDIS_SENTINEL_KIT_ACL}
     assert "masteruser replication\n" in script("redis.sh")
     assert "sentinel auth-user $REDIS_MASTER_NAME sentinel\n" in script("sentinel.sh")
@@ -124,11 +151,12 @@ def test_evictions_take_one_server_and_one_sentinel_at_a_time(kit):
         assert pdb["spec"]["maxUnavailable"] == 1
         for workload in (o for o in kit if o["kind"] in ("Deployment", "StatefulSet")):
             assert selects(pdb["spec"]["selector"], workload["spec"]["template"]["metadata"]["labels"]) == (
-                workload["metadata"]["name"] == name)
+                workload["metadata"]["name"] == name
+            )
     # With as many sentinels evicted as the budget allows, the others are still a majority (sentinel.sh's quorum).
     sentinels = len(topology(kit)["REDIS_SENTINELS"].split(","))
     assert sentinels - find(kit, "PodDisruptionBudget", "sentinel")["spec"]["maxUnavailable"] >= sentinels // 2 + 1
-    assert "quorum=$(( $(words \"$REDIS_SENTINELS\" | wc -w) / 2 + 1 ))" in script("sentinel.sh")
+    assert 'quorum=$(( $(words "$REDIS_SENTINELS" | wc -w) / 2 + 1 ))' in script("sentinel.sh")
 
 
 def test_no_secret_reaches_a_script_but_through_the_environment(kit):
@@ -139,13 +167,25 @@ def test_no_secret_reaches_a_script_but_through_the_environment(kit):
         assert all("secretKeyRef" in var["valueFrom"] for var in env if "PASSWORD" in var["name"])
 
 
-@pytest.mark.parametrize("name,variable", [("redis", "REDIS_REPLICATION_PASSWORD"), ("sentinel", "REDIS_ADMIN_PASSWORD"),
-                                           ("sentinel", "REDIS_SENTINEL_AUTH_PASSWORD")])
+@pytest.mark.parametrize(
+    "name,variable",
+    [
+        ("redis", "REDIS_REPLICATION_PASSWORD"),
+        ("sentinel", "REDIS_ADMIN_PASSWORD"),
+        ("sentinel", "REDIS_SENTINEL_AUTH_PASSWORD"),
+    ],
+)
 def test_a_password_the_config_cannot_hold_stops_the_pod_by_name_without_printing_it(kit, tmp_path, name, variable):
     """The passwords written in clear: a quote or a space would make Redis refuse its file and print the line."""
     env = pod_env(kit, find(kit, "StatefulSet", name)) | {variable: 'a "pass\\word" with spaces'}
-    result = subprocess.run(["sh", str(OVERLAY / f"{name}.sh")], cwd=tmp_path, capture_output=True, text=True,
-                            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env}, timeout=30)
+    result = subprocess.run(
+        ["sh", str(OVERLAY / f"{name}.sh")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env},
+        timeout=30,
+    )
     assert result.returncode != 0
     assert result.stdout + result.stderr == f"{variable}: use printable ASCII without spaces, quotes or backslashes\n"
     assert not list(tmp_path.iterdir()), "nothing written"
@@ -171,8 +211,11 @@ class LoopbackPods:
 
         self.kit, self.tmp = kit, tmp
         # pod -> its name in the cluster's DNS: redis-0 -> redis-0.redis
-        self.names = {address.split(".")[0]: address.rsplit(":", 1)[0]
-                      for workload in ("redis", "sentinel") for address in statefulset_pods(kit, workload)}
+        self.names = {
+            address.split(".")[0]: address.rsplit(":", 1)[0]
+            for workload in ("redis", "sentinel")
+            for address in statefulset_pods(kit, workload)
+        }
         *ports, self.http_port = free_ports(len(self.names) + 1)
         self.ports = dict(zip(self.names, ports))
         listed = lambda workload: ",".join(self.address(pod) for pod in self.names if pod.startswith(f"{workload}-"))  # noqa: E731
@@ -189,8 +232,11 @@ class LoopbackPods:
         # Its own mount namespace, where /etc/hosts is the cluster's DNS; the host's is untouched.
         self.procs[pod] = subprocess.Popen(
             ["unshare", "-m", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(self.hosts), *command],
-            cwd=cwd, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env},
-            stdout=open(self.tmp / f"{pod}.log", "ab"), stderr=subprocess.STDOUT)
+            cwd=cwd,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env},
+            stdout=open(self.tmp / f"{pod}.log", "ab"),
+            stderr=subprocess.STDOUT,
+        )
 
     def start(self, pod: str) -> None:
         """A server or sentinel pod: its container's command, with /scripts where the ConfigMap is
@@ -205,8 +251,11 @@ class LoopbackPods:
     def start_replica(self) -> str:
         """An MCP replica with the Deployment's environment; its URL."""
         env = pod_env(self.kit, find(self.kit, "Deployment", "mcp-server")) | {
-            "REDIS_SENTINELS": self.topology["REDIS_SENTINELS"], "HOST": "127.0.0.1",
-            "PORT": str(self.http_port), "LOG_FORMAT": "text"}
+            "REDIS_SENTINELS": self.topology["REDIS_SENTINELS"],
+            "HOST": "127.0.0.1",
+            "PORT": str(self.http_port),
+            "LOG_FORMAT": "text",
+        }
         self._start("mcp-server-0", [sys.executable, str(ROOT / "server.py")], env, self.tmp / "mcp-server-0")
         url = f"http://127.0.0.1:{self.http_port}"
         wait_for(lambda: http_status(f"{url}/health") == 200, "the replica healthy", timeout=20)
@@ -276,8 +325,9 @@ async def test_pods_start_around_the_primary_of_now_and_the_replicas_follow(kit,
         """Each sentinel lists it (they learn replicas from the primary's INFO, every 10 s): a sentinel
         that does not know it would abort a failover it leads (no good replica)."""
         answers = [pods.ask(s, "SENTINEL", "REPLICAS", pods.topology["REDIS_MASTER_NAME"]) for s in SENTINELS]
-        return all(isinstance(a, list) and [dict(zip(r[::2], r[1::2]))["name"] for r in a] == [replica]
-                   for a in answers)
+        return all(
+            isinstance(a, list) and [dict(zip(r[::2], r[1::2]))["name"] for r in a] == [replica] for a in answers
+        )
 
     def sentinels_know_each_other() -> bool:
         answers = [pods.ask(s, "SENTINEL", "SENTINELS", pods.topology["REDIS_MASTER_NAME"]) for s in SENTINELS]
@@ -288,8 +338,11 @@ async def test_pods_start_around_the_primary_of_now_and_the_replicas_follow(kit,
         for pod in ["redis-0", "redis-1", *SENTINELS]:
             pods.start(pod)
         wait_for(lambda: replicates_from("redis-1", redis_0), "redis-1 replicating from redis-0")
-        wait_for(lambda: sentinels_agree(redis_0) and sentinels_know_each_other() and sentinels_know_the_replica(redis_1),
-                 "three sentinels on redis-0, knowing redis-1", timeout=30)
+        wait_for(
+            lambda: sentinels_agree(redis_0) and sentinels_know_each_other() and sentinels_know_the_replica(redis_1),
+            "three sentinels on redis-0, knowing redis-1",
+            timeout=30,
+        )
         assert role("redis-0")[0] == "master"
 
         async with httpx2.AsyncClient(timeout=30) as http:

@@ -11,17 +11,42 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import running_stack, stack_config
-from stack import (REDIS_SECRETS, REDIS_SECRETS_FILE, SENTINEL_MASTER, STACK_SECRETS, Stack, StackConfig, StackError,
-                   http_status, redis_command)
+
+from stack import (
+    REDIS_SECRETS,
+    REDIS_SECRETS_FILE,
+    SENTINEL_MASTER,
+    STACK_SECRETS,
+    Stack,
+    StackConfig,
+    StackError,
+    http_status,
+    redis_command,
+)
 
 # Harmless forms of what the kit never needs: reading everything, wiping, reconfiguring, replicating.
 REFUSED = [
-    ("FLUSHALL",), ("FLUSHDB",), ("KEYS", "*"), ("SCAN", "0"), ("CONFIG", "GET", "requirepass"),
-    ("DEBUG", "SLEEP", "0"), ("ACL", "LIST"), ("INFO",), ("CLIENT", "LIST"), ("MONITOR",), ("SHUTDOWN", "NOSAVE"),
-    ("REPLICAOF", "NO", "ONE"), ("EVAL", "return 1", "0"), ("SCRIPT", "FLUSH"), ("FUNCTION", "LIST"),
-    ("SELECT", "1"), ("SUBSCRIBE", "x"), ("DEL", "mcp:sessions"), ("GET", "mcp:sessions"), ("SET", "mcp:x", "1"),
+    ("FLUSHALL",),
+    ("FLUSHDB",),
+    ("KEYS", "*"),
+    ("SCAN", "0"),
+    ("CONFIG", "GET", "requirepass"),
+    ("DEBUG", "SLEEP", "0"),
+    ("ACL", "LIST"),
+    ("INFO",),
+    ("CLIENT", "LIST"),
+    ("MONITOR",),
+    ("SHUTDOWN", "NOSAVE"),
+    ("REPLICAOF", "NO", "ONE"),
+    ("EVAL", "return 1", "0"),
+    ("SCRIPT", "FLUSH"),
+    ("FUNCTION", "LIST"),
+    ("SELECT", "1"),
+    ("SUBSCRIBE", "x"),
+    ("DEL", "mcp:sessions"),
+    ("GET", "mcp:sessions"),
+    ("SET", "mcp:x", "1"),
 ]
 
 
@@ -35,15 +60,25 @@ def error_of(reply: object) -> str:
     return str(reply)
 
 
-@pytest.mark.parametrize("stack_name,server", [("redis_stack", "redis"), ("sentinel_stack", "redis-1"),
-                                               ("sentinel_stack", "redis-2"), ("sentinel_stack", "sentinel-1")])
+@pytest.mark.parametrize(
+    "stack_name,server",
+    [
+        ("redis_stack", "redis"),
+        ("sentinel_stack", "redis-1"),
+        ("sentinel_stack", "redis-2"),
+        ("sentinel_stack", "sentinel-1"),
+    ],
+)
 def test_an_unauthenticated_client_is_refused(stack_name: str, server: str, request: pytest.FixtureRequest) -> None:
     stack: Stack = request.getfixturevalue(stack_name)
     port = stack.service(server).port
     assert error_of(redis_command(stack.config.host, port, "PING")).startswith("NOAUTH")
     assert error_of(redis_command(stack.config.host, port, "PING", password="wrong")).startswith("WRONGPASS")
-    assert error_of(redis_command(stack.config.host, port, "PING", user=stack.config.redis_user,
-                                  password=stack.config.redis_admin_password)).startswith("WRONGPASS")
+    assert error_of(
+        redis_command(
+            stack.config.host, port, "PING", user=stack.config.redis_user, password=stack.config.redis_admin_password
+        )
+    ).startswith("WRONGPASS")
     assert stack.redis_command(server, "PING") == "PONG"  # the admin, as stack.py's health checks
 
 
@@ -87,9 +122,15 @@ def test_on_the_sentinels_the_kits_user_may_only_ask_for_the_primary(sentinel_st
     address = as_kit(sentinel_stack, "sentinel-1", "SENTINEL", "get-master-addr-by-name", "mymaster")
     assert isinstance(address, list) and len(address) == 2
     assert isinstance(as_kit(sentinel_stack, "sentinel-1", "SENTINEL", "masters"), list)
-    for words in (("SENTINEL", "failover", "mymaster"), ("SENTINEL", "remove", "mymaster"),
-                  ("SENTINEL", "set", "mymaster", "down-after-milliseconds", "1"), ("SENTINEL", "reset", "*"),
-                  ("SENTINEL", "config", "get", "*"), ("SHUTDOWN",), ("ACL", "LIST")):
+    for words in (
+        ("SENTINEL", "failover", "mymaster"),
+        ("SENTINEL", "remove", "mymaster"),
+        ("SENTINEL", "set", "mymaster", "down-after-milliseconds", "1"),
+        ("SENTINEL", "reset", "*"),
+        ("SENTINEL", "config", "get", "*"),
+        ("SHUTDOWN",),
+        ("ACL", "LIST"),
+    ):
         assert error_of(as_kit(sentinel_stack, "sentinel-1", *words)).startswith("NOPERM"), words
 
 
@@ -109,8 +150,9 @@ def test_the_replicas_get_the_kits_user_and_the_passwords_stay_private(sentinel_
         assert not any(getattr(c, secret) in argv for secret in REDIS_SECRETS), f"a password in {name}'s argv"
 
 
-def test_a_stack_dir_keeps_its_redis_passwords_across_down_and_up(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stack_dir_keeps_its_redis_passwords_across_down_and_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Its Redis config files and data outlive `down`, so the next `up` must bring the same passwords."""
     for variable in REDIS_SECRETS.values():
         monkeypatch.delenv(variable, raising=False)
@@ -126,7 +168,8 @@ def test_a_stack_dir_keeps_its_redis_passwords_across_down_and_up(tmp_path: Path
 
 
 def test_no_service_gets_the_admin_password_and_the_stack_dir_is_made_private(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The shell's secrets are stack.py's: a replica (or HAProxy) holding the admin password in its environment
     would give whoever compromises it all of Redis, ACL or not. A stack dir that already existed is made private
     too: Redis and Sentinel rewrite their password-holding config files under the umask. (Redis itself is not
@@ -139,8 +182,11 @@ def test_no_service_gets_the_admin_password_and_the_stack_dir_is_made_private(
     with running_stack(state_dir, replicas=1) as s:
         assert state_dir.stat().st_mode & 0o077 == 0
         for name in ("mcp-server-1", "haproxy"):
-            environ = dict(item.split("=", 1) for item in
-                           Path(f"/proc/{s.pid(name)}/environ").read_bytes().decode().split("\0") if "=" in item)
+            environ = dict(
+                item.split("=", 1)
+                for item in Path(f"/proc/{s.pid(name)}/environ").read_bytes().decode().split("\0")
+                if "=" in item
+            )
             assert environ, name
             assert not STACK_SECRETS & environ.keys() - s.service(name).env.keys(), name
             assert not any(value.startswith("the-shells-") for value in environ.values()), name
@@ -148,8 +194,9 @@ def test_no_service_gets_the_admin_password_and_the_stack_dir_is_made_private(
 
 
 @pytest.mark.parametrize("character", [" ", '"', "'", "\\", "\n", "\t", "\x7f", "é"])
-def test_a_password_sentinel_could_not_write_back_is_refused_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                     character: str) -> None:
+def test_a_password_sentinel_could_not_write_back_is_refused_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, character: str
+) -> None:
     """Sentinel writes its passwords back into sentinel.conf unquoted: a space would break the file at the next
     start, a newline start a line of the password's choosing (here, a user with no password)."""
     monkeypatch.setenv("STACK_DIR", str(tmp_path))

@@ -19,9 +19,9 @@ from typing import Any
 
 import httpx2
 import pytest
+from conftest import running_stack
 from fastmcp import Client
 
-from conftest import running_stack
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
 from stack import Stack
 from tools.mcp_wire import RawSession, last_jsonrpc_message
@@ -90,7 +90,9 @@ def result_of(response: httpx2.Response) -> dict[str, Any]:
     return message["result"]["structuredContent"]
 
 
-async def test_a_killed_replica_keeps_the_session_and_its_state(healed: tuple[Shape, Stack], http: httpx2.AsyncClient) -> None:
+async def test_a_killed_replica_keeps_the_session_and_its_state(
+    healed: tuple[Shape, Stack], http: httpx2.AsyncClient
+) -> None:
     shape, stack = healed
     raw = RawSession(http, stack.config.mcp_url)
     await raw.initialize()
@@ -192,7 +194,9 @@ async def test_a_sessionless_client_keeps_state_with_a_handle(shaped: tuple[Shap
         name, arguments = shape.write
         instances = set()
         for _ in range(6):
-            instances.add((await client.call_tool(name, {**arguments, "session_id": handle})).structured_content["instance"])
+            instances.add(
+                (await client.call_tool(name, {**arguments, "session_id": handle})).structured_content["instance"]
+            )
         read = (await client.call_tool(shape.read[0], {"session_id": handle})).structured_content
     assert len(instances) > 1, "every call landed on one replica: the test proves nothing"
     if shape.module == "server":

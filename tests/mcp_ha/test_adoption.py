@@ -13,9 +13,9 @@ import uuid
 import httpx2
 import pytest
 
-from tools.mcp_wire import RawSession, last_jsonrpc_message
 from mcp_ha.adoption import Ownership
 from stack import Stack
+from tools.mcp_wire import RawSession, last_jsonrpc_message
 
 
 def direct(stack: Stack, http: httpx2.AsyncClient, replica: str, session_id: str) -> RawSession:
@@ -26,8 +26,12 @@ def direct(stack: Stack, http: httpx2.AsyncClient, replica: str, session_id: str
 
 
 def redis_cli(stack: Stack, *args: str) -> str:
-    result = subprocess.run(["redis-cli", "-p", str(stack.config.redis_port), *args], capture_output=True, text=True,
-                            env=stack.config.redis_cli_env)
+    result = subprocess.run(
+        ["redis-cli", "-p", str(stack.config.redis_port), *args],
+        capture_output=True,
+        text=True,
+        env=stack.config.redis_cli_env,
+    )
     return result.stdout.strip()
 
 
@@ -98,8 +102,13 @@ async def test_delete_ends_the_session_everywhere(stack: Stack, raw: RawSession,
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [(".client", "not json at all"), (".client", "[1, 2]"), (".capabilities", '"none"'),
-     (".version", '"1999-01-01"'), (".version", "2025-11-25")],
+    [
+        (".client", "not json at all"),
+        (".client", "[1, 2]"),
+        (".capabilities", '"none"'),
+        (".version", '"1999-01-01"'),
+        (".version", "2025-11-25"),
+    ],
 )
 async def test_a_corrupt_or_unsupported_record_is_404_not_5xx(
     stack: Stack, raw: RawSession, http: httpx2.AsyncClient, field: str, value: str
@@ -176,17 +185,23 @@ async def test_a_session_id_the_kit_never_minted_is_a_4xx_and_reaches_neither_re
 ) -> None:
     marker = uuid.uuid4().hex[:20]
     session_id = {
-        "short": marker.encode(), "uppercase": (marker + "ABCDEF012345").encode(),
-        "a path": f"{marker}/../../admin".encode(), "non-ASCII": marker.encode() + "é€".encode() + b"\xff",
-        "control characters": marker.encode() + b"\x1b[2J\x07\x00", "very long": marker.encode() * 500,
+        "short": marker.encode(),
+        "uppercase": (marker + "ABCDEF012345").encode(),
+        "a path": f"{marker}/../../admin".encode(),
+        "non-ASCII": marker.encode() + "é€".encode() + b"\xff",
+        "control characters": marker.encode() + b"\x1b[2J\x07\x00",
+        "very long": marker.encode() * 500,
     }[form]
-    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                       "params": {"name": "get_counter", "arguments": {}}}).encode()
+    body = json.dumps(
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "get_counter", "arguments": {}}}
+    ).encode()
 
     def head(value: bytes) -> bytes:
-        return (b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                b"Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\n"
-                b"mcp-session-id: " + value + b"\r\n")
+        return (
+            b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\n"
+            b"mcp-session-id: " + value + b"\r\n"
+        )
 
     replicas = stack.config.replica_names()
     metrics = [f"http://127.0.0.1:{stack.service(name).port}/metrics" for name in replicas]

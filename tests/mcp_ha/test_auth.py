@@ -21,20 +21,20 @@ import uuid
 
 import httpx2
 import pytest
+from conftest import JWT_AUDIENCE, JWT_ISSUER, JWT_KID, ROOT
 from fastmcp import Client
 from fastmcp.exceptions import ToolError
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 from joserfc import jwk as joserfc_jwk
 from joserfc import jwt as joserfc_jwt
+from test_server import *  # noqa: F403 (the contract's tests, collected here again: with alice's token)
 
 from mcp_ha import auth
-from mcp_ha.settings import Settings, SettingsError
-from conftest import JWT_AUDIENCE, JWT_ISSUER, JWT_KID, ROOT
-from tools.mcp_wire import RawSession
-from resilient_client import ResilientClient
 from mcp_ha.handles import UNKNOWN_HANDLE
+from mcp_ha.settings import Settings, SettingsError
+from resilient_client import ResilientClient
 from stack import Stack
-from test_server import *  # noqa: F403 (the contract's tests, collected here again: with alice's token)
+from tools.mcp_wire import RawSession
 
 GET_COUNTER = {"name": "get_counter", "arguments": {}}
 
@@ -99,8 +99,9 @@ def stranger_and_nobody(session: RawSession, url: str, token: str) -> tuple[RawS
 # -- without a valid token ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("authorization", [None, "Bearer not-a-token-of-this-stack", "Basic YWxpY2U6c2VjcmV0",
-                                           "Bearer"])
+@pytest.mark.parametrize(
+    "authorization", [None, "Bearer not-a-token-of-this-stack", "Basic YWxpY2U6c2VjcmV0", "Bearer"]
+)
 async def test_without_a_valid_token_nothing_is_served_adopted_or_replayed(
     http: httpx2.AsyncClient, stack: Stack, auth_tokens: dict[str, str], authorization: str | None
 ) -> None:
@@ -115,8 +116,16 @@ async def test_without_a_valid_token_nothing_is_served_adopted_or_replayed(
             headers["Authorization"] = authorization
         body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": GET_COUNTER}
         fresh = {name: value for name, value in headers.items() if name != "mcp-session-id"}
-        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+        init = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        }
         for response in (
             await http.post(url, headers=fresh, json=init),
             await http.post(url, headers=headers, json=body),
@@ -138,18 +147,25 @@ async def test_another_principals_session_id_is_answered_like_an_unknown_one(
     http: httpx2.AsyncClient, stack: Stack, auth_tokens: dict[str, str], route: str
 ) -> None:
     alice, owner = await open_session(http, stack, auth_tokens["alice"])
-    url = {"through HAProxy": stack.config.mcp_url, "on the replica holding it": replica_url(stack, owner),
-           "on a replica that would adopt it": replica_url(stack, other_replica(stack, owner))}[route]
+    url = {
+        "through HAProxy": stack.config.mcp_url,
+        "on the replica holding it": replica_url(stack, owner),
+        "on a replica that would adopt it": replica_url(stack, other_replica(stack, owner)),
+    }[route]
     epoch = epoch_of(stack, alice.session_id)
     assert epoch is not None
     bob, nobody = stranger_and_nobody(alice, url, auth_tokens["bob"])
 
     assert_same_answer(await bob.post("tools/call", GET_COUNTER), await nobody.post("tools/call", GET_COUNTER), 404)
-    assert_same_answer(await bob.post("tools/call", {"name": "increment_counter", "arguments": {}}),
-                       await nobody.post("tools/call", {"name": "increment_counter", "arguments": {}}), 404)
+    assert_same_answer(
+        await bob.post("tools/call", {"name": "increment_counter", "arguments": {}}),
+        await nobody.post("tools/call", {"name": "increment_counter", "arguments": {}}),
+        404,
+    )
     assert_same_answer(await http.get(url, headers=bob.headers()), await http.get(url, headers=nobody.headers()), 404)
-    assert_same_answer(await http.delete(url, headers=bob.headers()),
-                       await http.delete(url, headers=nobody.headers()), 404)
+    assert_same_answer(
+        await http.delete(url, headers=bob.headers()), await http.delete(url, headers=nobody.headers()), 404
+    )
 
     # Bob took nothing over and ended nothing; alice carries on where she was.
     assert epoch_of(stack, alice.session_id) == epoch
@@ -231,8 +247,11 @@ async def test_another_principals_stream_is_not_replayed(
     first = events[0].id
     url = stack.config.mcp_url if route == "through HAProxy" else replica_url(stack, other_replica(stack, owner))
     bob, nobody = stranger_and_nobody(alice, url, auth_tokens["bob"])
-    assert_same_answer(await http.get(url, headers={**bob.headers(), "Last-Event-ID": first}),
-                       await http.get(url, headers={**nobody.headers(), "Last-Event-ID": first}), 404)
+    assert_same_answer(
+        await http.get(url, headers={**bob.headers(), "Last-Event-ID": first}),
+        await http.get(url, headers={**nobody.headers(), "Last-Event-ID": first}),
+        404,
+    )
     # Alice resumes her own stream there: the answer she had already been sent.
     async with alice.at(url).resume(first) as resumed:
         assert resumed.response.status_code == 200
@@ -285,8 +304,9 @@ def jwt_without_subject(keys: RSAKeyPair) -> str:
     return joserfc_jwt.encode({"alg": "RS256", "kid": JWT_KID}, claims, key)
 
 
-@pytest.mark.parametrize("case", ["wrong issuer", "wrong audience", "expired", "wrong key", "unknown key id",
-                                  "no subject"])
+@pytest.mark.parametrize(
+    "case", ["wrong issuer", "wrong audience", "expired", "wrong key", "unknown key id", "no subject"]
+)
 async def test_a_jwt_that_does_not_verify_gets_401(
     http: httpx2.AsyncClient, jwt_stack: Stack, jwt_keys: RSAKeyPair, case: str
 ) -> None:
@@ -299,8 +319,9 @@ async def test_a_jwt_that_does_not_verify_gets_401(
         "no subject": lambda: jwt_without_subject(jwt_keys),
     }[case]()
     session = RawSession(http, jwt_stack.config.mcp_url, token=token)
-    response = await session.post("initialize", {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
+    response = await session.post(
+        "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    )
     assert response.status_code == 401, response.text
     assert "mcp-session-id" not in response.headers
 
@@ -308,20 +329,46 @@ async def test_a_jwt_that_does_not_verify_gets_401(
 # -- settings -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("environ", "message"), [
-    ({"MCP_AUTH": "bearer"}, "MCP_AUTH='bearer'"),
-    ({"MCP_AUTH": "static"}, "needs MCP_AUTH_TOKENS"),
-    ({"MCP_AUTH": "static", "MCP_AUTH_TOKENS": "alice:short"}, "shorter than 16"),
-    ({"MCP_AUTH": "static", "MCP_AUTH_TOKENS": "t" * 20}, "entry 1 is not name:token"),
-    ({"MCP_AUTH": "static", "MCP_AUTH_TOKENS": "a:" + "t" * 20 + ",b:" + "t" * 20}, "share a token"),
-    ({"MCP_AUTH": "jwt", "MCP_AUTH_JWKS_URL": "https://idp.invalid/jwks"}, "MCP_AUTH_ISSUER, MCP_AUTH_AUDIENCE"),
-    ({"MCP_AUTH": "jwt", "MCP_AUTH_JWKS_URL": "http://idp.invalid/jwks", "MCP_AUTH_ISSUER": "i",
-      "MCP_AUTH_AUDIENCE": "a"}, "http on loopback only"),
-    ({"MCP_AUTH": "jwt", "MCP_AUTH_JWKS_URL": "https://idp.invalid/jwks", "MCP_AUTH_ISSUER": "i",
-      "MCP_AUTH_AUDIENCE": "a", "MCP_AUTH_ALGORITHM": "HS256"}, "asymmetric"),
-    ({"MCP_AUTH": "jwt", "MCP_AUTH_JWKS_URL": "https://idp.invalid/jwks", "MCP_AUTH_ISSUER": "i",
-      "MCP_AUTH_AUDIENCE": "a", "MCP_AUTH_ALGORITHM": "none"}, "Unsupported algorithm"),
-])
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"MCP_AUTH": "bearer"}, "MCP_AUTH='bearer'"),
+        ({"MCP_AUTH": "static"}, "needs MCP_AUTH_TOKENS"),
+        ({"MCP_AUTH": "static", "MCP_AUTH_TOKENS": "alice:short"}, "shorter than 16"),
+        ({"MCP_AUTH": "static", "MCP_AUTH_TOKENS": "t" * 20}, "entry 1 is not name:token"),
+        ({"MCP_AUTH": "static", "MCP_AUTH_TOKENS": "a:" + "t" * 20 + ",b:" + "t" * 20}, "share a token"),
+        ({"MCP_AUTH": "jwt", "MCP_AUTH_JWKS_URL": "https://idp.invalid/jwks"}, "MCP_AUTH_ISSUER, MCP_AUTH_AUDIENCE"),
+        (
+            {
+                "MCP_AUTH": "jwt",
+                "MCP_AUTH_JWKS_URL": "http://idp.invalid/jwks",
+                "MCP_AUTH_ISSUER": "i",
+                "MCP_AUTH_AUDIENCE": "a",
+            },
+            "http on loopback only",
+        ),
+        (
+            {
+                "MCP_AUTH": "jwt",
+                "MCP_AUTH_JWKS_URL": "https://idp.invalid/jwks",
+                "MCP_AUTH_ISSUER": "i",
+                "MCP_AUTH_AUDIENCE": "a",
+                "MCP_AUTH_ALGORITHM": "HS256",
+            },
+            "asymmetric",
+        ),
+        (
+            {
+                "MCP_AUTH": "jwt",
+                "MCP_AUTH_JWKS_URL": "https://idp.invalid/jwks",
+                "MCP_AUTH_ISSUER": "i",
+                "MCP_AUTH_AUDIENCE": "a",
+                "MCP_AUTH_ALGORITHM": "none",
+            },
+            "Unsupported algorithm",
+        ),
+    ],
+)
 def test_settings_that_cannot_work_are_refused_by_name(environ: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError) as refused:
         verifier_from_env(environ)
@@ -333,14 +380,14 @@ def test_settings_that_cannot_work_are_refused_by_name(environ: dict[str, str], 
 def test_authentication_is_off_unless_asked_for() -> None:
     assert verifier_from_env({}) is None
     assert verifier_from_env({"MCP_AUTH": "none", "MCP_AUTH_TOKENS": "ignored"}) is None
-    assert isinstance(verifier_from_env({"MCP_AUTH": "static", "MCP_AUTH_TOKENS": "a:" + "t" * 20}),
-                      auth.TokenVerifier)
+    assert isinstance(verifier_from_env({"MCP_AUTH": "static", "MCP_AUTH_TOKENS": "a:" + "t" * 20}), auth.TokenVerifier)
 
 
 def test_a_replica_with_unworkable_auth_settings_refuses_to_start() -> None:
     env = {"PATH": "/usr/bin:/bin", "MCP_AUTH": "jwt", "MCP_AUTH_JWKS_URL": "https://idp.invalid/jwks"}
-    done = subprocess.run([sys.executable, "-m", "server"], env=env, capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "server"], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     assert done.returncode != 0
     assert "MCP_AUTH=jwt needs MCP_AUTH_ISSUER, MCP_AUTH_AUDIENCE" in done.stderr
     assert "Traceback" not in done.stderr

@@ -10,8 +10,8 @@ import httpx2
 import pytest
 
 from mcp_ha.drain import MAX_BALANCERS, Drain
-from tools.mcp_wire import PROTOCOL, RawSession, last_jsonrpc_message
 from stack import Stack
+from tools.mcp_wire import PROTOCOL, RawSession, last_jsonrpc_message
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -29,8 +29,9 @@ async def test_sigterm_drains_finishing_in_flight_calls_and_refusing_new_session
 
     # New work is refused at once, before anything is done (HAProxy re-sends it elsewhere)...
     fresh = RawSession(http, f"http://127.0.0.1:{port}/mcp")
-    refused = await fresh.post("initialize", {"protocolVersion": PROTOCOL, "capabilities": {},
-                                              "clientInfo": {"name": "t", "version": "1"}})
+    refused = await fresh.post(
+        "initialize", {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    )
     assert refused.status_code == 503
     sticky = RawSession(http, fresh.url)
     sticky.session_id = raw.session_id

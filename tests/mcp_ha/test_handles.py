@@ -12,11 +12,11 @@ import httpx2
 import pytest
 from fastmcp import Client
 from fastmcp.exceptions import ToolError
-from tools.mcp_wire import ACCEPT, RawSession, last_jsonrpc_message
 
-from mcp_ha.idempotency import IDEMPOTENCY_KEY
 from mcp_ha.handles import NO_SESSION, UNKNOWN_HANDLE
+from mcp_ha.idempotency import IDEMPOTENCY_KEY
 from stack import Stack
+from tools.mcp_wire import ACCEPT, RawSession, last_jsonrpc_message
 
 MODERN = "2026-07-28"
 META = {
@@ -42,9 +42,18 @@ async def modern_post(
 ) -> httpx2.Response:
     """A sessionless request as any 2026-07-28 client sends it, with extra `_meta` and headers."""
     body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": {**META, **(meta or {})}}}
-    return await http.post(url, json=body, headers={
-        "Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": MODERN,
-        "Mcp-Method": method, **({"Mcp-Name": params["name"]} if "name" in params else {}), **headers})
+    return await http.post(
+        url,
+        json=body,
+        headers={
+            "Content-Type": "application/json",
+            "Accept": ACCEPT,
+            "MCP-Protocol-Version": MODERN,
+            "Mcp-Method": method,
+            **({"Mcp-Name": params["name"]} if "name" in params else {}),
+            **headers,
+        },
+    )
 
 
 async def test_every_contract_tool_works_for_a_sessionless_client(sessionless: Client) -> None:
@@ -58,7 +67,9 @@ async def test_every_contract_tool_works_for_a_sessionless_client(sessionless: C
     analysis = (await sessionless.call_tool("analyze_data", {**args, "num_items": 4})).data
     assert analysis["items_processed"] == 4 and analysis["total_score"] == 15.0
     assert (await sessionless.call_tool("watch_counter", {**args, "duration_seconds": 0})).data["total_changes"] == 0
-    assert (await sessionless.call_tool("resume_session", {**args, "old_session_id": handle})).data["status"] == "same_session"
+    assert (await sessionless.call_tool("resume_session", {**args, "old_session_id": handle})).data[
+        "status"
+    ] == "same_session"
     # Tools that need no session need no handle.
     assert (await sessionless.call_tool("get_server_info", {})).data["sessions"] >= 1
     assert (await sessionless.call_tool("get_status", {})).data["active_sessions"] >= 1
@@ -82,7 +93,9 @@ async def test_concurrent_sessionless_increments_on_one_handle_all_count(mcp_url
     for c in clients:
         await c.__aenter__()
     try:
-        await asyncio.gather(*[c.call_tool("increment_counter", {"session_id": handle}) for c in clients for _ in range(25)])
+        await asyncio.gather(
+            *[c.call_tool("increment_counter", {"session_id": handle}) for c in clients for _ in range(25)]
+        )
         assert (await clients[0].call_tool("get_counter", {"session_id": handle})).data["counter"] == 100
     finally:
         for c in clients:
@@ -90,8 +103,13 @@ async def test_concurrent_sessionless_increments_on_one_handle_all_count(mcp_url
 
 
 async def test_a_sessionless_stateful_call_without_a_handle_says_what_to_do(sessionless: Client) -> None:
-    for tool, args in [("increment_counter", {}), ("get_counter", {}), ("add_note", {"note": "x"}),
-                       ("analyze_data", {"num_items": 1}), ("resume_session", {"old_session_id": uuid.uuid4().hex})]:
+    for tool, args in [
+        ("increment_counter", {}),
+        ("get_counter", {}),
+        ("add_note", {"note": "x"}),
+        ("analyze_data", {"num_items": 1}),
+        ("resume_session", {"old_session_id": uuid.uuid4().hex}),
+    ]:
         with pytest.raises(ToolError) as error:
             await sessionless.call_tool(tool, args)
         assert str(error.value) == NO_SESSION
@@ -122,17 +140,21 @@ async def test_a_forged_session_header_on_a_sessionless_request_reaches_no_sessi
     http: httpx2.AsyncClient, mcp_url: str, raw: RawSession
 ) -> None:
     await raw.call("increment_counter")
-    response = await modern_post(http, mcp_url, "tools/call", {"name": "get_counter", "arguments": {}},
-                                 **{"mcp-session-id": raw.session_id})
+    response = await modern_post(
+        http, mcp_url, "tools/call", {"name": "get_counter", "arguments": {}}, **{"mcp-session-id": raw.session_id}
+    )
     assert response.status_code == 200
     result = last_jsonrpc_message(response)["result"]
     assert result["isError"] and result["content"][0]["text"] == NO_SESSION
 
 
 @pytest.mark.parametrize("version", ["1999-01-01", "garbage", "2026-07-28x", ""])
-async def test_an_unsupported_protocol_version_header_is_a_4xx(http: httpx2.AsyncClient, mcp_url: str, version: str) -> None:
-    response = await modern_post(http, mcp_url, "tools/call", {"name": "get_server_info", "arguments": {}},
-                                 **{"MCP-Protocol-Version": version})
+async def test_an_unsupported_protocol_version_header_is_a_4xx(
+    http: httpx2.AsyncClient, mcp_url: str, version: str
+) -> None:
+    response = await modern_post(
+        http, mcp_url, "tools/call", {"name": "get_server_info", "arguments": {}}, **{"MCP-Protocol-Version": version}
+    )
     assert 400 <= response.status_code < 500, (response.status_code, response.text)
 
 
@@ -140,7 +162,9 @@ async def test_state_moves_between_generations_with_resume_session(sessionless: 
     await raw.call("increment_counter")
     await raw.call("add_note", {"note": "from a session"})
     handle = await handle_of(sessionless)
-    resumed = (await sessionless.call_tool("resume_session", {"old_session_id": raw.session_id, "session_id": handle})).data
+    resumed = (
+        await sessionless.call_tool("resume_session", {"old_session_id": raw.session_id, "session_id": handle})
+    ).data
     assert (resumed["status"], resumed["keys_copied"]) == ("resumed", 2)
     await sessionless.call_tool("add_note", {"note": "from a handle", "session_id": handle})
     back = await raw.call("resume_session", {"old_session_id": handle})
@@ -148,7 +172,9 @@ async def test_state_moves_between_generations_with_resume_session(sessionless: 
     assert (await raw.call("list_notes"))["notes"] == ["from a session", "from a handle"]
 
 
-async def test_a_repeated_idempotency_key_on_a_handle_applies_once(http: httpx2.AsyncClient, mcp_url: str, sessionless: Client) -> None:
+async def test_a_repeated_idempotency_key_on_a_handle_applies_once(
+    http: httpx2.AsyncClient, mcp_url: str, sessionless: Client
+) -> None:
     handle = await handle_of(sessionless)
     params = {"name": "increment_counter", "arguments": {"session_id": handle}}
     answers = [
@@ -171,7 +197,7 @@ async def test_a_sessionless_client_rides_through_kill_9_between_calls(healed_st
                 result = (await c.call_tool("increment_counter", {"session_id": handle})).data
                 counters.append(result["counter"])
                 assert result["instance"] != served
-            except Exception as exc:  # noqa: BLE001 - every failure is the finding
+            except Exception as exc:
                 failures.append(repr(exc))
         assert failures == []
         assert counters == list(range(2, 22))

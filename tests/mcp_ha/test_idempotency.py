@@ -9,8 +9,8 @@ import uuid
 import httpx2
 
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
-from tools.mcp_wire import RawSession, last_jsonrpc_message
 from stack import Stack
+from tools.mcp_wire import RawSession, last_jsonrpc_message
 
 
 async def keyed(session: RawSession, tool: str, key: str, arguments: dict | None = None) -> dict:

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import httpx2
 import pytest
 
-from tools.mcp_wire import RawSession
-from stack import Stack
 from mcp_ha.logs import MAX_REQUEST_ID, RequestFields, RequestIds, configure, json_formatter
+from stack import Stack
+from tools.mcp_wire import RawSession
 
 
 def log_lines(stack: Stack, replica: str) -> list[dict]:
@@ -40,8 +40,12 @@ async def test_every_line_is_json_and_a_requests_lines_name_its_session_and_requ
     request_id = f"test-{uuid.uuid4().hex}"
     direct = raw.at(f"http://127.0.0.1:{stack.service(replica).port}/mcp")
     old = uuid.uuid4().hex
-    body = {"jsonrpc": "2.0", "id": 99, "method": "tools/call",
-            "params": {"name": "resume_session", "arguments": {"old_session_id": old}}}
+    body = {
+        "jsonrpc": "2.0",
+        "id": 99,
+        "method": "tools/call",
+        "params": {"name": "resume_session", "arguments": {"old_session_id": old}},
+    }
     response = await http.post(direct.url, headers={**direct.headers(), "X-Request-Id": request_id}, json=body)
     assert response.status_code == 200
 
@@ -117,8 +121,10 @@ async def test_hostile_header_values_never_reach_a_line_raw(captured) -> None:
 
         left_behind.append(asyncio.create_task(later()))
 
-    await serve(RequestIds(app), [(b"mcp-session-id", hostile_session.encode("latin-1")),
-                                  (b"x-request-id", hostile_request.encode("latin-1"))])
+    await serve(
+        RequestIds(app),
+        [(b"mcp-session-id", hostile_session.encode("latin-1")), (b"x-request-id", hostile_request.encode("latin-1"))],
+    )
     request_over.set()
     await left_behind[0]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx2
 from prometheus_client.parser import text_string_to_metric_families
 
-from tools.mcp_wire import RawSession, last_jsonrpc_message
 from stack import Stack
+from tools.mcp_wire import RawSession, last_jsonrpc_message
 
 Samples = dict[tuple[str, frozenset], float]
 
@@ -129,7 +129,9 @@ async def test_a_resumed_stream_is_counted(stack: Stack, raw: RawSession, http: 
     before, _ = await scrape(http, replica_metrics(stack, replica))
     async with raw.resume(priming) as stream:
         assert stream.response.status_code == 200
-        assert [event.message["result"]["structuredContent"]["counter"] async for event in stream if event.message] == [1]
+        assert [event.message["result"]["structuredContent"]["counter"] async for event in stream if event.message] == [
+            1
+        ]
     async with raw.resume("1-1.00000000") as stream:  # no such event: 404, not counted
         assert stream.response.status_code == 404
     after, _ = await scrape(http, replica_metrics(stack, replica))
@@ -178,8 +180,9 @@ async def test_the_sample_dashboard_reads_only_metrics_the_stack_serves(stack: S
     names = {name for expr in exprs for name in re.findall(r"\b(?:mcp|stamina|haproxy)_[a-z_]+", expr)}
     assert len(names) >= 12, names
     _, replica_text = await scrape(http, replica_metrics(stack, stack.config.replica_names()[0]))
-    _, haproxy_text = await scrape(http, f"http://127.0.0.1:{stack.config.stats_port}/metrics",
-                                   auth=stack.config.stats_auth)
+    _, haproxy_text = await scrape(
+        http, f"http://127.0.0.1:{stack.config.stats_port}/metrics", auth=stack.config.stats_auth
+    )
     served = replica_text + haproxy_text
     assert [name for name in sorted(names) if name not in served] == []
     assert 'state="UP"' in haproxy_text  # a label the "replicas up" panel filters on

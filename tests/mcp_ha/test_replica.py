@@ -27,8 +27,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def imported_by(code: str, **env: str) -> set[str]:
     """The top-level and mcp_ha modules a fresh interpreter holds after running `code`."""
     probe = f"{code}\nimport sys, json; print(json.dumps(sorted(sys.modules)))"
-    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+    )
     assert result.returncode == 0, result.stderr
     return set(json.loads(result.stdout.strip().splitlines()[-1]))
 
@@ -76,8 +82,13 @@ def test_served_by_plain_uvicorn_the_app_still_drains_on_sigterm(tmp_path: Path)
     in flight finish, and the process exits once the drain is done."""
     (port,) = free_ports(1)
     log = open(tmp_path / "uvicorn.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "server:app", "--host", "127.0.0.1", "--port", str(port)],
-                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "server:app", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}/mcp"
 
     async def scenario() -> None:
@@ -98,7 +109,9 @@ def test_served_by_plain_uvicorn_the_app_still_drains_on_sigterm(tmp_path: Path)
             proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.2)
             refused = await RawSession(http, url).post(
-                "initialize", {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
+                "initialize",
+                {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+            )
             assert refused.status_code == 503 and refused.headers.get("retry-after") == "1"
             assert (await in_flight)["items_processed"] == 20
 

@@ -8,12 +8,15 @@ import asyncio
 import importlib.metadata
 import inspect
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx2
 import pytest
 import uvicorn
+from conftest import free_ports
 from fastmcp import Context, FastMCP
 from fastmcp.server.auth.providers.jwt import StaticTokenVerifier
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
@@ -24,12 +27,9 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 
 from mcp_ha import _sdk as sdk_sessions
-from pathlib import Path
-import re
-from conftest import free_ports
-from tools.mcp_wire import ACCEPT, PROTOCOL, jsonrpc_messages, last_jsonrpc_message
 from mcp_ha.streams import SessionEvents
 from stores.memory_store import InMemorySessionStore
+from tools.mcp_wire import ACCEPT, PROTOCOL, jsonrpc_messages, last_jsonrpc_message
 
 WRITTEN_FOR = "2.3.0"
 
@@ -60,13 +60,28 @@ def test_private_sdk_access_is_fenced_in_one_module_that_lists_it() -> None:
 
 def test_the_private_parts_adoption_uses_are_still_there() -> None:
     manager = StreamableHTTPSessionManager(app=FastMCP("probe")._mcp_server)
-    for attribute in ("_server_instances", "_session_owners", "_task_group", "_lifespan_state", "_discard_session",
-                      "json_response", "security_settings", "retry_interval", "session_idle_timeout"):
+    for attribute in (
+        "_server_instances",
+        "_session_owners",
+        "_task_group",
+        "_lifespan_state",
+        "_discard_session",
+        "json_response",
+        "security_settings",
+        "retry_interval",
+        "session_idle_timeout",
+    ):
         assert hasattr(manager, attribute), f"StreamableHTTPSessionManager.{attribute} is gone"
     assert isinstance(manager._server_instances, dict)
     transport_args = inspect.signature(StreamableHTTPServerTransport).parameters
-    for name in ("mcp_session_id", "is_json_response_enabled", "event_store", "security_settings",
-                 "retry_interval", "idle_timeout"):
+    for name in (
+        "mcp_session_id",
+        "is_json_response_enabled",
+        "event_store",
+        "security_settings",
+        "retry_interval",
+        "idle_timeout",
+    ):
         assert name in transport_args, f"StreamableHTTPServerTransport no longer takes {name}"
     events = SessionEvents(InMemorySessionStore(), uuid.uuid4().hex)
     assert StreamableHTTPServerTransport(mcp_session_id=None, event_store=events)._event_store is events, (
@@ -87,8 +102,9 @@ async def probe_server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[st
     with "static tokens", behind FastMCP's auth (PROBE_TOKENS)."""
     verifier = None
     if request.param == "static tokens":
-        verifier = StaticTokenVerifier(tokens={token: {"client_id": name, "sub": name, "scopes": []}
-                                               for name, token in PROBE_TOKENS.items()})
+        verifier = StaticTokenVerifier(
+            tokens={token: {"client_id": name, "sub": name, "scopes": []} for name, token in PROBE_TOKENS.items()}
+        )
     mcp = FastMCP("probe", auth=verifier)
 
     @mcp.tool
@@ -117,13 +133,22 @@ async def test_a_session_adopted_under_a_foreign_id_is_served_initialized(probe_
 
     client_params = {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
     store = InMemorySessionStore()
-    await sdk_sessions.adopt(manager, session_id, client_params=client_params, protocol_version=PROTOCOL,
-                             event_store=SessionEvents(store, session_id))
+    await sdk_sessions.adopt(
+        manager,
+        session_id,
+        client_params=client_params,
+        protocol_version=PROTOCOL,
+        event_store=SessionEvents(store, session_id),
+    )
     assert sdk_sessions.holds(manager, session_id)
     assert sdk_sessions.held_count(manager) == held_before + 1, "held_count no longer counts the SDK's transports"
 
-    headers = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": PROTOCOL,
-               "mcp-session-id": session_id}
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": ACCEPT,
+        "MCP-Protocol-Version": PROTOCOL,
+        "mcp-session-id": session_id,
+    }
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "whoami", "arguments": {}}}
     async with httpx2.AsyncClient(timeout=10) as http:
         response = await http.post(url, headers=headers, json=body)
@@ -150,21 +175,30 @@ async def test_a_session_adopted_for_a_principal_is_served_to_it_and_to_nobody_e
     verifier = StaticTokenVerifier(tokens={PROBE_TOKENS["alice"]: {"client_id": "alice", "sub": "alice", "scopes": []}})
     alice = AuthenticatedUser(await verifier.verify_token(PROBE_TOKENS["alice"]))
     client_params = {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
-    await sdk_sessions.adopt(manager, session_id, client_params=client_params, protocol_version=PROTOCOL,
-                             event_store=None, user=alice)
+    await sdk_sessions.adopt(
+        manager, session_id, client_params=client_params, protocol_version=PROTOCOL, event_store=None, user=alice
+    )
 
-    headers = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": PROTOCOL,
-               "mcp-session-id": session_id}
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": ACCEPT,
+        "MCP-Protocol-Version": PROTOCOL,
+        "mcp-session-id": session_id,
+    }
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "whoami", "arguments": {}}}
     async with httpx2.AsyncClient(timeout=10) as http:
-        as_alice = await http.post(url, headers={**headers, "Authorization": f"Bearer {PROBE_TOKENS['alice']}"},
-                                   json=body)
+        as_alice = await http.post(
+            url, headers={**headers, "Authorization": f"Bearer {PROBE_TOKENS['alice']}"}, json=body
+        )
         assert as_alice.status_code == 200, "the adopted session is not bound to its principal in the SDK"
         as_bob = await http.post(url, headers={**headers, "Authorization": f"Bearer {PROBE_TOKENS['bob']}"}, json=body)
         assert as_bob.status_code == 404, "the SDK no longer refuses a session to another principal"
     # refuses() predicts that answer, so the kit can do an unknown id's store work first.
-    bob = AuthenticatedUser(await StaticTokenVerifier(
-        tokens={PROBE_TOKENS["bob"]: {"client_id": "bob", "sub": "bob", "scopes": []}}).verify_token(PROBE_TOKENS["bob"]))
+    bob = AuthenticatedUser(
+        await StaticTokenVerifier(
+            tokens={PROBE_TOKENS["bob"]: {"client_id": "bob", "sub": "bob", "scopes": []}}
+        ).verify_token(PROBE_TOKENS["bob"])
+    )
     assert sdk_sessions.refuses(manager, session_id, bob) and not sdk_sessions.refuses(manager, session_id, alice)
     assert sdk_sessions.refuses(manager, session_id, None), "an unauthenticated request would be served"
     async with httpx2.AsyncClient(timeout=10) as http:
@@ -188,8 +222,12 @@ async def test_an_event_store_bound_to_a_live_session_keeps_its_events_and_repla
     url, app = probe_server
     manager = sdk_sessions.session_manager(app, "/mcp")
     headers = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": PROTOCOL}
-    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
     call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "whoami", "arguments": {}}}
     async with httpx2.AsyncClient(timeout=10) as http:
         session_id = (await http.post(url, headers=headers, json=initialize)).headers["mcp-session-id"]

@@ -20,14 +20,28 @@ def test_an_empty_environment_gives_the_defaults() -> None:
 
 
 def test_every_variable_is_read_into_its_field() -> None:
-    settings = Settings.from_env({
-        "INSTANCE_ID": "mcp-server-7", "HOST": "127.0.0.2", "PORT": "9001", "SESSION_TTL_SECONDS": "60",
-        "EVENT_TTL_SECONDS": "30", "OP_TTL_SECONDS": "40", "REDIS_SENTINELS": "127.0.0.1:26380, 127.0.0.1:26381",
-        "REDIS_MASTER_NAME": "primary", "REDIS_USERNAME": "mcp", "REDIS_PASSWORD": " p a s s ",
-        "REDIS_WAIT_REPLICAS": "1", "REDIS_RETRY_SECONDS": "2.5", "LOG_FORMAT": "TEXT", "LOG_LEVEL": "Warning",
-        "METRICS": "off", "MCP_AUTH": "static", "MCP_AUTH_TOKENS": "alice:" + "a" * 20,
-        "MCP_AUTH_REQUIRED_SCOPES": "read, write",
-    })
+    settings = Settings.from_env(
+        {
+            "INSTANCE_ID": "mcp-server-7",
+            "HOST": "127.0.0.2",
+            "PORT": "9001",
+            "SESSION_TTL_SECONDS": "60",
+            "EVENT_TTL_SECONDS": "30",
+            "OP_TTL_SECONDS": "40",
+            "REDIS_SENTINELS": "127.0.0.1:26380, 127.0.0.1:26381",
+            "REDIS_MASTER_NAME": "primary",
+            "REDIS_USERNAME": "mcp",
+            "REDIS_PASSWORD": " p a s s ",
+            "REDIS_WAIT_REPLICAS": "1",
+            "REDIS_RETRY_SECONDS": "2.5",
+            "LOG_FORMAT": "TEXT",
+            "LOG_LEVEL": "Warning",
+            "METRICS": "off",
+            "MCP_AUTH": "static",
+            "MCP_AUTH_TOKENS": "alice:" + "a" * 20,
+            "MCP_AUTH_REQUIRED_SCOPES": "read, write",
+        }
+    )
     assert (settings.instance_id, settings.host, settings.port) == ("mcp-server-7", "127.0.0.2", 9001)
     assert (settings.session_ttl_seconds, settings.event_ttl_seconds, settings.op_ttl_seconds) == (60, 30, 40)
     assert settings.redis_sentinels == (("127.0.0.1", 26380), ("127.0.0.1", 26381)) and settings.uses_redis
@@ -42,19 +56,22 @@ def test_tokens_are_read_only_when_static_auth_uses_them() -> None:
     assert Settings.from_env({"MCP_AUTH": "none", "MCP_AUTH_TOKENS": "not even name:token"}).auth_tokens == {}
 
 
-@pytest.mark.parametrize(("environ", "variable"), [
-    ({"PORT": "eighty"}, "PORT"),
-    ({"PORT": "70000"}, "PORT"),
-    ({"SESSION_TTL_SECONDS": "0"}, "SESSION_TTL_SECONDS"),
-    ({"REDIS_WAIT_REPLICAS": "-1"}, "REDIS_WAIT_REPLICAS"),
-    ({"REDIS_RETRY_SECONDS": "soon"}, "REDIS_RETRY_SECONDS"),
-    ({"REDIS_SENTINELS": "127.0.0.1"}, "REDIS_SENTINELS"),
-    ({"LOG_FORMAT": "xml"}, "LOG_FORMAT"),
-    ({"LOG_LEVEL": "loud"}, "LOG_LEVEL"),
-    ({"METRICS": "maybe"}, "METRICS"),
-    ({"MCP_AUTH": "oauth"}, "MCP_AUTH"),
-    ({"MCP_AUTH": "static", "MCP_AUTH_TOKENS": "alice:short"}, "MCP_AUTH_TOKENS"),
-])
+@pytest.mark.parametrize(
+    ("environ", "variable"),
+    [
+        ({"PORT": "eighty"}, "PORT"),
+        ({"PORT": "70000"}, "PORT"),
+        ({"SESSION_TTL_SECONDS": "0"}, "SESSION_TTL_SECONDS"),
+        ({"REDIS_WAIT_REPLICAS": "-1"}, "REDIS_WAIT_REPLICAS"),
+        ({"REDIS_RETRY_SECONDS": "soon"}, "REDIS_RETRY_SECONDS"),
+        ({"REDIS_SENTINELS": "127.0.0.1"}, "REDIS_SENTINELS"),
+        ({"LOG_FORMAT": "xml"}, "LOG_FORMAT"),
+        ({"LOG_LEVEL": "loud"}, "LOG_LEVEL"),
+        ({"METRICS": "maybe"}, "METRICS"),
+        ({"MCP_AUTH": "oauth"}, "MCP_AUTH"),
+        ({"MCP_AUTH": "static", "MCP_AUTH_TOKENS": "alice:short"}, "MCP_AUTH_TOKENS"),
+    ],
+)
 def test_a_setting_that_cannot_work_is_refused_by_its_name(environ: dict[str, str], variable: str) -> None:
     with pytest.raises(SettingsError, match=variable):
         Settings.from_env(environ)
@@ -63,13 +80,16 @@ def test_a_setting_that_cannot_work_is_refused_by_its_name(environ: dict[str, st
 def test_the_docs_table_lists_exactly_the_settings() -> None:
     """docs/operations.md's settings table is the one place the variables are listed; it and the type agree."""
     text = (ROOT / "docs" / "operations.md").read_text()
-    table = text[text.index("| variable | default | meaning |"):]
+    table = text[text.index("| variable | default | meaning |") :]
     table = table[: table.index("\n\n")] if "\n\n" in table else table
     documented = set(re.findall(r"^\| `([A-Z0-9_]+)`", table, flags=re.MULTILINE))
     assert documented == {f.metadata["env"] for f in fields(Settings)}
 
 
 def test_nothing_else_in_the_layer_reads_the_environment() -> None:
-    readers = [p.name for p in (ROOT / "mcp_ha").glob("*.py")
-               if p.name != "settings.py" and re.search(r"os\.environ|os\.getenv", p.read_text())]
+    readers = [
+        p.name
+        for p in (ROOT / "mcp_ha").glob("*.py")
+        if p.name != "settings.py" and re.search(r"os\.environ|os\.getenv", p.read_text())
+    ]
     assert readers == []

@@ -14,14 +14,14 @@ from collections.abc import AsyncIterator
 import httpx2
 import pytest
 import uvicorn
+from conftest import free_ports
 from starlette.responses import PlainTextResponse
 
-from conftest import free_ports
-from tools.mcp_wire import Event, RawSession
 from mcp_ha.streams import MALFORMED, UNAVAILABLE, UNKNOWN, CheckResumption
 from session_store import mint_event_id
 from stack import Stack
 from stores.redis_store import RedisSessionStore
+from tools.mcp_wire import Event, RawSession
 
 ITEMS = 30
 ANALYSIS = {"name": "analyze_data", "arguments": {"num_items": ITEMS}, "_meta": {"progressToken": "analysis"}}
@@ -32,7 +32,11 @@ def replica_url(stack: Stack, replica: str) -> str:
 
 
 def progress(events: list[Event]) -> list[float]:
-    return [e.message["params"]["progress"] for e in events if e.message and e.message.get("method") == "notifications/progress"]
+    return [
+        e.message["params"]["progress"]
+        for e in events
+        if e.message and e.message.get("method") == "notifications/progress"
+    ]
 
 
 async def analysis_cut_after(raw: RawSession, progress_seen: int) -> tuple[int, list[Event]]:
@@ -64,12 +68,13 @@ def assert_every_event_once(before: list[Event], after: list[Event], request_id:
     assert answer["id"] == request_id
     # Computed and written by the replica that ran the call.
     assert answer["result"]["structuredContent"] == {
-        "items_processed": ITEMS, "total_score": 1.5 * sum(range(1, ITEMS + 1)), "instance": owner}
+        "items_processed": ITEMS,
+        "total_score": 1.5 * sum(range(1, ITEMS + 1)),
+        "instance": owner,
+    }
 
 
-async def test_a_stream_cut_mid_call_resumes_on_another_replica_exactly_once(
-    stack: Stack, raw: RawSession
-) -> None:
+async def test_a_stream_cut_mid_call_resumes_on_another_replica_exactly_once(stack: Stack, raw: RawSession) -> None:
     owner = (await raw.call("get_counter"))["instance"]  # where HAProxy pins the session
     request_id, before = await analysis_cut_after(raw, progress_seen=5)
 
@@ -131,13 +136,25 @@ async def test_an_event_id_of_another_session_is_404_and_reveals_nothing(
             assert raw.session_id not in body and "secret" not in body
 
 
-@pytest.mark.parametrize("last_event_id", [
-    "x", "999999999999999-0", "*", "$", "+", "-", "0-0", "(1-0", "1-0.ZZZZZZZZ", "1-0.0123456",
-    "99999999999999999999-0.01234567", "9" * 8000, "1-0.01234567" + "a" * 8000,
-])
-async def test_a_malformed_last_event_id_is_a_4xx_everywhere(
-    stack: Stack, raw: RawSession, last_event_id: str
-) -> None:
+@pytest.mark.parametrize(
+    "last_event_id",
+    [
+        "x",
+        "999999999999999-0",
+        "*",
+        "$",
+        "+",
+        "-",
+        "0-0",
+        "(1-0",
+        "1-0.ZZZZZZZZ",
+        "1-0.0123456",
+        "99999999999999999999-0.01234567",
+        "9" * 8000,
+        "1-0.01234567" + "a" * 8000,
+    ],
+)
+async def test_a_malformed_last_event_id_is_a_4xx_everywhere(stack: Stack, raw: RawSession, last_event_id: str) -> None:
     for session in [raw, *(raw.at(replica_url(stack, name)) for name in stack.config.replica_names())]:
         status, body = await resume_status_and_body(session, last_event_id)
         assert 400 <= status < 500, (status, body)
@@ -171,7 +188,9 @@ async def unreachable_store_app() -> AsyncIterator[str]:
 
 
 @pytest.mark.timeout(30)
-async def test_resuming_while_the_store_is_unreachable_is_503(unreachable_store_app: str, http: httpx2.AsyncClient) -> None:
+async def test_resuming_while_the_store_is_unreachable_is_503(
+    unreachable_store_app: str, http: httpx2.AsyncClient
+) -> None:
     session = RawSession(http, unreachable_store_app)
     session.session_id = uuid.uuid4().hex
     status, body = await resume_status_and_body(session, mint_event_id(session.session_id, "1-0"))

@@ -13,20 +13,26 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
+
 from stack import free_ports
 
 
 def run_bench(*args: str, env: dict[str, str] | None = None, timeout: float = 150) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.bench", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "tools.bench", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 # Around the markers: what --markdown must leave byte for byte (CRLF, a BOM-less UTF-8 dash, no final newline).
 BEFORE = "# Benchmarks\r\n\nWritten by hand \u2014 kept as is.\n\n".encode()
-AFTER = "\n\nMore by hand: | a | b |\r\n<!-- bench:start? not a marker -->".encode()
+AFTER = b"\n\nMore by hand: | a | b |\r\n<!-- bench:start? not a marker -->"
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +92,9 @@ def test_every_section_is_there_with_sane_values(report: dict) -> None:
 @pytest.mark.timeout(180)
 def test_ratios_within_generous_bounds(report: dict) -> None:
     ratios = report["throughput"]["ratios"]
-    assert ratios["haproxy_vs_floor_throughput"] >= 0.10  # the target is 0.5; quick runs here give ~0.25, so 0.2 would be flaky
+    assert (
+        ratios["haproxy_vs_floor_throughput"] >= 0.10
+    )  # the target is 0.5; quick runs here give ~0.25, so 0.2 would be flaky
     assert ratios["haproxy_vs_direct_throughput"] >= 0.3
     scale = report["scale"]["p50_ratio_to_0"]
     assert scale["100000"] <= 3 and scale["100000"] / scale["10000"] <= 3
@@ -107,8 +115,14 @@ def test_a_non_loopback_compare_url_is_refused() -> None:
 
 def test_a_stack_that_is_not_up_exits_non_zero_with_a_plain_message(tmp_path: Path) -> None:
     http, stats, redis, replica = free_ports(4)
-    env = {"STACK_DIR": str(tmp_path), "MCP_HTTP_PORT": str(http), "MCP_STATS_PORT": str(stats),
-           "REDIS_PORT": str(redis), "MCP_BASE_PORT": str(replica), "MCP_REPLICAS": "1"}
+    env = {
+        "STACK_DIR": str(tmp_path),
+        "MCP_HTTP_PORT": str(http),
+        "MCP_STATS_PORT": str(stats),
+        "REDIS_PORT": str(redis),
+        "MCP_BASE_PORT": str(replica),
+        "MCP_REPLICAS": "1",
+    }
     done = run_bench("--quick", env=env, timeout=60)
     assert done.returncode == 2
     assert "is not up and healthy" in done.stderr and "Traceback" not in done.stderr
@@ -125,7 +139,7 @@ def test_a_tool_that_errors_exits_non_zero_before_anything_is_measured() -> None
 def test_markdown_replaces_only_what_lies_between_the_markers(run: dict) -> None:
     doc: bytes = run["doc"]
     assert doc.startswith(BEFORE + START.encode()) and doc.endswith(END.encode() + AFTER)
-    inside = doc[len(BEFORE) + len(START):len(doc) - len(END) - len(AFTER)].decode()
+    inside = doc[len(BEFORE) + len(START) : len(doc) - len(END) - len(AFTER)].decode()
     assert "older run" not in inside
     lines = inside.split("\n")
     provenance = next(line for line in lines if line.startswith("Measured "))
@@ -136,15 +150,17 @@ def test_markdown_replaces_only_what_lies_between_the_markers(run: dict) -> None
     for name, stats in setups.items():
         assert any(line.startswith(f"| {name} | {stats['calls']} | 0 | ") for line in lines), (name, inside)
     resident = run["report"]["memory"]["resident"]
-    assert any(line.startswith("| resident: mcp:session:\\<id> ") and line.endswith(f"| {resident:.0f} |")
-               for line in lines), inside
-    targets = [line for line in lines[lines.index("| target | value | holds |") + 2:] if line]
+    assert any(
+        line.startswith("| resident: mcp:session:\\<id> ") and line.endswith(f"| {resident:.0f} |") for line in lines
+    ), inside
+    targets = [line for line in lines[lines.index("| target | value | holds |") + 2 :] if line]
     assert len(targets) == 4 and all(line.endswith(("| holds |", "| missed |")) for line in targets), inside
 
 
 @pytest.mark.quick
-@pytest.mark.parametrize("text", ["no markers at all\n", f"{START}\nonly the start\n", f"{END}\n{START}\n",
-                                  f"{START}\n{START}\n{END}\n"])
+@pytest.mark.parametrize(
+    "text", ["no markers at all\n", f"{START}\nonly the start\n", f"{END}\n{START}\n", f"{START}\n{START}\n{END}\n"]
+)
 def test_a_markdown_file_without_its_markers_is_refused_before_anything_runs(tmp_path: Path, text: str) -> None:
     doc = tmp_path / "doc.md"
     doc.write_text(text)
@@ -158,8 +174,13 @@ def test_a_markdown_file_without_its_markers_is_refused_before_anything_runs(tmp
 @pytest.mark.quick
 def test_a_chart_without_matplotlib_says_what_to_install() -> None:
     hidden = "import sys; sys.modules['matplotlib'] = None; from tools.bench import main; main()"
-    done = subprocess.run([sys.executable, "-c", hidden, "--quick", "--own-stack", "--chart", "out.png"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", hidden, "--quick", "--own-stack", "--chart", "out.png"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "matplotlib" in done.stderr and "uv sync --group bench" in done.stderr
     assert "Traceback" not in done.stderr and "starting a stack" not in done.stdout

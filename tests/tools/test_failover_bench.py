@@ -11,30 +11,42 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 START, END = "<!-- failover:start -->", "<!-- failover:end -->"
 BEFORE = "# Failover\r\n\nBy hand \u2014 kept as is.\n\n".encode()
-AFTER = "\n\n<!-- bench:start -->\nanother tool's figures\n<!-- bench:end -->\n".encode()
+AFTER = b"\n\n<!-- bench:start -->\nanother tool's figures\n<!-- bench:end -->\n"
 
 
 def run_failover_bench(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.failover_bench", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tools.failover_bench", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.timeout(150)
 def test_markdown_replaces_only_what_lies_between_the_markers(tmp_path: Path) -> None:
     doc = tmp_path / "benchmarks.md"
     doc.write_bytes(BEFORE + f"{START}\nfigures of an older run\n{END}".encode() + AFTER)
-    done = run_failover_bench("--scenario", "kill", "--own-stack", "--sessions", "1", "--duration", "3",
-                              "--fault-at", "1", "--markdown", str(doc), timeout=140)
+    done = run_failover_bench(
+        "--scenario",
+        "kill",
+        "--own-stack",
+        "--sessions",
+        "1",
+        "--duration",
+        "3",
+        "--fault-at",
+        "1",
+        "--markdown",
+        str(doc),
+        timeout=140,
+    )
     # A missed target is the exit status's business (tests/test_failover.py); the figures are written either way.
     assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
     data = doc.read_bytes()
     assert data.startswith(BEFORE + START.encode()) and data.endswith(END.encode() + AFTER)
-    inside = data[len(BEFORE) + len(START):len(data) - len(END) - len(AFTER)].decode()
+    inside = data[len(BEFORE) + len(START) : len(data) - len(END) - len(AFTER)].decode()
     assert "older run" not in inside
     lines = inside.split("\n")
     provenance = next(line for line in lines if line.startswith("Measured "))
@@ -48,8 +60,9 @@ def test_markdown_replaces_only_what_lies_between_the_markers(tmp_path: Path) ->
 
 
 @pytest.mark.quick
-@pytest.mark.parametrize("text", ["no markers\n", f"{START}\n", f"{END}\n{START}\n", "<!-- bench:start -->\n"
-                                  "<!-- bench:end -->\n"])
+@pytest.mark.parametrize(
+    "text", ["no markers\n", f"{START}\n", f"{END}\n{START}\n", "<!-- bench:start -->\n<!-- bench:end -->\n"]
+)
 def test_a_markdown_file_without_its_markers_is_refused_before_anything_runs(tmp_path: Path, text: str) -> None:
     doc = tmp_path / "benchmarks.md"
     doc.write_text(text)
