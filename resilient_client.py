@@ -136,11 +136,23 @@ class ResilientClient:
         """A new connection: to the current session (`rejoin`), or with a new session."""
         http = _HttpTransport(self)
 
-        def factory(**kwargs: Any) -> httpx2.AsyncClient:
-            kwargs["timeout"] = httpx2.Timeout(self.call_timeout)
-            return httpx2.AsyncClient(**kwargs, transport=http)
+        # McpHttpClientFactory's parameters, and **kwargs for what fastmcp passes beyond them
+        # (follow_redirects). The timeout is this client's, whatever the transport asks for.
+        def factory(
+            headers: dict[str, str] | None = None,
+            timeout: httpx2.Timeout | None = None,
+            auth: httpx2.Auth | None = None,
+            **kwargs: Any,
+        ) -> httpx2.AsyncClient:
+            return httpx2.AsyncClient(
+                headers=headers, auth=auth, **kwargs, timeout=httpx2.Timeout(self.call_timeout), transport=http
+            )
 
-        headers = {"mcp-session-id": self.session_id, "mcp-protocol-version": self._protocol} if rejoin else {}
+        headers: dict[str, str] = {}
+        if rejoin:
+            if self.session_id is None:
+                raise RuntimeError("cannot rejoin: this client has no session id")
+            headers = {"mcp-session-id": self.session_id, "mcp-protocol-version": self._protocol}
         transport = StreamableHttpTransport(self.url, headers={**headers, **self._auth}, httpx_client_factory=factory)
         client = Client(
             transport, mode="legacy", timeout=self.call_timeout, auto_initialize=not rejoin, **self._client_kwargs
@@ -181,8 +193,8 @@ class ResilientClient:
             )
             log.info("session %s was gone; resumed it as %s: %s", old_session, self.session_id, result.data)
 
-    def _classify(self, exc: BaseException) -> BaseException:
-        """A TransientFailure for failures worth retrying; the exception itself otherwise."""
+    def _classify(self, exc: BaseException) -> TransientFailure | None:
+        """A TransientFailure for failures worth retrying; None otherwise."""
         if isinstance(exc, (httpx2.TransportError, TimeoutError)):
             return TransientFailure(repr(exc))
         if isinstance(exc, MCPError):
@@ -196,7 +208,7 @@ class ResilientClient:
             return TransientFailure(repr(exc))
         if isinstance(exc, ToolError) and str(exc) in (SESSION_MOVED, STORE_UNAVAILABLE):
             return TransientFailure(str(exc))
-        return exc
+        return None
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         failure: TransientFailure | None = None if self._client else TransientFailure("not connected")
@@ -219,7 +231,7 @@ class ResilientClient:
                         return await getattr(self._client, method)(*args, **kwargs)
                 except Exception as exc:
                     classified = self._classify(exc)
-                    if classified is exc:
+                    if classified is None:
                         raise
                     failure = classified
                     log.warning("%s failed (%s); attempt %d", method, classified, attempt.num)

@@ -10,9 +10,10 @@ backend; the shared suite in `tests/test_session_store.py` tells you whether
 you got it right.
 
 - **State**: `get`, `set`, `incr`, `append`, `delete`, `items`, `copy`,
-  `touch`, `count_sessions`, and `apply`, several writes as one (below). Every operation is atomic on its own (no read-modify-write
-  in Python), slides the session's TTL and marks it live in an index, so
-  counting never walks the keyspace. Session ids are data, never patterns.
+  `touch`, `count_sessions`, and `apply`, several writes as one (below).
+  Every operation is atomic on its own (no read-modify-write in Python),
+  slides the session's TTL and marks it live in an index, so counting never
+  walks the keyspace. Session ids are data, never patterns.
 - **Session records**, for adoption: `open_session` records what a replica
   needs to take over a session it never saw (client info, protocol version),
   `adopt_session` hands it to a new replica and advances its ownership epoch,
@@ -50,7 +51,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeGuard, TypeVar
 
 T = TypeVar("T")
 
@@ -74,7 +75,7 @@ OWNER = "owner"
 _SESSION_ID = re.compile(r"[0-9a-f]{32}")
 
 
-def is_session_id(value: object) -> bool:
+def is_session_id(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and _SESSION_ID.fullmatch(value) is not None
 
 
@@ -88,7 +89,7 @@ def is_session_id(value: object) -> bool:
 _EVENT_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})\.[0-9a-f]{8}")
 
 
-def is_event_id(value: object) -> bool:
+def is_event_id(value: object) -> TypeGuard[str]:
     """Whether `value` has the form of an event id this kit mints (for whichever session)."""
     found = _EVENT_ID.fullmatch(value) if isinstance(value, str) else None
     return found is not None and int(found[1]) < 2**64 and int(found[2]) < 2**64
@@ -157,6 +158,16 @@ class Conflict(Exception):
 # value), "incr" (by how much), "append" (the item) and "delete" (None).
 Write = tuple[str, str, Any]
 WRITE_OPERATIONS = ("set", "incr", "append", "delete")
+
+
+class StoreLimits(TypedDict, total=False):
+    """SessionStore's keyword arguments, for a store to take with `**limits` and pass on."""
+
+    ttl_seconds: int
+    op_ttl_seconds: int
+    event_ttl_seconds: int
+    max_events: int
+    on_replay: Callable[[Op], None] | None
 
 
 class SessionStore(ABC):
@@ -314,7 +325,7 @@ class SessionStore(ABC):
         """Whether the store answers now. Never raises."""
         return True
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027  optional hook: a store holding no connections keeps this no-op
         """Release connections."""
 
 

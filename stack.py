@@ -38,8 +38,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import click
 from cryptography import x509
@@ -192,6 +194,30 @@ def env_int(name: str, default: int) -> int:
         raise StackError(f"{name}={raw!r} is not a whole number") from None
 
 
+class StackOptions(TypedDict, total=False):
+    """StackConfig fields `on_free_ports` passes on as given."""
+
+    rate_limit: int
+    max_body_bytes: int
+    allowed_origins: str
+    auth: dict[str, str]
+    server: str
+
+
+class RedisAuth(TypedDict):
+    """Credentials on Redis, as RedisSessionStore's keyword arguments."""
+
+    username: str
+    password: str
+
+
+class SentinelAuth(TypedDict):
+    """Credentials on the sentinels, as RedisSessionStore's keyword arguments."""
+
+    sentinel_username: str
+    sentinel_password: str
+
+
 @dataclass(frozen=True)
 class StackConfig:
     state_dir: Path = ROOT / ".stack"
@@ -290,12 +316,12 @@ class StackConfig:
         replicas: int = 3,
         redis_mode: str = "single",
         redis_wait_replicas: int = 0,
-        **haproxy: object,
+        **haproxy: Unpack[StackOptions],
     ) -> StackConfig:
         """A stack beside any other: for tests and benchmarks that start their own.
 
         `haproxy`: rate_limit, max_body_bytes, allowed_origins (the defaults otherwise), and
-        `auth`, the replicas' MCP_AUTH* settings.
+        `auth`, the replicas' MCP_AUTH* settings (and `server`, the module the replicas run).
         """
         http, https, stats, redis, redis_replica, *rest = free_ports(8 + replicas)
         return cls(
@@ -327,18 +353,18 @@ class StackConfig:
         return f"redis://{self.host}:{self.redis_port}/0"
 
     @property
-    def redis_auth(self) -> dict[str, str]:
+    def redis_auth(self) -> RedisAuth:
         """The replicas' credentials, as RedisSessionStore's keyword arguments."""
         return {"username": self.redis_user, "password": self.redis_password}
 
     @property
-    def sentinel_auth(self) -> dict[str, str]:
+    def sentinel_auth(self) -> SentinelAuth:
         """The replicas' credentials on the sentinels (the same user there), as RedisSessionStore's arguments."""
         return {"sentinel_username": self.redis_user, "sentinel_password": self.redis_password}
 
     @property
     def redis_cli_env(self) -> dict[str, str]:
-        """The environment for `redis-cli` as the admin: the password in REDISCLI_AUTH, not in argv (`ps` shows argv)."""
+        """The environment for `redis-cli` as the admin: the password in REDISCLI_AUTH, not argv (`ps` shows argv)."""
         return {**os.environ, "REDISCLI_AUTH": self.redis_admin_password}
 
     @property
@@ -646,7 +672,7 @@ class Stack:
                     **c.auth,
                 },
             )
-            for name, port in zip(c.replica_names(), c.replica_ports)
+            for name, port in zip(c.replica_names(), c.replica_ports, strict=True)
         ]
         haproxy_env = {
             "HAPROXY_BIND": f"{c.host}:{c.http_port}",
@@ -891,9 +917,9 @@ class Stack:
     def stop(self, *names: str, timeout: float = STOP_GRACE_SECONDS) -> None:
         """SIGTERM, then SIGKILL after `timeout`, like `docker compose stop`; several side by side."""
         pids = {name: self.pid(name) for name in names}
-        for pid in filter(None, pids.values()):
-            os.kill(pid, signal.SIGCONT)  # a paused process cannot act on SIGTERM
-            os.kill(pid, signal.SIGTERM)
+        for running in filter(None, pids.values()):
+            os.kill(running, signal.SIGCONT)  # a paused process cannot act on SIGTERM
+            os.kill(running, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while any(self.pid(n) for n in names) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -986,7 +1012,7 @@ def _fail(exc: StackError) -> None:
     sys.exit(1)
 
 
-def _run(action) -> None:
+def _run(action: Callable[[], object]) -> None:
     try:
         action()
     except StackError as exc:
@@ -1085,7 +1111,12 @@ def stop(names: tuple[str, ...]) -> None:
 def start(names: tuple[str, ...]) -> None:
     """Start stopped services and wait until they are healthy."""
     stack = Stack.load()
-    _run(lambda: [stack.start(n) for n in names])
+
+    def action() -> None:
+        for name in names:
+            stack.start(name)
+
+    _run(action)
 
 
 @cli.command()
@@ -1122,7 +1153,12 @@ def kill(sig: str, names: tuple[str, ...]) -> None:
     """Send a signal to services (SIGKILL by default, like docker compose kill)."""
     stack = Stack.load()
     signum = parse_signal(sig)
-    _run(lambda: [stack.signal(n, signum) for n in names])
+
+    def action() -> None:
+        for name in names:
+            stack.signal(name, signum)
+
+    _run(action)
 
 
 @cli.command()

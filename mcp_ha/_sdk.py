@@ -52,18 +52,28 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp_types import InitializeRequestParams
 from starlette.applications import Starlette
+from starlette.routing import Route
 
 
 def session_manager(app: Starlette, path: str) -> StreamableHTTPSessionManager | None:
     """The manager behind `path`; None until the app's lifespan has started it."""
     for route in app.routes:
-        if getattr(route, "path", None) == path:
-            endpoint = route.endpoint
+        # FastMCP serves its endpoint as a Route; only a Route has an endpoint.
+        if isinstance(route, Route) and route.path == path:
+            endpoint: Any = route.endpoint
             # With auth on, FastMCP wraps the endpoint in its RequireAuthMiddleware.
             while not hasattr(endpoint, "session_manager") and hasattr(endpoint, "app"):
                 endpoint = endpoint.app
             return getattr(endpoint, "session_manager", None)
     raise LookupError(f"no MCP endpoint at {path}")
+
+
+def running_session_manager(app: Starlette, path: str) -> StreamableHTTPSessionManager:
+    """The manager behind `path`, while a request is served (the app's lifespan has started it)."""
+    manager = session_manager(app, path)
+    if manager is None:
+        raise RuntimeError(f"no session manager at {path}: the app's lifespan has not started")
+    return manager
 
 
 def holds(manager: StreamableHTTPSessionManager, session_id: str) -> bool:
@@ -134,8 +144,11 @@ async def adopt(
             finally:
                 await manager._discard_session(session_id, transport)
 
+    task_group = manager._task_group
+    if task_group is None:
+        raise RuntimeError("the session manager is not running: its app's lifespan has not started")
     try:
-        await manager._task_group.start(serve)
+        await task_group.start(serve)
     except BaseException:
         manager._server_instances.pop(session_id, None)
         manager._session_owners.pop(session_id, None)

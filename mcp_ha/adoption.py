@@ -109,7 +109,7 @@ class RecordSessions(Middleware):
             }
             self.ownership.epochs[session_id] = await self.store.open_session(session_id, record)
             # Before the answer is routed, so it is the first event of the session's log.
-            manager = _sdk.session_manager(get_http_request().scope["app"], self.path)
+            manager = _sdk.running_session_manager(get_http_request().scope["app"], self.path)
             _sdk.bind_event_store(manager, session_id, SessionEvents(self.store, session_id))
         return result
 
@@ -166,7 +166,7 @@ class AdoptSessions:
             # One this kit never mints: the SDK would answer the same 404, but
             # log the raw header first.
             return await SESSION_NOT_FOUND(scope, receive, send)
-        manager = _sdk.session_manager(scope["app"], self.path)
+        manager = _sdk.running_session_manager(scope["app"], self.path)
         if len(self.ownership.epochs) + len(self.ownership.stale) > self._prune_at:
             self.ownership.prune(lambda sid: _sdk.holds(manager, sid))
             self._prune_at = 2 * (len(self.ownership.epochs) + len(self.ownership.stale)) + 1000
@@ -204,6 +204,8 @@ class AdoptSessions:
                 return True  # a concurrent request adopted it while we waited, or reading needs no epoch
             if await self.store.owner(session_id) != owner(scope):
                 return False
+            # (record, epoch); no epoch when only reading.
+            found: tuple[dict[str, Any], int | None] | None
             try:
                 if take_over:
                     found = await self.store.adopt_session(session_id)

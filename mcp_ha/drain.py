@@ -38,6 +38,7 @@ answer until `shed(None)`, and `in_flight` says when what it took is done.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
@@ -72,6 +73,9 @@ class Drain:
         self._calls_done = False
         self._idle = asyncio.Event()
         self._idle.set()
+        # Set by the balancer check that completes the notice, counted from `_notice_since` (set by `run`).
+        self._notice_since: float | None = None
+        self._noticed = asyncio.Event()
         # What ends the server once drained, where the one running the app says (`HighAvailability.run`:
         # a clean exit); None hands SIGTERM on to whichever server it was meant for.
         self.stop: Callable[[], None] | None = None
@@ -87,6 +91,8 @@ class Drain:
             self._last_check[balancer] = time.monotonic()
             if self._calls_done:
                 self._refused[balancer] = self._refused.get(balancer, 0) + 1
+            if self._notice_since is not None and self._noticed_by_all(self._notice_since):
+                self._noticed.set()
         return not self._calls_done
 
     def _noticed_by_all(self, since: float) -> bool:
@@ -132,9 +138,11 @@ class Drain:
         except TimeoutError:
             log.warning("drain bound reached with %d calls still in flight", self.in_flight)
         self._calls_done = True
-        noticed = time.monotonic()
-        while not self._noticed_by_all(noticed) and time.monotonic() - noticed < self.notice_seconds:
-            await asyncio.sleep(0.05)
+        # Only a balancer's check can complete the notice (`health_checked`), so wait for that, not on a timer.
+        self._notice_since = time.monotonic()
+        if not self._noticed_by_all(self._notice_since):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._noticed.wait(), self.notice_seconds)
         log.info("drained in %.1f s", time.monotonic() - started)
 
 

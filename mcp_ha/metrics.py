@@ -160,6 +160,8 @@ class ToolMetrics(Middleware):
 
     async def _list_tools(self, context: MiddlewareContext) -> dict[str, _ToolSeries]:
         # The server's tools, listed once: a name outside them is counted as OTHER_TOOL.
+        if context.fastmcp_context is None:
+            raise RuntimeError("ToolMetrics runs as a FastMCP server's middleware, where a call has a context")
         tools = await context.fastmcp_context.fastmcp.list_tools(run_middleware=False)
         self._series = {tool.name: _ToolSeries(tool.name) for tool in tools}
         return self._series

@@ -47,7 +47,7 @@ from starlette.middleware import Middleware as StarletteMiddleware
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp
 
-from session_store import Session, SessionStore, is_session_id
+from session_store import Session, SessionStore, StoreLimits, is_session_id
 
 from .adoption import AdoptSessions, Ownership, RecordSessions
 from .drain import Drain, drain_on_sigterm
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 
 def make_store(settings: Settings, *, on_replay: Callable[[Any], None] | None = None) -> SessionStore:
     """The store the settings name: Redis when REDIS_URL or REDIS_SENTINELS is set, in memory otherwise."""
-    limits: dict[str, Any] = {
+    limits: StoreLimits = {
         "ttl_seconds": settings.session_ttl_seconds,
         "event_ttl_seconds": settings.event_ttl_seconds,
         "op_ttl_seconds": settings.op_ttl_seconds,

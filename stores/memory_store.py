@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from session_store import (
     OWNER,
@@ -22,6 +22,7 @@ from session_store import (
     Op,
     OpReused,
     SessionStore,
+    StoreLimits,
     Write,
     check_key,
     event_position,
@@ -39,8 +40,8 @@ class _EventLog:
 
 
 class InMemorySessionStore(SessionStore):
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic, **limits: int) -> None:
-        """`limits`: SessionStore's TTLs and max_events."""
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, **limits: Unpack[StoreLimits]) -> None:
+        """`limits`: SessionStore's TTLs, max_events and on_replay."""
         super().__init__(**limits)
         self._clock = clock
         # Ordered by last touch, oldest first, so expiry pops from the front

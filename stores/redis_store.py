@@ -67,7 +67,7 @@ import json
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import redis.asyncio as redis
 import stamina
@@ -86,6 +86,7 @@ from session_store import (
     Op,
     OpReused,
     SessionStore,
+    StoreLimits,
     StoreUnavailable,
     Write,
     check_key,
@@ -475,7 +476,7 @@ class RedisSessionStore(SessionStore):
         password: str | None = None,
         sentinel_username: str | None = None,
         sentinel_password: str | None = None,
-        **limits: Any,
+        **limits: Unpack[StoreLimits],
     ) -> None:
         """Either `url` (one Redis) or `sentinels` (host, port pairs) with `master_name`.
 
@@ -497,7 +498,7 @@ class RedisSessionStore(SessionStore):
         self._wait_timeout_ms = wait_timeout_ms
         # A bounded pool that makes a burst of calls queue for a connection
         # (up to the timeout) instead of failing or opening one per call.
-        options = {
+        options: dict[str, Any] = {
             "max_connections": max_connections,
             "timeout": timeout_seconds,
             "decode_responses": True,
@@ -518,8 +519,10 @@ class RedisSessionStore(SessionStore):
             }
             self._sentinel = sentinel = Sentinel(list(sentinels), sentinel_kwargs=sentinel_options)
             self._redis = sentinel.master_for(master_name, connection_pool_class=_BlockingSentinelPool, **options)
-        else:
+        elif url:
             self._redis = redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **options))
+        else:  # ruled out above
+            raise ValueError("give exactly one of a Redis url and sentinels")
         register = self._redis.register_script
         self._get, self._items, self._touch = register(_GET), register(_ITEMS), register(_TOUCH_ONLY)
         self._write_script, self._count = register(_WRITE), register(_COUNT)
@@ -610,7 +613,7 @@ class RedisSessionStore(SessionStore):
             return self._durable(self._write_script, keys, argv)
 
         result, replayed = await self._call(lambda: self._read(once)) if op is not None else await self._call(once)
-        if replayed:
+        if replayed and op is not None:  # only a write with an op can be replayed
             self.replayed(op)
         return json.loads(result)
 

@@ -178,7 +178,7 @@ class Guard:
     log_offsets: dict[str, int] = field(default_factory=dict)
 
     def replicas(self) -> Iterator[tuple[str, int]]:
-        return zip(self.stack.config.replica_names(), self.stack.config.replica_ports)
+        return zip(self.stack.config.replica_names(), self.stack.config.replica_ports, strict=True)
 
     def tracebacks(self) -> list[str]:
         """Log lines with a traceback written since the last call (the log is one JSON object per line)."""
@@ -256,7 +256,8 @@ def targets(stack: Stack) -> list[str]:
 def malformed_bodies() -> list[bytes]:
     valid = json.dumps(tool_call("increment_counter", {})).encode()
     truncated = [valid[:cut] for cut in range(0, len(valid), 7)]
-    return truncated + [
+    return [
+        *truncated,
         b"not json",
         b'"just a string"',
         b"null",
@@ -409,7 +410,8 @@ async def test_wrong_argument_types_for_every_tool_are_tool_errors(unharmed: Gua
 async def test_hostile_session_handles_reach_no_state(unharmed: Guard, attacker: RawSession) -> None:
     """A handle is used only if it is one create_session minted: near misses of a real one included."""
     real = unharmed.handle
-    handles = HOSTILE_STRINGS + [
+    handles = [
+        *HOSTILE_STRINGS,
         uuid.uuid4().hex,
         real.upper(),
         real + "\n",
@@ -439,7 +441,7 @@ async def test_hostile_session_handles_reach_no_state(unharmed: Guard, attacker:
 async def test_hostile_old_session_ids_copy_nothing(unharmed: Guard, attacker: RawSession) -> None:
     """resume_session treats any string as data: not a session id, nothing copied (the contract's `resumed`, 0)."""
     victim = unharmed.bystander.session_id
-    for i, old in enumerate(HOSTILE_STRINGS + [victim.upper(), victim + "\n", victim[:-1] + "*", " " + victim]):
+    for i, old in enumerate([*HOSTILE_STRINGS, victim.upper(), victim + "\n", victim[:-1] + "*", " " + victim]):
         url = targets(unharmed.stack)[i % 4]
         response = await attacker.http.post(
             url, headers=attacker.headers(), content=json.dumps(tool_call("resume_session", {"old_session_id": old}))
@@ -456,7 +458,7 @@ async def test_hostile_old_session_ids_copy_nothing(unharmed: Guard, attacker: R
 
 async def test_hostile_summary_uris_are_json_rpc_errors_and_leak_nothing(unharmed: Guard, attacker: RawSession) -> None:
     victim = unharmed.bystander.session_id
-    ids = HOSTILE_STRINGS + [victim.upper(), victim + "\n", victim[:-1] + "*", victim + "/../" + victim]
+    ids = [*HOSTILE_STRINGS, victim.upper(), victim + "\n", victim[:-1] + "*", victim + "/../" + victim]
     uris = [f"resource://session/{value}/summary" for value in ids] + [
         "resource://session//summary",
         f"resource://session/{victim}/summary/extra",
@@ -578,7 +580,7 @@ async def test_a_session_initialized_with_deeply_nested_capabilities_is_adopted_
     assert "result" in last_jsonrpc_message(response), response.text[:300]
     session.session_id = response.headers["mcp-session-id"]
     owner = (await session.call("increment_counter"))["instance"]
-    for url, name in zip(targets(unharmed.stack)[1:], unharmed.stack.config.replica_names()):
+    for url, name in zip(targets(unharmed.stack)[1:], unharmed.stack.config.replica_names(), strict=True):
         if name != owner:
             assert (await session.at(url).call("increment_counter"))["instance"] == name
             tried("deeply nested JSON")
@@ -844,7 +846,8 @@ async def test_a_flood_of_tool_calls_over_the_rate_limit_gets_429_and_loses_noth
     tried("flood request over the rate limit", len(responses))
     statuses = Counter(r.status_code for r in responses)
     assert set(statuses) <= {200, 429} and statuses[429] >= 60, statuses
-    # Every call let through was applied once, every refused one not at all (read on the replica: HAProxy still refuses).
+    # Every call let through was applied once, every refused one not at all
+    # (read on the replica: HAProxy still refuses).
     direct = session.at(f"http://127.0.0.1:{limited_stack.config.replica_ports[0]}/mcp")
     assert (await direct.call("get_counter"))["counter"] == statuses[200]
     assert limited_stack.pid("mcp-server-1") == pid and limited_stack.healthy("mcp-server-1")
@@ -978,7 +981,7 @@ async def test_fuzzed_tool_arguments_are_answered(unharmed: Guard, attacker: Raw
 
 @pytest.mark.timeout(120)
 async def test_fuzzed_json_rpc_envelopes_are_answered(unharmed: Guard, attacker: RawSession) -> None:
-    tools = sorted(STATEFUL_TOOLS) + ["get_server_info", "create_session"]
+    tools = [*sorted(STATEFUL_TOOLS), "get_server_info", "create_session"]
     params = st.fixed_dictionaries(
         {
             "name": mostly(st.sampled_from(tools)),
@@ -1059,7 +1062,7 @@ async def test_an_unreachable_store_gives_clear_errors_and_health_503_then_recov
     assert result["isError"] is True
     assert result["content"][0]["text"] == "Session store unavailable; try again shortly."
     # ...and then says why it cannot serve.
-    for name, port in zip(healed_stack.config.replica_names(), healed_stack.config.replica_ports):
+    for name, port in zip(healed_stack.config.replica_names(), healed_stack.config.replica_ports, strict=True):
         for _ in range(150):
             health = await health_of(port)
             if health.status_code != 200:

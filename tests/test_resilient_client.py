@@ -100,6 +100,7 @@ async def test_tool_errors_are_not_retried(mcp_url: str) -> None:
         assert client.reconnects == 0
 
 
+@pytest.mark.quick
 async def test_an_unreachable_endpoint_fails_clearly_within_the_bounds() -> None:
     (port,) = free_ports(1)
     client = ResilientClient(f"http://127.0.0.1:{port}/mcp", max_retries=2, call_timeout=1, total_timeout=5)

@@ -183,6 +183,6 @@ async def test_health_names_the_replica(stack: Stack) -> None:
         through_proxy = await http.get(f"http://127.0.0.1:{stack.config.http_port}/health")
         assert through_proxy.status_code == 200
         assert through_proxy.json()["status"] == "ok" and through_proxy.json()["instance"] in REPLICAS
-        for name, port in zip(stack.config.replica_names(), stack.config.replica_ports):
+        for name, port in zip(stack.config.replica_names(), stack.config.replica_ports, strict=True):
             direct = await http.get(f"http://127.0.0.1:{port}/health")
             assert direct.json() == {"status": "ok", "instance": name}

@@ -716,6 +716,7 @@ async def test_copy_from_copies_only_another_session_of_the_same_owner(store: Se
     assert await anonymous.copy_from(unowned) == 1
 
 
+@pytest.mark.quick
 async def test_memory_store_slides_the_ttl_on_delete_and_apply() -> None:
     clock = FakeClock()
     store = InMemorySessionStore(ttl_seconds=60, clock=clock)
@@ -765,6 +766,7 @@ async def test_redis_store_slides_the_ttl_on_delete_and_apply_and_keeps_compact_
         await store.aclose()
 
 
+@pytest.mark.quick
 async def test_memory_store_expires_idle_sessions() -> None:
     clock = FakeClock()
     store = InMemorySessionStore(ttl_seconds=60, clock=clock)
@@ -830,6 +832,7 @@ async def test_redis_store_keeps_one_key_per_session_with_the_ttl(redis_stack: S
 
 
 @pytest.mark.timeout(20)  # a hang fails the test instead of stalling the suite
+@pytest.mark.quick
 async def test_redis_store_unreachable_raises_store_unavailable() -> None:
     (closed_port,) = free_ports(1)
     store = RedisSessionStore(f"redis://127.0.0.1:{closed_port}/0", timeout_seconds=0.5, retry_seconds=0.5)
@@ -878,6 +881,7 @@ async def test_redis_store_retries_a_write_with_an_op_id_whose_reply_was_lost(re
 
 
 @pytest.mark.timeout(20)
+@pytest.mark.quick
 async def test_once_redis_has_been_gone_the_retry_window_calls_fail_at_once() -> None:
     """The window counts from the outage's first failure: later calls do not each wait it out again."""
     (closed_port,) = free_ports(1)
@@ -894,6 +898,7 @@ async def test_once_redis_has_been_gone_the_retry_window_calls_fail_at_once() ->
         await store.aclose()
 
 
+@pytest.mark.quick
 def test_a_redis_store_takes_a_url_or_sentinels_not_both() -> None:
     with pytest.raises(ValueError):
         RedisSessionStore()
@@ -966,6 +971,7 @@ async def test_a_burst_through_sentinel_queues_for_the_bounded_pool(sentinel_sta
         await store.aclose()
 
 
+@pytest.mark.quick
 def test_session_ids_have_exactly_the_minted_form() -> None:
     assert is_session_id(uuid.uuid4().hex)
     for bad in ["*", "?" * 32, uuid.uuid4().hex.upper(), str(uuid.uuid4()), uuid.uuid4().hex + "0", "", None, 12]:
@@ -1031,6 +1037,7 @@ async def test_an_event_id_of_another_session_finds_nothing(store: SessionStore)
     assert await store.events_after(b, pairs[0][1]) == ("1", [(event_of_b, '"of b"') for _, event_of_b in pairs[1:]])
 
 
+@pytest.mark.quick
 async def test_a_session_keeps_its_last_max_events(store_of_5_events: SessionStore) -> None:
     store, sid = store_of_5_events, new_id()
     ids = [await store.add_event(sid, "s", str(i)) for i in range(8)]
@@ -1083,6 +1090,7 @@ async def test_unknown_event_ids_find_nothing(store: SessionStore) -> None:
 
 
 @pytest.mark.timeout(20)
+@pytest.mark.quick
 async def test_malformed_event_ids_never_reach_redis() -> None:
     """Asked of an unreachable Redis, a malformed or foreign id is answered at once; a well-formed one is not."""
     (closed_port,) = free_ports(1)
@@ -1099,6 +1107,7 @@ async def test_malformed_event_ids_never_reach_redis() -> None:
         await store.aclose()
 
 
+@pytest.mark.quick
 def test_event_ids_have_one_form() -> None:
     sid = new_id()
     minted = mint_event_id(sid, "1700000000000-3")
@@ -1107,6 +1116,7 @@ def test_event_ids_have_one_form() -> None:
         assert not is_event_id(bad)
 
 
+@pytest.mark.quick
 async def test_memory_store_expires_event_logs_a_ttl_after_the_latest_event() -> None:
     clock = FakeClock()
     store = InMemorySessionStore(event_ttl_seconds=60, clock=clock)
@@ -1134,28 +1144,18 @@ async def test_redis_store_keeps_a_sessions_events_in_one_list_with_the_event_tt
         await store.add_event(sid, "s", None)
         await store.add_event(sid, "s", "{}")
         cli = ["redis-cli", "-p", str(redis_stack.config.redis_port)]
-        keys = subprocess.run(
-            [*cli, "--scan", "--pattern", f"{prefix}:*"],
-            capture_output=True,
-            text=True,
-            env=redis_stack.config.redis_cli_env,
-        ).stdout.split()
-        assert keys == [f"{prefix}:events:{sid}"]
-        assert (
-            subprocess.run(
-                [*cli, "TYPE", keys[0]], capture_output=True, text=True, env=redis_stack.config.redis_cli_env
-            ).stdout.strip()
-            == "list"
-        )
-        assert (
-            590
-            <= int(
-                subprocess.run(
-                    [*cli, "TTL", keys[0]], capture_output=True, text=True, env=redis_stack.config.redis_cli_env
-                ).stdout
+
+        async def redis_cli(*args: str) -> str:
+            # In a thread, so the blocking call does not stall this event loop.
+            done = await asyncio.to_thread(
+                subprocess.run, [*cli, *args], capture_output=True, text=True, env=redis_stack.config.redis_cli_env
             )
-            <= 600
-        )
+            return done.stdout
+
+        keys = (await redis_cli("--scan", "--pattern", f"{prefix}:*")).split()
+        assert keys == [f"{prefix}:events:{sid}"]
+        assert (await redis_cli("TYPE", keys[0])).strip() == "list"
+        assert 590 <= int(await redis_cli("TTL", keys[0])) <= 600
     finally:
         await store.aclose()
 
@@ -1178,6 +1178,7 @@ async def test_redis_store_expires_event_logs(redis_stack: Stack) -> None:
 
 
 @pytest.mark.parametrize("kind", ["memory", "redis"])
+@pytest.mark.quick
 async def test_a_store_reports_each_write_it_replays(kind: str, request: pytest.FixtureRequest) -> None:
     replays: list[Op] = []
     if kind == "memory":

@@ -210,7 +210,7 @@ def test_a_stack_dir_from_before_redis_had_passwords_is_refused_clearly(tmp_path
     conf = tmp_path / "redis-1" / "redis.conf"
     conf.parent.mkdir(parents=True)
     conf.write_text(f"bind 127.0.0.1\nport {stack.config.redis_port}\n")
-    with pytest.raises(StackError, match="from before Redis had passwords.*stack.py down"):
+    with pytest.raises(StackError, match=r"from before Redis had passwords.*stack\.py down"):
         stack.start("redis-1")
     assert stack.pid("redis-1") is None
 

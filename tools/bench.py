@@ -355,7 +355,8 @@ async def close_setup(setup: Setup) -> None:
             await asyncio.gather(*(c.close() for c in setup.clients), return_exceptions=True)
     except TimeoutError:
         pass
-    await setup.http.aclose()
+    if setup.http is not None:  # None: its clients speak no HTTP
+        await setup.http.aclose()
 
 
 async def probe_tools(setup: Setup, mix: list[tuple[str, int]]) -> None:

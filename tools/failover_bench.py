@@ -48,6 +48,7 @@ Tests call `run_scenario(stack, scenario)` and `check_targets(report)` directly.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import random
@@ -62,7 +63,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import click
 import httpx2
@@ -86,6 +87,15 @@ from tools.bench import (
 )
 from tools.mcp_wire import RawSession
 
+
+class ResilientSettings(TypedDict):
+    """ResilientClient's keyword arguments, typed per key so `**RESILIENT_SETTINGS` checks."""
+
+    max_retries: int
+    call_timeout: float
+    total_timeout: float
+
+
 REPLICA_SCENARIOS = ("kill", "pause", "rolling", "restart-all")
 REDIS_SCENARIOS = ("redis-kill", "redis-restart", "redis-outage")
 SCENARIOS = REPLICA_SCENARIOS + REDIS_SCENARIOS
@@ -96,7 +106,7 @@ PLAIN_CALL_TIMEOUT = 5.0
 # per-attempt timeout is set above that: a client retry racing HAProxy's own
 # only adds load. Retries go on for 20 s, so a restart of every replica costs
 # the calls caught in it time, not an error.
-RESILIENT_SETTINGS = {"max_retries": 20, "call_timeout": 4.0, "total_timeout": 20.0}
+RESILIENT_SETTINGS: ResilientSettings = {"max_retries": 20, "call_timeout": 4.0, "total_timeout": 20.0}
 THINK_SECONDS = (0.02, 0.05)
 MAX_CALLS_PER_SESSION = 5000
 # Past its own timeout a call is cut off here, so the run stays bounded even if
@@ -139,6 +149,10 @@ class BenchClient:
     # Reading the final counter is not a measured call: the stack is whole again, so a transient error
     # there says nothing about failover, and a client with no retries of its own gets a few tries.
     final_read_attempts: ClassVar[int] = 5
+
+    def __init__(self, url: str) -> None:
+        """A client for one session at `url` (the MCP endpoint); nothing is sent until `open`."""
+        raise NotImplementedError
 
     async def open(self) -> None:
         raise NotImplementedError
@@ -186,7 +200,8 @@ class PlainClient(BenchClient):
 
 class ResilientBenchClient(BenchClient):
     kind = "resilient"
-    # stamina starts no attempt after total_timeout; the client caps one attempt (recovery + call) at twice call_timeout.
+    # stamina starts no attempt after total_timeout; the client caps one attempt (recovery + call)
+    # at twice call_timeout.
     bound = RESILIENT_SETTINGS["total_timeout"] + 2 * RESILIENT_SETTINGS["call_timeout"]
     retries = True
     final_read_attempts = 1  # it retries on its own
@@ -496,7 +511,7 @@ async def _inject(stack: Stack, scenario: str, replica: str, status: RunStatus) 
 def _longest_stall(run: SessionRun, load_start: float, load_end: float) -> float:
     """The longest wait between two answered calls (a session that stopped being answered stalls till the end)."""
     ends = [load_start, *(c.end for c in run.calls if c.ok), load_end]
-    return max(b - a for a, b in zip(ends, ends[1:]))
+    return max(b - a for a, b in itertools.pairwise(ends))
 
 
 def _client_report(
@@ -621,7 +636,7 @@ async def run_scenario(
         watcher = asyncio.create_task(_watch_backends(stack, timeline, status, watch_stop))
         tasks = [
             asyncio.create_task(_drive(r, partial(c.call, "increment_counter"), c.bound, stop))
-            for r, c in zip(runs, clients)
+            for r, c in zip(runs, clients, strict=True)
         ]
 
         status.set_phase("steady load")
@@ -653,7 +668,7 @@ async def run_scenario(
         status.set_phase("reading final counters")
         await asyncio.to_thread(stack.wait_healthy, "haproxy")
         async with asyncio.timeout(60):
-            await asyncio.gather(*(_read_final_counter(c, r) for c, r in zip(clients, runs)))
+            await asyncio.gather(*(_read_final_counter(c, r) for c, r in zip(clients, runs, strict=True)))
     finally:
         stop.set()
         watch_stop.set()
@@ -674,14 +689,15 @@ async def run_scenario(
     healthy = all(stack.state(svc.name) == "running" for svc in stack.services()) and backends_after == dict.fromkeys(
         replicas, "UP"
     )
-    common = {
-        "replica": replica,
-        "struck": struck,
-        "over": over,
-        "load_start": load_start,
-        "load_end": load_end,
-        "detected": mark_down,
-    }
+    client_report = partial(
+        _client_report,
+        replica=replica,
+        struck=struck,
+        over=over,
+        load_start=load_start,
+        load_end=load_end,
+        detected=mark_down,
+    )
     status.set_phase("done")
     return ScenarioReport(
         scenario=scenario,
@@ -694,7 +710,7 @@ async def run_scenario(
         back_up_s=None if back_up is None else round(back_up - struck, 3),
         in_flight_at_fault=len(in_flight),
         in_flight_on_replica=in_flight_on_replica,
-        **{kind: _client_report(kind, [r for r in runs if r.kind == kind], **common) for kind in KINDS},
+        **{kind: client_report(kind, [r for r in runs if r.kind == kind]) for kind in KINDS},
         healthy_after=healthy,
         backends_after=backends_after,
         redis_mode=stack.config.redis_mode,
@@ -1069,7 +1085,8 @@ def main(
     except StackError as exc:
         broken = exc
     finally:
-        if own_stack:
+        # state_dir is set exactly when the stack is the benchmark's own (own_stack).
+        if state_dir is not None:
             with console.status("stopping the benchmark's stack"):
                 stack.down()
             if broken or len(reports) < len(scenarios) or any(check_targets(r) for r in reports):

@@ -21,6 +21,7 @@ import json
 import logging
 import time
 import urllib.request
+from typing import Any
 
 from fastmcp import Client
 from rich.console import Console
@@ -31,10 +32,16 @@ from stack import Stack
 console = Console()
 
 
+def _get_json(url: str) -> tuple[int, Any]:
+    """GET `url`: its status and JSON body (blocking: run it in a thread)."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.status, json.loads(response.read())
+
+
 async def tour(stack: Stack) -> None:
     c = stack.config
-    with urllib.request.urlopen(f"http://{c.host}:{c.http_port}/health", timeout=5) as response:
-        console.print(f"[bold]GET /health[/bold] → {response.status} {json.loads(response.read())}")
+    status, body = await asyncio.to_thread(_get_json, f"http://{c.host}:{c.http_port}/health")
+    console.print(f"[bold]GET /health[/bold] → {status} {body}")
 
     async with ResilientClient(c.mcp_url, max_retries=5, call_timeout=5) as client:
         console.rule("1. Stickiness: every call of one session lands on the same replica")

@@ -201,6 +201,7 @@ def test_redis_persists_with_aof_and_has_a_healthcheck(compose):
 
 
 @pytest.mark.parametrize("name", REPLICAS)
+@pytest.mark.quick
 def test_replicas_take_the_auth_settings_from_the_host_and_are_open_without_them(compose, name):
     svc = service(compose, name)
     assert verifier_from_env(environment(svc)) is None
@@ -237,10 +238,12 @@ def test_replica_identity_and_store(compose, name):
 
 
 @pytest.mark.parametrize("name", REPLICAS)
+@pytest.mark.quick
 def test_replica_waits_for_healthy_redis(compose, name):
     assert depends_on_healthy(service(compose, name), "redis")
 
 
+@pytest.mark.quick
 def test_replicas_share_one_image_built_from_the_dockerfile(compose):
     replicas = [service(compose, name) for name in REPLICAS]
     assert len({svc["image"] for svc in replicas}) == 1
@@ -437,6 +440,7 @@ def sentinel_conf(svc: dict) -> str:
     return script.split("<<EOF\n", 1)[1].split("\nEOF\n", 1)[0]
 
 
+@pytest.mark.quick
 def test_the_sentinel_file_adds_a_replica_and_three_sentinels_watching_the_primary(sentinel_file: dict) -> None:
     services = sentinel_file["services"]
     assert set(services) >= {"redis", "redis-2", *SENTINELS}
@@ -448,6 +452,7 @@ def test_the_sentinel_file_adds_a_replica_and_three_sentinels_watching_the_prima
         assert set(services[name]["depends_on"]) == {"redis", "redis-2"}
 
 
+@pytest.mark.quick
 def test_with_the_sentinel_file_the_replicas_ask_the_sentinels(compose: dict, sentinel_file: dict) -> None:
     for name in REPLICAS:
         env = {**environment(service(compose, name)), **environment(sentinel_file["services"][name])}
@@ -556,6 +561,7 @@ def requires(svc: dict, variable: str) -> bool:
     return True
 
 
+@pytest.mark.quick
 def test_compose_ships_no_redis_password_and_refuses_to_start_without_one(compose, sentinel_file):
     admin, kit, sentinel, replication = (
         "REDIS_ADMIN_PASSWORD",
@@ -576,6 +582,7 @@ def test_compose_ships_no_redis_password_and_refuses_to_start_without_one(compos
         assert environment(svc)["REDISCLI_AUTH"] == HOST_ENV[admin]
 
 
+@pytest.mark.quick
 def test_composes_acl_is_the_local_stacks(compose, sentinel_file):
     from stack import REDIS_KIT_ACL, REDIS_REPLICATION_ACL, REDIS_SENTINEL_ACL, REDIS_SENTINEL_KIT_ACL
 

@@ -106,7 +106,8 @@ class ComposeStack:
         response.raise_for_status()
         lines = response.text.lstrip("# ").splitlines()
         header = lines[0].split(",")
-        rows = [dict(zip(header, line.split(","))) for line in lines[1:] if line]
+        # Not strict: a quoted value holding a comma splits into more fields; the columns read here come first.
+        rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
         return {r["svname"]: r["status"] for r in rows if r["pxname"] == "mcp_servers" and r["svname"] in REPLICA_NAMES}
 
     def wait_in_service(self, *services: str, timeout: float = 90) -> None:

@@ -230,6 +230,7 @@ def test_the_kustomization_builds_the_whole_kit(objects):
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.quick
 def test_every_object_is_valid_for_kubernetes(each_kit, version):
     _, objects = each_kit
     for obj in objects:
@@ -242,6 +243,7 @@ def test_every_object_is_valid_for_kubernetes(each_kit, version):
             )
 
 
+@pytest.mark.quick
 def test_the_validation_is_strict(objects):
     broken = copy.deepcopy(find(objects, "Deployment", "mcp-server"))
     container(broken)["readinessProbe"]["httpGet"]["pth"] = "/health"
@@ -249,6 +251,7 @@ def test_the_validation_is_strict(objects):
         kubernetes_validate.validate(broken, KUBERNETES_VERSIONS[-1], strict=True)
 
 
+@pytest.mark.quick
 def test_every_reference_names_an_object_and_key_that_exist(each_kit):
     _, objects = each_kit
     for workload in (o for o in objects if o["kind"] in ("Deployment", "StatefulSet")):
@@ -285,6 +288,7 @@ def test_real_kustomize_builds_the_same_objects(each_kit, tmp_path):
 # -- the replicas ----------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_replicas_are_ready_on_health_and_alive_while_listening(objects):
     deployment = find(objects, "Deployment", "mcp-server")
     c = container(deployment)
@@ -336,6 +340,7 @@ def test_the_replicas_identity_store_and_ttl(objects):
     assert env["SESSION_TTL_SECONDS"] == haproxy_env["SESSION_TTL_SECONDS"], "one TTL for state and stick table"
 
 
+@pytest.mark.quick
 def test_replicas_run_as_the_dockerfiles_user_read_only(objects):
     pod = find(objects, "Deployment", "mcp-server")["spec"]["template"]["spec"]
     user, group = instruction("USER")[-1].split(":")
@@ -454,6 +459,7 @@ def redis_command(objects: list[dict]) -> list[str]:
     return container(find(objects, "StatefulSet", "redis"))["command"]
 
 
+@pytest.mark.quick
 def test_redis_has_the_kits_acl(objects):
     from stack import REDIS_KIT_ACL
 
@@ -461,6 +467,7 @@ def test_redis_has_the_kits_acl(objects):
     assert acl_users(script) == {"default": "~* &* +@all", "mcp": REDIS_KIT_ACL}
 
 
+@pytest.mark.quick
 def test_redis_persists_to_its_volume(objects):
     statefulset = find(objects, "StatefulSet", "redis")
     argv = expand(redis_command(objects)[2], {}).rstrip().splitlines()[-1].split()
@@ -501,6 +508,7 @@ def test_the_redis_command_runs_with_its_acl(objects, tmp_path):
 # -- secrets ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_no_secret_value_outside_the_secret(each_kit):
     _, objects = each_kit
     for obj in objects:
@@ -631,7 +639,7 @@ def test_haproxy_follows_the_pods_the_headless_service_resolves_to(haproxy_env, 
     password = env["HAPROXY_STATS_PASSWORD"]
     try:
         for ip in pods:
-            wait_for(lambda: http_status(f"http://{ip}:{pod_port}/health") == 200, f"the replica on {ip}")
+            wait_for(lambda ip=ip: http_status(f"http://{ip}:{pod_port}/health") == 200, f"the replica on {ip}")
         dns.addresses = ["127.0.0.2"]
         # Its own mount namespace, where /etc/resolv.conf names the fake DNS; the host's is untouched.
         script = (

@@ -69,7 +69,8 @@ def script(name: str) -> str:
 # -- what the overlay is ---------------------------------------------------------------------------
 
 
-def test_the_overlay_is_the_kit_with_two_servers_and_three_sentinels(kit, objects):
+@pytest.mark.quick
+def test_the_overlay_is_the_kit_with_two_servers_and_three_sentinels(kit, objects):  # noqa: F811  the imported fixture
     ids = lambda objs: {(o["kind"], o["metadata"]["name"]) for o in objs}  # noqa: E731
     assert ids(kit) - ids(objects) == {
         ("StatefulSet", "sentinel"),
@@ -84,6 +85,7 @@ def test_the_overlay_is_the_kit_with_two_servers_and_three_sentinels(kit, object
     assert find(kit, "StatefulSet", "sentinel")["spec"]["replicas"] == 3
 
 
+@pytest.mark.quick
 def test_the_topology_names_every_pod_and_only_those(kit):
     """REDIS_SERVERS and REDIS_SENTINELS are the StatefulSets' pods by their stable names, on the
     ports the containers listen on, and those names resolve before the pods are ready."""
@@ -101,6 +103,7 @@ def test_the_topology_names_every_pod_and_only_those(kit):
         assert named_port(container(statefulset), port["targetPort"]) == port["port"]
 
 
+@pytest.mark.quick
 def test_the_replicas_ask_the_sentinels_as_the_kits_user(kit):
     env = pod_env(kit, find(kit, "Deployment", "mcp-server"))
     data = topology(kit)
@@ -110,6 +113,7 @@ def test_the_replicas_ask_the_sentinels_as_the_kits_user(kit):
     assert (env["REDIS_USERNAME"], env["REDIS_PASSWORD"]) == ("mcp", SECRETS["REDIS_PASSWORD"])
 
 
+@pytest.mark.quick
 def test_each_container_runs_its_script_from_the_configmap_in_its_volume(kit):
     assert find(kit, "ConfigMap", "redis-scripts")["data"] == {name: script(name) for name in SCRIPTS}
     claims = {t["metadata"]["name"] for t in find(kit, "StatefulSet", "redis")["spec"]["volumeClaimTemplates"]}
@@ -133,6 +137,7 @@ def test_the_scripts_are_posix_shell():
         assert result.returncode == 0, f"{name}: {result.stderr}"
 
 
+@pytest.mark.quick
 def test_servers_and_sentinels_have_the_kits_acl():
     assert acl_users(script("redis.sh")) == {
         "default": "~* &* +@all",
@@ -145,6 +150,7 @@ def test_servers_and_sentinels_have_the_kits_acl():
     assert "sentinel auth-user $REDIS_MASTER_NAME sentinel\n" in script("sentinel.sh")
 
 
+@pytest.mark.quick
 def test_evictions_take_one_server_and_one_sentinel_at_a_time(kit):
     for name in ("redis", "sentinel"):
         pdb = find(kit, "PodDisruptionBudget", name)
@@ -159,6 +165,7 @@ def test_evictions_take_one_server_and_one_sentinel_at_a_time(kit):
     assert 'quorum=$(( $(words "$REDIS_SENTINELS" | wc -w) / 2 + 1 ))' in script("sentinel.sh")
 
 
+@pytest.mark.quick
 def test_no_secret_reaches_a_script_but_through_the_environment(kit):
     for name in SCRIPTS:
         assert not any(value in script(name) for value in SECRETS.values())
@@ -217,7 +224,7 @@ class LoopbackPods:
             for address in statefulset_pods(kit, workload)
         }
         *ports, self.http_port = free_ports(len(self.names) + 1)
-        self.ports = dict(zip(self.names, ports))
+        self.ports = dict(zip(self.names, ports, strict=True))
         listed = lambda workload: ",".join(self.address(pod) for pod in self.names if pod.startswith(f"{workload}-"))  # noqa: E731
         self.topology = {**topology(kit), "REDIS_SERVERS": listed("redis"), "REDIS_SENTINELS": listed("sentinel")}
         (tmp / "scripts").mkdir()
@@ -326,7 +333,8 @@ async def test_pods_start_around_the_primary_of_now_and_the_replicas_follow(kit,
         that does not know it would abort a failover it leads (no good replica)."""
         answers = [pods.ask(s, "SENTINEL", "REPLICAS", pods.topology["REDIS_MASTER_NAME"]) for s in SENTINELS]
         return all(
-            isinstance(a, list) and [dict(zip(r[::2], r[1::2]))["name"] for r in a] == [replica] for a in answers
+            isinstance(a, list) and [dict(zip(r[::2], r[1::2], strict=True))["name"] for r in a] == [replica]
+            for a in answers
         )
 
     def sentinels_know_each_other() -> bool:

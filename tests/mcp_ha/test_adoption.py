@@ -132,7 +132,7 @@ async def test_a_paused_replica_cannot_apply_its_write_after_another_adopted(
     slow = asyncio.create_task(raw.post("tools/call", {"name": "analyze_data", "arguments": {"num_items": 20}}))
     await asyncio.sleep(0.3)
     healed_stack.signal(replica, signal.SIGSTOP)
-    while replica in healed_stack.backends_up():  # bounded by the test's timeout
+    while replica in healed_stack.backends_up():  # noqa: ASYNC110  polls HAProxy; bounded by the test's timeout
         await asyncio.sleep(0.05)
 
     moved = await raw.call("increment_counter")  # another replica adopts the session
@@ -153,6 +153,7 @@ async def test_a_paused_replica_cannot_apply_its_write_after_another_adopted(
     assert (await raw.call("get_counter"))["counter"] == 2
 
 
+@pytest.mark.quick
 def test_ownership_forgets_sessions_no_longer_served() -> None:
     ownership = Ownership()
     ownership.epochs.update({"a" * 32: 1, "b" * 32: 3})

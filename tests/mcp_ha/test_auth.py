@@ -369,6 +369,7 @@ async def test_a_jwt_that_does_not_verify_gets_401(
         ),
     ],
 )
+@pytest.mark.quick
 def test_settings_that_cannot_work_are_refused_by_name(environ: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError) as refused:
         verifier_from_env(environ)
@@ -377,6 +378,7 @@ def test_settings_that_cannot_work_are_refused_by_name(environ: dict[str, str], 
         assert token not in str(refused.value)
 
 
+@pytest.mark.quick
 def test_authentication_is_off_unless_asked_for() -> None:
     assert verifier_from_env({}) is None
     assert verifier_from_env({"MCP_AUTH": "none", "MCP_AUTH_TOKENS": "ignored"}) is None

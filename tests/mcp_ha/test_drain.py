@@ -49,7 +49,7 @@ async def test_sigterm_drains_finishing_in_flight_calls_and_refusing_new_session
     assert health.status_code == 503 and health.json() == {"status": "draining", "instance": replica}
 
     deadline = time.monotonic() + 20
-    while healed_stack.pid(replica) == pid and time.monotonic() < deadline:
+    while healed_stack.pid(replica) == pid and time.monotonic() < deadline:  # noqa: ASYNC110  polls another process
         await asyncio.sleep(0.1)
     assert healed_stack.pid(replica) is None
     # The session carries on elsewhere, with everything the drained replica wrote.
@@ -104,6 +104,7 @@ async def test_a_drain_waits_for_each_balancers_checks_and_no_one_elses() -> Non
     await asyncio.wait_for(run, 5)
 
 
+@pytest.mark.quick
 async def test_a_drain_keeps_track_of_a_bounded_number_of_balancers() -> None:
     """A client reaching a replica directly can name any balancer: it costs a bounded table."""
     drain = Drain()

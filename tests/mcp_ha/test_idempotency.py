@@ -70,7 +70,7 @@ async def test_a_retry_on_another_replica_after_a_kill_replays(healed_stack: Sta
     applied = await keyed(raw, "increment_counter", key)
     replica = applied["result"]["structuredContent"]["instance"]
     healed_stack.signal(replica, signal.SIGKILL)
-    while replica in healed_stack.backends_up():  # bounded by the test's timeout
+    while replica in healed_stack.backends_up():  # noqa: ASYNC110  polls HAProxy; bounded by the test's timeout
         await asyncio.sleep(0.05)
     # The client never saw the answer, say, and retries: another replica adopts and replays.
     retried = await keyed(raw, "increment_counter", key)

@@ -105,6 +105,7 @@ async def serve(app: RequestIds, headers: list[tuple[bytes, bytes]]) -> None:
     await app(scope, receive, send)
 
 
+@pytest.mark.quick
 async def test_hostile_header_values_never_reach_a_line_raw(captured) -> None:
     logger, out = captured
     hostile_request = "\x00\x1b[2J\x1b]0;owned\x07\r\nlevel=CRITICAL " + "x" * 10_000
@@ -138,6 +139,7 @@ async def test_hostile_header_values_never_reach_a_line_raw(captured) -> None:
     assert after["message"] == "after the request" and "request_id" not in after
 
 
+@pytest.mark.quick
 async def test_a_valid_session_id_and_a_plain_request_id_are_logged_as_sent(captured) -> None:
     logger, out = captured
     session_id = uuid.uuid4().hex
@@ -152,6 +154,7 @@ async def test_a_valid_session_id_and_a_plain_request_id_are_logged_as_sent(capt
     assert "session_id" not in outside and "request_id" not in outside
 
 
+@pytest.mark.quick
 def test_an_unknown_log_format_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="LOG_FORMAT must be one of json, text"):
         configure(log_format="xml", instance="x")

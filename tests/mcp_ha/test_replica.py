@@ -67,7 +67,7 @@ def test_a_session_made_without_epoch_call_and_owner_fails_at_once() -> None:
 @pytest.mark.quick
 def test_http_app_serves_only_a_server_it_made() -> None:
     ha = HighAvailability(Settings(metrics=False))
-    with pytest.raises(ValueError, match="HighAvailability.server"):
+    with pytest.raises(ValueError, match=r"HighAvailability\.server"):
         ha.http_app(FastMCP("made elsewhere"))
 
 

@@ -34,6 +34,7 @@ from tools.mcp_wire import ACCEPT, PROTOCOL, jsonrpc_messages, last_jsonrpc_mess
 WRITTEN_FOR = "2.3.0"
 
 
+@pytest.mark.quick
 def test_the_sdk_is_the_version_sdk_sessions_was_written_for() -> None:
     installed = importlib.metadata.version("mcp")
     assert installed == WRITTEN_FOR, (
@@ -58,6 +59,7 @@ def test_private_sdk_access_is_fenced_in_one_module_that_lists_it() -> None:
     assert {name: found for name, found in elsewhere.items() if found} == {}
 
 
+@pytest.mark.quick
 def test_the_private_parts_adoption_uses_are_still_there() -> None:
     manager = StreamableHTTPSessionManager(app=FastMCP("probe")._mcp_server)
     for attribute in (
@@ -115,7 +117,7 @@ async def probe_server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[st
     (port,) = free_ports(1)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
-    while not server.started:
+    while not server.started:  # noqa: ASYNC110  uvicorn sets a flag, not an event, once listening
         await asyncio.sleep(0.02)
     try:
         yield f"http://127.0.0.1:{port}/mcp", app

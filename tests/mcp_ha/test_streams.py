@@ -177,7 +177,7 @@ async def unreachable_store_app() -> AsyncIterator[str]:
     app = CheckResumption(PlainTextResponse("resumed"), store=store, path="/mcp")
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
-    while not server.started:
+    while not server.started:  # noqa: ASYNC110  uvicorn sets a flag, not an event, once listening
         await asyncio.sleep(0.02)
     try:
         yield f"http://127.0.0.1:{port}/mcp"
@@ -188,6 +188,7 @@ async def unreachable_store_app() -> AsyncIterator[str]:
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.quick
 async def test_resuming_while_the_store_is_unreachable_is_503(
     unreachable_store_app: str, http: httpx2.AsyncClient
 ) -> None:
