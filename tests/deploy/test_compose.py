@@ -397,6 +397,24 @@ def test_dockerfile_copies_files_that_exist_and_are_not_ignored():
     assert {".venv", ".git", ".stack", "tests"} <= ignored
 
 
+def test_the_image_installs_only_what_a_replica_needs():
+    """The Dockerfile syncs without the default groups: no test tools, no benchmark plotting in the image."""
+    syncs = [args for keyword, args in dockerfile_instructions() if keyword == "RUN" and "uv sync" in args]
+    assert syncs and all("--no-default-groups" in args for args in syncs)
+    uv = shutil.which("uv") or str(ROOT / ".tools" / "uv" / "bin" / "uv")
+    exported = subprocess.run(
+        [uv, "export", "--frozen", "--no-default-groups", "--no-hashes"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert exported.returncode == 0, exported.stderr
+    packages = {line.split("==")[0] for line in exported.stdout.splitlines() if "==" in line}
+    assert {"fastmcp", "redis", "uvicorn"} <= packages
+    assert not packages & {"matplotlib", "pytest", "hypothesis", "ruff", "mypy"}
+
+
 def test_the_image_holds_every_module_the_server_imports():
     """A module server.py imports but the Dockerfile leaves out would only fail when a container starts."""
     copied = set()
