@@ -1,0 +1,39 @@
+"""The README is the front door and docs/ the rest: small, every link inside the repository and alive."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.quick
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+# [text](target): the target up to a space or the closing parenthesis.
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_the_readme_stays_under_15_kb() -> None:
+    assert (ROOT / "README.md").stat().st_size <= 15_000
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_link_stays_in_the_repository_and_names_a_file_that_exists(page: Path) -> None:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)  # code blocks hold commands, not links
+    broken = []
+    for target in LINK.findall(text):
+        if target.startswith("#"):
+            continue
+        assert not re.match(r"[a-z]+:", target), f"{page.name} links outside the repository: {target}"
+        resolved = (page.parent / target.split("#")[0]).resolve()
+        if not resolved.is_relative_to(ROOT) or not resolved.exists():
+            broken.append(target)
+    assert broken == []
+
+
+def test_the_contract_page_is_the_shared_contract() -> None:
+    shared = ROOT.parent / "shared" / "CONTRACT.md"
+    if not shared.exists():
+        pytest.skip("no ../shared beside this checkout")
+    assert (ROOT / "docs" / "contract.md").read_text() == shared.read_text()
