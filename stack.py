@@ -103,7 +103,7 @@ REDIS_SECRETS_FILE = "redis-secrets.json"
 # replicas the kit's Redis user, not the admin; HAProxy no Redis password at
 # all), so a compromised replica does not find the admin password in its own
 # environment.
-STACK_SECRETS = {*REDIS_SECRETS.values(), "HAPROXY_STATS_PASSWORD", "MCP_AUTH_TOKENS"}
+STACK_SECRETS = {*REDIS_SECRETS.values(), "HAPROXY_STATS_PASSWORD", "MCP_AUTH_TOKENS", "REQUEST_STATE_KEYS"}
 
 INSTALL_HINT = {
     "redis-server": "apt-get install redis-server (make demo installs it)",
@@ -261,6 +261,9 @@ class StackConfig:
     # The module each replica runs (`python -m MODULE`): the kit's demo server, or
     # any server made with mcp_ha (MCP_SERVER_MODULE, `up --server`).
     server: str = "server"
+    # The replicas' REQUEST_STATE_KEYS: one ring for all of them, so a 2026-07-28 multi-round-trip
+    # request may take its legs to any replica (mcp_ha/request_state.py). This stack's own unless set.
+    request_state_keys: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", self.server):
@@ -300,6 +303,7 @@ class StackConfig:
             redis_wait_replicas=env_int("REDIS_WAIT_REPLICAS", 0),
             stats_user=os.environ.get("HAPROXY_STATS_USER") or "stats",
             stats_password=os.environ.get("HAPROXY_STATS_PASSWORD") or new_secret(),
+            request_state_keys=os.environ.get("REQUEST_STATE_KEYS") or secrets.token_hex(32),
             **redis_secrets,
             rate_limit=env_int("HAPROXY_RATE_LIMIT", 100_000),
             max_body_bytes=env_int("HAPROXY_MAX_BODY_BYTES", 1_048_576),
@@ -667,6 +671,7 @@ class Stack:
                     **store_env,
                     "REDIS_WAIT_REPLICAS": str(c.redis_wait_replicas),
                     "SESSION_TTL_SECONDS": str(c.session_ttl_seconds),
+                    "REQUEST_STATE_KEYS": c.request_state_keys,
                     # Only what this stack was started with, whatever the shell holds.
                     "MCP_AUTH": "none",
                     **c.auth,

@@ -57,6 +57,7 @@ from .health import StoreHealth, health_endpoint
 from .idempotency import IdempotentCalls, current_call
 from .logs import Expected, RequestIds, configure
 from .principals import owner
+from .request_state import request_state_security
 from .settings import Settings, SettingsError
 from .streams import CheckResumption
 
@@ -134,8 +135,15 @@ class HighAvailability:
         return self.settings.instance_id
 
     def server(self, name: str, **options: Any) -> FastMCP:
-        """A FastMCP server for `http_app`: this replica's auth, error details masked. `options` go to FastMCP."""
-        mcp = FastMCP(name, auth=self.auth, mask_error_details=True, **options)
+        """A FastMCP server for `http_app`: this replica's auth, error details masked, and 2026-07-28
+        request state sealed so that any replica opens it (`request_state.py`). `options` go to FastMCP."""
+        mcp = FastMCP(
+            name,
+            auth=self.auth,
+            mask_error_details=True,
+            request_state_security=request_state_security(self.settings, audience=name),
+            **options,
+        )
         self._servers.add(mcp)
         return mcp
 

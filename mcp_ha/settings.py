@@ -53,6 +53,9 @@ class Settings:
     auth_audience: str = field(default="", metadata={"env": "MCP_AUTH_AUDIENCE"})
     auth_algorithm: str = field(default="RS256", metadata={"env": "MCP_AUTH_ALGORITHM"})
     auth_required_scopes: tuple[str, ...] = field(default=(), metadata={"env": "MCP_AUTH_REQUIRED_SCOPES"})
+    # The ring sealing 2026-07-28 request state, the same on every replica: the first seals, all unseal.
+    request_state_keys: tuple[str, ...] = field(default=(), repr=False, metadata={"env": "REQUEST_STATE_KEYS"})
+    request_state_ttl_seconds: float = field(default=600.0, metadata={"env": "REQUEST_STATE_TTL_SECONDS"})
 
     def __post_init__(self) -> None:
         if self.port <= 0 or self.port > 65535:
@@ -68,6 +71,18 @@ class Settings:
             raise SettingsError(f"LOG_FORMAT={self.log_format!r}: expected one of {', '.join(LOG_FORMATS)}")
         if self.log_level not in LOG_LEVELS:
             raise SettingsError(f"LOG_LEVEL={self.log_level!r}: expected one of {', '.join(LOG_LEVELS)}")
+        if self.request_state_ttl_seconds <= 0:
+            raise SettingsError(
+                f"REQUEST_STATE_TTL_SECONDS={self.request_state_ttl_seconds}: expected a positive number"
+            )
+        for n, key in enumerate(self.request_state_keys, start=1):
+            if len(key.encode()) < MIN_REQUEST_STATE_KEY_BYTES:
+                raise SettingsError(
+                    f"REQUEST_STATE_KEYS: key {n} is shorter than {MIN_REQUEST_STATE_KEY_BYTES} bytes "
+                    '(make one with: python -c "import secrets; print(secrets.token_hex(32))")'
+                )
+        if len(set(self.request_state_keys)) != len(self.request_state_keys):
+            raise SettingsError("REQUEST_STATE_KEYS: a key stands in the ring twice")
         if self.auth not in AUTH_MODES:
             raise SettingsError(f"MCP_AUTH={self.auth!r}: expected one of {', '.join(AUTH_MODES)}")
 
@@ -100,6 +115,8 @@ def _parse(name: str, kind: object, raw: str) -> object:
         return sentinel_addresses(text)
     if name == "auth_tokens":
         return static_tokens(text)
+    if name == "request_state_keys":
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
     if name == "auth_required_scopes":
         return tuple(part for part in text.replace(",", " ").split() if part)
     if name in ("auth", "log_format", "log_level"):
@@ -137,6 +154,8 @@ def sentinel_addresses(raw: str) -> tuple[tuple[str, int], ...]:
 
 
 MIN_TOKEN_LENGTH = 16
+# The SDK's AES-GCM codec derives its key from at least this much secret.
+MIN_REQUEST_STATE_KEY_BYTES = 32
 
 
 def static_tokens(raw: str) -> dict[str, str]:

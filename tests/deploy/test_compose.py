@@ -39,6 +39,7 @@ HOST_ENV = {
     "REDIS_PASSWORD": "test-kit-password",
     "REDIS_SENTINEL_AUTH_PASSWORD": "test-sentinel-password",
     "REDIS_REPLICATION_PASSWORD": "test-replication-password",
+    "REQUEST_STATE_KEYS": "test-request-state-key-of-32-bytes-at-least",
 }
 
 

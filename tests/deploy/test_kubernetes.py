@@ -47,6 +47,7 @@ SECRETS = {
     "REDIS_PASSWORD": "test-kit-password",
     "REDIS_SENTINEL_AUTH_PASSWORD": "test-sentinel-password",
     "REDIS_REPLICATION_PASSWORD": "test-replication-password",
+    "REQUEST_STATE_KEYS": "test-request-state-key-of-32-bytes-at-least",
 }
 # The oldest version whose schema has every field used (preStop `sleep`, on by default from 1.30),
 # and the newest the package bundles.

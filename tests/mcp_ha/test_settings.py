@@ -52,6 +52,13 @@ def test_every_variable_is_read_into_its_field() -> None:
     assert settings.auth_required_scopes == ("read", "write")
 
 
+def test_the_request_state_ring_is_read_in_order() -> None:
+    first, second = "a" * 32, "b" * 40
+    settings = Settings.from_env({"REQUEST_STATE_KEYS": f" {first} , {second} ", "REQUEST_STATE_TTL_SECONDS": "30"})
+    assert settings.request_state_keys == (first, second) and settings.request_state_ttl_seconds == 30
+    assert first not in repr(settings)  # a secret is never printed
+
+
 def test_tokens_are_read_only_when_static_auth_uses_them() -> None:
     assert Settings.from_env({"MCP_AUTH": "none", "MCP_AUTH_TOKENS": "not even name:token"}).auth_tokens == {}
 
@@ -70,6 +77,9 @@ def test_tokens_are_read_only_when_static_auth_uses_them() -> None:
         ({"METRICS": "maybe"}, "METRICS"),
         ({"MCP_AUTH": "oauth"}, "MCP_AUTH"),
         ({"MCP_AUTH": "static", "MCP_AUTH_TOKENS": "alice:short"}, "MCP_AUTH_TOKENS"),
+        ({"REQUEST_STATE_KEYS": "k" * 32 + ",short"}, "REQUEST_STATE_KEYS"),
+        ({"REQUEST_STATE_KEYS": ",".join(["k" * 32] * 2)}, "REQUEST_STATE_KEYS"),
+        ({"REQUEST_STATE_TTL_SECONDS": "0"}, "REQUEST_STATE_TTL_SECONDS"),
     ],
 )
 def test_a_setting_that_cannot_work_is_refused_by_its_name(environ: dict[str, str], variable: str) -> None:
