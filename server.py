@@ -12,6 +12,7 @@ serve `app` with any ASGI server.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from datetime import UTC, datetime
@@ -19,6 +20,8 @@ from typing import Annotated
 
 from fastmcp import Context
 from fastmcp.exceptions import ResourceError
+from fastmcp.server.elicitation import AcceptedElicitation
+from mcp_types import ElicitRequest, ElicitRequestFormParams, ElicitResult, InputRequiredResult
 from pydantic import Field
 
 from mcp_ha import HighAvailability, SessionHandle
@@ -121,6 +124,40 @@ async def analyze_data(
     await session.set("analysis_result", {"total_score": total_score, "items_processed": num_items})
     await ctx.info(f"Analysis complete: {num_items} items, total score {total_score}")
     return {"items_processed": num_items, "total_score": total_score, "instance": INSTANCE_ID}
+
+
+RESET_QUESTION = "Reset this session's counter (now {counter}) to 0?"
+# The confirmation form: one boolean, as the spec's restricted schema allows.
+CONFIRM_SCHEMA = {"type": "object", "properties": {"confirm": {"type": "boolean"}}, "required": ["confirm"]}
+
+
+@mcp.tool
+async def reset_counter(ctx: Context, session_id: SessionHandle = None) -> dict | InputRequiredResult:
+    """Set this session's counter back to 0, once the user confirms: by elicitation on the session's stream
+    (session-era clients), or as a multi-round-trip request whose second leg may reach any replica (2026-07-28)."""
+    session = await ha.session(ctx, session_id)
+    counter = await session.get("counter", 0)
+    if session_era_id(ctx) is not None:
+        answer = await ctx.elicit(RESET_QUESTION.format(counter=counter), response_type=bool)
+        confirmed = isinstance(answer, AcceptedElicitation) and answer.data is True
+        seen = counter
+    elif ctx.input_responses is None:
+        form = ElicitRequestFormParams(message=RESET_QUESTION.format(counter=counter), requested_schema=CONFIRM_SCHEMA)
+        # The state comes back sealed (mcp_ha/request_state.py): the counter the user was asked about.
+        return InputRequiredResult(
+            input_requests={"confirm": ElicitRequest(params=form)}, request_state=json.dumps({"counter": counter})
+        )
+    else:
+        reply = ctx.input_responses.get("confirm")
+        confirmed = (
+            isinstance(reply, ElicitResult)
+            and reply.action == "accept"
+            and (reply.content or {}).get("confirm") is True
+        )
+        seen = json.loads(ctx.request_state or "{}").get("counter", counter)
+    if confirmed:
+        await session.set("counter", 0)
+    return {"reset": confirmed, "was": seen, "counter": 0 if confirmed else counter, "instance": INSTANCE_ID}
 
 
 @mcp.tool(annotations=READ_ONLY)

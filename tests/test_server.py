@@ -15,6 +15,7 @@ import httpx2
 import pytest
 from conftest import Connect
 from fastmcp import Client
+from fastmcp.client.elicitation import ElicitResult
 from fastmcp.exceptions import ToolError
 
 from stack import Stack
@@ -165,9 +166,27 @@ async def test_every_contract_tool_is_listed_with_the_contracts_required_argumen
         "analyze_data": {"num_items"},
         "watch_counter": {"duration_seconds"},
         "resume_session": {"old_session_id"},
-        # Beyond the contract: handles for sessionless clients (session_handles.py).
+        # Beyond the contract: handles for sessionless clients (mcp_ha/handles.py), and a reset that
+        # asks the user first (docs/generations.md).
         "create_session": set(),
+        "reset_counter": set(),
     }
+
+
+@pytest.mark.parametrize("answer", ["accept", "decline"])
+async def test_reset_counter_asks_a_session_era_client_on_its_stream(connect: Connect, answer: str) -> None:
+    asked: list[str] = []
+
+    async def handler(message: str, response_type: type, params: object, context: object) -> object:
+        asked.append(message)
+        return True if answer == "accept" else ElicitResult(action="decline")  # the client's own ElicitResult
+
+    async with connect(timeout=30, elicitation_handler=handler) as client:
+        await client.call_tool("increment_counter", {})
+        done = (await client.call_tool("reset_counter", {})).structured_content
+        assert asked == ["Reset this session's counter (now 1) to 0?"]
+        assert done["reset"] is (answer == "accept") and done["was"] == 1
+        assert (await client.call_tool("get_counter", {})).data["counter"] == (0 if answer == "accept" else 1)
 
 
 async def test_wrong_argument_types_are_tool_errors(client: Client) -> None:

@@ -1,0 +1,210 @@
+"""2026-07-28 multi-round-trip requests across replicas (`mcp_ha/request_state.py`).
+
+The demo's `reset_counter` asks for a confirmation: its first leg answers with an
+`InputRequiredResult` carrying sealed request state, its second leg carries the
+answer and that state. Replicas here are started by the test itself, against one
+Redis, so each can be given its own key ring and TTL; the legs go to replicas
+directly, so which replica serves which leg is the test's choice, not a balancer's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx2
+import pytest
+from fastmcp import Client
+
+from stack import Stack, free_ports
+from tools.mcp_wire import SessionlessSession, final_message
+
+pytestmark = pytest.mark.timeout(180)
+ROOT = Path(__file__).resolve().parents[2]
+CONFIRM = {"confirm": {"action": "accept", "content": {"confirm": True}}}
+
+
+@contextmanager
+def replica(redis: Stack, tmp_path: Path, name: str, keys: list[str], *, ttl: float = 600) -> Iterator[str]:
+    """`python -m server` on a free port with this key ring; its MCP URL while it runs."""
+    (port,) = free_ports(1)
+    env = {
+        **os.environ,
+        "INSTANCE_ID": name,
+        "HOST": "127.0.0.1",
+        "PORT": str(port),
+        "METRICS": "off",
+        "REDIS_URL": redis.config.redis_url,
+        "REDIS_USERNAME": redis.config.redis_user,
+        "REDIS_PASSWORD": redis.config.redis_password,
+        "REQUEST_STATE_KEYS": ",".join(keys),
+        "REQUEST_STATE_TTL_SECONDS": str(ttl),
+        "LOG_FORMAT": "text",
+    }
+    log = open(tmp_path / f"{name}-{port}.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "server"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx2.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx2.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / f"{name}-{port}.log").read_text()
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def key() -> str:
+    return secrets.token_hex(32)
+
+
+async def first_leg(session: SessionlessSession, handle: str) -> str:
+    """The sealed request state of a reset_counter's first leg."""
+    message = final_message(
+        await session.post("tools/call", {"name": "reset_counter", "arguments": {"session_id": handle}})
+    )
+    result = message["result"]
+    assert result["resultType"] == "input_required" and "confirm" in result["inputRequests"], result
+    return result["requestState"]
+
+
+async def second_leg(session: SessionlessSession, handle: str, state: str) -> dict:
+    """The second leg's JSON-RPC message, whatever it is."""
+    response = await session.post(
+        "tools/call",
+        {
+            "name": "reset_counter",
+            "arguments": {"session_id": handle},
+            "inputResponses": CONFIRM,
+            "requestState": state,
+        },
+    )
+    assert response.status_code < 500, response.text
+    return final_message(response) if response.status_code == 200 else response.json()
+
+
+async def counter(session: SessionlessSession, handle: str) -> int:
+    return (await session.call_tool("get_counter", {"session_id": handle}))["counter"]
+
+
+def test_both_legs_on_different_replicas_20_times_out_of_20(redis_stack: Stack, tmp_path: Path) -> None:
+    ring = [key()]
+    with (
+        replica(redis_stack, tmp_path, "mcp-server-1", ring) as one,
+        replica(redis_stack, tmp_path, "mcp-server-2", ring) as two,
+    ):
+
+        async def scenario() -> None:
+            async with httpx2.AsyncClient(timeout=30) as http:
+                urls = [one, two]
+                for i in range(20):
+                    first, second = SessionlessSession(http, urls[i % 2]), SessionlessSession(http, urls[1 - i % 2])
+                    handle = await first.open()
+                    await first.call_tool("increment_counter", {"session_id": handle})
+                    state = await first_leg(first, handle)
+                    done = await second_leg(second, handle, state)
+                    result = done["result"]["structuredContent"]
+                    assert result == {
+                        "reset": True,
+                        "was": 1,
+                        "counter": 0,
+                        "instance": "mcp-server-2" if i % 2 == 0 else "mcp-server-1",
+                    }, (i, done)
+                    assert await counter(first, handle) == 0
+
+        asyncio.run(scenario())
+
+
+def test_a_stock_2026_client_confirms_through_the_balancer(stack: Stack) -> None:
+    """FastMCP's Client in its default (2026-07-28) mode, through HAProxy: its own driver answers the
+    InputRequiredResult, and the reset happens."""
+
+    async def scenario() -> None:
+        async def confirm(message: str, response_type: type, params: object, context: object) -> dict:
+            return {"confirm": True}
+
+        async with Client(stack.config.mcp_url, timeout=30, elicitation_handler=confirm) as client:
+            handle = (await client.call_tool("create_session", {})).data["session_id"]
+            for _ in range(3):
+                await client.call_tool("increment_counter", {"session_id": handle})
+            done = (await client.call_tool("reset_counter", {"session_id": handle})).structured_content
+            assert done["reset"] is True and done["was"] == 3
+            assert (await client.call_tool("get_counter", {"session_id": handle})).data["counter"] == 0
+
+    asyncio.run(scenario())
+
+
+def test_forged_truncated_foreign_and_expired_state_is_refused_and_changes_nothing(
+    redis_stack: Stack, tmp_path: Path
+) -> None:
+    ring = [key()]
+    with (
+        replica(redis_stack, tmp_path, "mcp-server-1", ring, ttl=2) as one,
+        replica(redis_stack, tmp_path, "mcp-server-3", [key()]) as stranger,
+    ):
+
+        async def refused(session: SessionlessSession, handle: str, state: str) -> None:
+            done = await second_leg(session, handle, state)
+            assert "error" in done and done["error"]["code"] == -32602, done
+            assert "requestState" in done["error"]["message"], done
+            assert await counter(session, handle) == 1, "a refused leg changed something"
+
+        async def scenario() -> None:
+            async with httpx2.AsyncClient(timeout=30) as http:
+                session = SessionlessSession(http, one)
+                handle = await session.open()
+                other = await session.open()
+                for h in (handle, other):
+                    await session.call_tool("increment_counter", {"session_id": h})
+                state = await first_leg(session, handle)
+                await refused(session, handle, "v1." + secrets.token_urlsafe(60))  # forged
+                await refused(session, handle, state[:-5])  # truncated
+                await refused(session, other, state)  # minted for another request
+                # Sealed under a ring this replica does not hold (another deployment's).
+                await refused(session, handle, await first_leg(SessionlessSession(http, stranger), handle))
+                await asyncio.sleep(2.5)
+                await refused(session, handle, state)  # expired
+
+        asyncio.run(scenario())
+
+
+def test_rotating_the_ring_replica_by_replica_refuses_no_leg(redis_stack: Stack, tmp_path: Path) -> None:
+    """docs/operations.md's steps: [old] -> [old, new] -> [new, old] -> [new], every replica at each step
+    before the next. A state minted at any step opens on every replica of the next."""
+    old, new = key(), key()
+    steps = [[old], [old, new], [new, old], [new]]
+
+    async def legs(minting: str, opening: str) -> None:
+        async with httpx2.AsyncClient(timeout=30) as http:
+            first = SessionlessSession(http, minting)
+            handle = await first.open()
+            state = await first_leg(first, handle)
+            done = await second_leg(SessionlessSession(http, opening), handle, state)
+            assert done.get("result", {}).get("structuredContent", {}).get("reset") is True, done
+
+    for before, after in itertools.pairwise(steps):
+        # Mid-rollout: one replica still on the step before, one already on the next; legs both ways.
+        with (
+            replica(redis_stack, tmp_path, "mcp-server-1", before) as one,
+            replica(redis_stack, tmp_path, "mcp-server-2", after) as two,
+        ):
+            asyncio.run(legs(one, two))
+            asyncio.run(legs(two, one))
