@@ -19,6 +19,7 @@ from fastmcp.client.elicitation import ElicitResult
 from fastmcp.exceptions import ToolError
 
 from stack import Stack
+from tools.mcp_wire import SessionlessSession, jsonrpc_messages
 
 REPLICAS = {"mcp-server-1", "mcp-server-2", "mcp-server-3"}
 
@@ -195,6 +196,29 @@ async def test_wrong_argument_types_are_tool_errors(client: Client) -> None:
     with pytest.raises(ToolError):
         await client.call_tool("add_note", {})
     assert (await client.call_tool("get_counter", {})).data["counter"] == 0
+
+
+@pytest.mark.parametrize(
+    ("level", "expected"),
+    [(None, []), ("error", []), ("info", ["info", "info"]), ("debug", ["info", "debug", "debug", "info"])],
+)
+async def test_a_sessionless_client_gets_the_logs_its_request_asks_for(
+    mcp_url: str, level: str | None, expected: list[str]
+) -> None:
+    """2026-07-28: no logging/setLevel; each request's `_meta` names the level it wants, on any replica."""
+    async with httpx2.AsyncClient(timeout=30) as http:
+        session = SessionlessSession(http, mcp_url)
+        handle = await session.open()
+        meta = {} if level is None else {"io.modelcontextprotocol/logLevel": level}
+        response = await session.post(
+            "tools/call", {"name": "analyze_data", "arguments": {"num_items": 2, "session_id": handle}, "_meta": meta}
+        )
+        messages = jsonrpc_messages(response)
+        logs = [m["params"] for m in messages if m.get("method") == "notifications/message"]
+        assert [log["level"] for log in logs] == expected
+        assert messages[-1]["result"]["structuredContent"]["items_processed"] == 2
+        if expected:
+            assert "Starting analysis" in logs[0]["data"]["msg"] and "Analysis complete" in logs[-1]["data"]["msg"]
 
 
 async def test_health_names_the_replica(stack: Stack) -> None:
