@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 from fastmcp import Context
-from fastmcp.exceptions import ResourceError
+from fastmcp.exceptions import ResourceError, ToolError
 from fastmcp.server.elicitation import AcceptedElicitation
 from mcp_types import ElicitRequest, ElicitRequestFormParams, ElicitResult, InputRequiredResult
 from pydantic import Field
@@ -127,6 +127,9 @@ async def analyze_data(
 
 
 RESET_QUESTION = "Reset this session's counter (now {counter}) to 0?"
+CANNOT_ASK = "This client declared no elicitation capability, so reset_counter cannot ask it to confirm."
+# How long a session-era confirmation may wait for its answer: a call is never held open for ever.
+ASK_TIMEOUT_SECONDS = 120
 # The confirmation form: one boolean, as the spec's restricted schema allows.
 CONFIRM_SCHEMA = {"type": "object", "properties": {"confirm": {"type": "boolean"}}, "required": ["confirm"]}
 
@@ -138,7 +141,17 @@ async def reset_counter(ctx: Context, session_id: SessionHandle = None) -> dict 
     session = await ha.session(ctx, session_id)
     counter = await session.get("counter", 0)
     if session_era_id(ctx) is not None:
-        answer = await ctx.elicit(RESET_QUESTION.format(counter=counter), response_type=bool)
+        capabilities = ctx.session.client_capabilities
+        if capabilities is None or capabilities.elicitation is None:
+            # It would never answer: say so now rather than hold the call open.
+            raise ToolError(CANNOT_ASK)
+        try:
+            async with asyncio.timeout(ASK_TIMEOUT_SECONDS):
+                answer = await ctx.elicit(RESET_QUESTION.format(counter=counter), response_type=bool)
+        except TimeoutError:
+            raise ToolError(
+                f"No answer to the confirmation within {ASK_TIMEOUT_SECONDS} s; nothing was reset."
+            ) from None
         confirmed = isinstance(answer, AcceptedElicitation) and answer.data is True
         seen = counter
     elif ctx.input_responses is None:

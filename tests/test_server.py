@@ -19,7 +19,7 @@ from fastmcp.client.elicitation import ElicitResult
 from fastmcp.exceptions import ToolError
 
 from stack import Stack
-from tools.mcp_wire import SessionlessSession, jsonrpc_messages
+from tools.mcp_wire import RawSession, SessionlessSession, jsonrpc_messages, last_jsonrpc_message
 
 REPLICAS = {"mcp-server-1", "mcp-server-2", "mcp-server-3"}
 
@@ -170,8 +170,22 @@ async def test_every_contract_tool_is_listed_with_the_contracts_required_argumen
         # Beyond the contract: handles for sessionless clients (mcp_ha/handles.py), and a reset that
         # asks the user first (docs/generations.md).
         "create_session": set(),
+        "end_session": {"session_id"},
         "reset_counter": set(),
     }
+
+
+async def test_reset_counter_refuses_at_once_a_client_that_cannot_be_asked(
+    http: httpx2.AsyncClient, mcp_url: str, bearer: str | None
+) -> None:
+    """A client that declared no elicitation capability would never answer: a tool error, not a held call."""
+    raw = RawSession(http, mcp_url, token=bearer)
+    await raw.initialize()
+    await raw.call("increment_counter")
+    response = await raw.post("tools/call", {"name": "reset_counter", "arguments": {}})
+    result = last_jsonrpc_message(response)["result"]
+    assert result["isError"] and "no elicitation capability" in result["content"][0]["text"]
+    assert (await raw.call("get_counter"))["counter"] == 1
 
 
 @pytest.mark.parametrize("answer", ["accept", "decline"])
@@ -203,11 +217,11 @@ async def test_wrong_argument_types_are_tool_errors(client: Client) -> None:
     [(None, []), ("error", []), ("info", ["info", "info"]), ("debug", ["info", "debug", "debug", "info"])],
 )
 async def test_a_sessionless_client_gets_the_logs_its_request_asks_for(
-    mcp_url: str, level: str | None, expected: list[str]
+    mcp_url: str, bearer: str | None, level: str | None, expected: list[str]
 ) -> None:
     """2026-07-28: no logging/setLevel; each request's `_meta` names the level it wants, on any replica."""
     async with httpx2.AsyncClient(timeout=30) as http:
-        session = SessionlessSession(http, mcp_url)
+        session = SessionlessSession(http, mcp_url, token=bearer)
         handle = await session.open()
         meta = {} if level is None else {"io.modelcontextprotocol/logLevel": level}
         response = await session.post(
