@@ -50,6 +50,7 @@ NO_SESSION = (
     "clients call create_session once and pass the session_id it returns to every stateful tool."
 )
 UNKNOWN_HANDLE = "Unknown or expired session handle; call create_session for a new one."
+HANDLE_DESCRIPTION = "The handle create_session returned."
 
 _KIND = "handle"
 
@@ -80,6 +81,20 @@ async def session_id_for(ctx: Context, handle: str | None, store: SessionStore) 
         if session_id is None:
             raise ToolError(NO_SESSION)
         return session_id
+    return await _own_handle(handle, store)
+
+
+async def end_handle(handle: str, store: SessionStore) -> None:
+    """End the caller's handle: from now on it resolves on no replica (`end_session`).
+
+    Its state is not copied anywhere and expires with the session TTL; an
+    unknown, ended, expired or foreign handle gets the one unknown-handle error.
+    """
+    await store.end_session(await _own_handle(handle, store))
+
+
+async def _own_handle(handle: str, store: SessionStore) -> str:
+    """`handle`, if it is one `create_session` minted for this caller and it still lives; else the tool error."""
     if not is_session_id(handle):
         raise ToolError(UNKNOWN_HANDLE)
     record = await store.session_record(handle)

@@ -24,7 +24,7 @@ What each step owns:
   epoch and keyed by the call's idempotency key. The only way a tool gets one.
 - `http_app(mcp)`: the FastMCP middlewares in their order (metrics outermost,
   so it sees what the client gets; store errors; idempotency keys; session
-  records innermost), `create_session` for sessionless clients, `/health`,
+  records innermost), `create_session` and `end_session` for sessionless clients, `/health`,
   `/metrics`, the log filters, and the ASGI layers around the MCP endpoint,
   outermost first: request ids, drain, stream resumption, adoption. Its
   lifespan makes SIGTERM drain and closes the store. Mount it in any ASGI
@@ -38,11 +38,12 @@ import logging
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 import uvicorn
 from fastmcp import Context, FastMCP
 from fastmcp.server.auth import TokenVerifier
+from pydantic import Field
 from starlette.middleware import Middleware as StarletteMiddleware
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp
@@ -52,7 +53,7 @@ from session_store import Session, SessionStore, StoreLimits, is_session_id
 from .adoption import AdoptSessions, Ownership, RecordSessions
 from .drain import Drain, drain_on_sigterm
 from .errors import ANSWERED, StoreErrors
-from .handles import create_handle, session_id_for
+from .handles import HANDLE_DESCRIPTION, create_handle, end_handle, session_id_for
 from .health import StoreHealth, health_endpoint
 from .idempotency import IdempotentCalls, current_call
 from .logs import Expected, RequestIds, configure
@@ -177,6 +178,12 @@ class HighAvailability:
             """Start a session for a sessionless (2026-07-28) client: pass the session_id it
             returns to the stateful tools. Session-era clients already have one."""
             return {"session_id": await create_handle(self.store), "instance": self.instance}
+
+        @mcp.tool(name="end_session")
+        async def end_session(session_id: Annotated[str, Field(description=HANDLE_DESCRIPTION)]) -> dict:
+            """End a sessionless (2026-07-28) client's session: its handle no longer works, on any replica."""
+            await end_handle(session_id, self.store)
+            return {"ended": True, "instance": self.instance}
 
         health = StoreHealth(
             self.store, self.drain, grace_seconds=self.settings.redis_retry_seconds if self.settings.uses_redis else 0.0

@@ -229,9 +229,10 @@ async def test_another_principals_handle_is_answered_like_an_unknown_one(
         await alice.call_tool("increment_counter", {"session_id": handle})
         bobs = (await bob.call_tool("create_session", {})).data["session_id"]
         for foreign in (handle, uuid.uuid4().hex):
-            with pytest.raises(ToolError) as refused:
-                await bob.call_tool("increment_counter", {"session_id": foreign})
-            assert str(refused.value) == UNKNOWN_HANDLE
+            for tool in ("increment_counter", "end_session"):
+                with pytest.raises(ToolError) as refused:
+                    await bob.call_tool(tool, {"session_id": foreign})
+                assert str(refused.value) == UNKNOWN_HANDLE
         resumed = (await bob.call_tool("resume_session", {"old_session_id": handle, "session_id": bobs})).data
         assert (resumed["status"], resumed["keys_copied"]) == ("resumed", 0)
         assert (await alice.call_tool("get_counter", {"session_id": handle})).data["counter"] == 1

@@ -201,3 +201,22 @@ async def test_a_sessionless_client_rides_through_kill_9_between_calls(healed_st
                 failures.append(repr(exc))
         assert failures == []
         assert counters == list(range(2, 22))
+
+
+async def test_end_session_ends_a_handle_on_every_replica(sessionless: Client) -> None:
+    handle = await handle_of(sessionless)
+    await sessionless.call_tool("increment_counter", {"session_id": handle})
+    ended = (await sessionless.call_tool("end_session", {"session_id": handle})).structured_content
+    assert ended["ended"] is True
+    # Several calls, so they land on more than the replica that ended it.
+    for _ in range(4):
+        with pytest.raises(ToolError, match=UNKNOWN_HANDLE):
+            await sessionless.call_tool("get_counter", {"session_id": handle})
+    with pytest.raises(ToolError, match=UNKNOWN_HANDLE):
+        await sessionless.call_tool("end_session", {"session_id": handle})  # once ended, it is unknown
+
+
+@pytest.mark.parametrize("handle", [uuid.uuid4().hex, "not-a-handle", "0" * 32 + "\n"])
+async def test_end_session_refuses_an_unknown_handle_clearly(sessionless: Client, handle: str) -> None:
+    with pytest.raises(ToolError, match=UNKNOWN_HANDLE):
+        await sessionless.call_tool("end_session", {"session_id": handle})
