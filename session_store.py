@@ -49,7 +49,8 @@ import copy
 import hashlib
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypedDict, TypeGuard, TypeVar
 
@@ -319,6 +320,22 @@ class SessionStore(ABC):
 
         None when this session's log holds no such event: unknown, expired,
         trimmed, malformed or another session's. Reads this session's log only.
+        """
+
+    # -- changes, for subscriptions -------------------------------------------------------
+
+    @abstractmethod
+    async def publish(self, message: str) -> None:
+        """Send `message` to every replica watching the store (`watch`), this one included."""
+
+    @abstractmethod
+    def watch(self) -> AbstractAsyncContextManager[AsyncIterator[str]]:
+        """Once entered, the messages from every replica, in order: each `publish`ed message, and the
+        id of each session whose state a write (or copy) changed, as the write commits.
+
+        Entering returns only once watching has begun, so nothing sent after it is missed. The
+        iterator raises StoreUnavailable when the store's connection is lost: what was sent
+        meanwhile is gone, and whoever relies on it should start again and read afresh.
         """
 
     async def ping(self) -> bool:

@@ -66,9 +66,9 @@ HEALTH_TIMEOUT_SECONDS = 30.0
 # command, and redis-py carries on when it is refused.)
 REDIS_KIT_USER = "mcp"
 REDIS_KIT_ACL = (
-    "resetkeys ~mcp:* resetchannels -@all +ping +evalsha +script|load +wait "
+    "resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +evalsha +script|load +wait "
     "+time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget "
-    "+hexists +hdel +lindex +rpush +ltrim +lrange"
+    "+hexists +hdel +lindex +rpush +ltrim +lrange +publish +subscribe +unsubscribe"
 )
 # Sentinel's connections to the servers (`sentinel auth-user`): what Sentinel
 # needs to watch the servers, announce itself and reconfigure them in a failover.

@@ -30,7 +30,8 @@ allocated per call beyond the timestamps.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import stamina.instrumentation
@@ -77,6 +78,10 @@ SESSIONS_HELD = Gauge(
     "mcp_sessions_held",
     "MCP sessions this replica holds a transport for now (opened here or adopted; forgotten when "
     "ended or idle for the session TTL).",
+)
+LISTEN_STREAMS = Gauge(
+    "mcp_listen_streams",
+    "subscriptions/listen streams open on this replica now (at most MAX_LISTEN_STREAMS).",
 )
 SESSIONS_ADOPTED = Counter(
     "mcp_sessions_adopted_total",
@@ -235,6 +240,7 @@ class MeteredStore(SessionStore):
         self._adopt, self._end, self._owner = s("adopt_session"), s("end_session"), s("owner")
         self._add_event, self._events_after = s("add_event"), s("events_after")
         self._delete, self._apply, self._recall = s("delete"), s("apply"), s("recall")
+        self._publish = s("publish")
 
     def replayed(self, op: Op) -> None:
         self.store.replayed(op)
@@ -312,6 +318,13 @@ class MeteredStore(SessionStore):
 
     async def events_after(self, session_id: str, event_id: str) -> tuple[str, list[tuple[str, str | None]]] | None:
         return await _metered(self._events_after, self.store.events_after, session_id, event_id)
+
+    async def publish(self, message: str) -> None:
+        await _metered(self._publish, self.store.publish, message)
+
+    def watch(self) -> AbstractAsyncContextManager[AsyncIterator[str]]:
+        # One long wait, not an operation to time.
+        return self.store.watch()
 
     async def ping(self) -> bool:
         # Health's own probe, every half second from HAProxy: its answer is the health check's.

@@ -7,11 +7,13 @@ awaiting, which is what makes each one atomic under asyncio.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Unpack
 
@@ -23,11 +25,32 @@ from session_store import (
     OpReused,
     SessionStore,
     StoreLimits,
+    StoreUnavailable,
     Write,
     check_key,
     event_position,
     mint_event_id,
 )
+
+# A watcher this far behind has lost messages, and is told so like one whose connection broke.
+MAX_UNREAD = 1024
+
+
+class _Watcher:
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[str] = asyncio.Queue(MAX_UNREAD)
+        self.behind = False
+
+    def put(self, message: str) -> None:
+        try:
+            self.queue.put_nowait(message)
+        except asyncio.QueueFull:
+            self.behind = True
+
+    async def messages(self) -> AsyncIterator[str]:
+        while not self.behind:
+            yield await self.queue.get()
+        raise StoreUnavailable(f"a watcher fell {MAX_UNREAD} messages behind")
 
 
 @dataclass
@@ -56,6 +79,7 @@ class InMemorySessionStore(SessionStore):
         self._ops: OrderedDict[tuple[str, str], tuple[str, dict[str, Any], float]] = OrderedDict()
         # Ordered by latest add, oldest first: expiry pops from the front.
         self._events: OrderedDict[str, _EventLog] = OrderedDict()
+        self._watchers: set[_Watcher] = set()
 
     def _expire(self) -> None:
         horizon = self._clock() - self.ttl_seconds
@@ -104,6 +128,7 @@ class InMemorySessionStore(SessionStore):
             if record is None or record[1] != epoch:
                 raise Fenced(session_id)
         result = apply(self._live(session_id))
+        self._send(session_id)
         if op is not None:
             # Re-inserted last: the call's records expire the op TTL after its latest write.
             _, results, _ = self._ops.pop((session_id, op.call), (op.digest, {}, 0.0))
@@ -243,6 +268,22 @@ class InMemorySessionStore(SessionStore):
     async def owner(self, session_id: str) -> str | None:
         self._expire()
         return self._owners.get(session_id)
+
+    def _send(self, message: str) -> None:
+        for watcher in self._watchers:
+            watcher.put(message)
+
+    async def publish(self, message: str) -> None:
+        self._send(message)
+
+    @asynccontextmanager
+    async def watch(self) -> AsyncIterator[AsyncIterator[str]]:
+        watcher = _Watcher()
+        self._watchers.add(watcher)
+        try:
+            yield watcher.messages()
+        finally:
+            self._watchers.discard(watcher)
 
     async def add_event(self, session_id: str, stream_id: str, message: str | None) -> str:
         self._expire()

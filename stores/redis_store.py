@@ -21,6 +21,9 @@ Layout, with the default prefix `mcp`:
   last `max_events` on every add and kept the event TTL after the latest.
   A list, not a Redis stream: a stream preallocates a 4 KB node, ten times
   what a short call's events take.
+- `mcp:changes`: a pub/sub channel, not a key. Every write publishes the
+  changed session's id on it from inside its script (no extra round trip),
+  and `publish` sends other messages; `watch` subscribes to it.
 
 Every operation is one Lua script (or one read command): the change, the
 sliding TTL and the index update happen atomically in one round trip, so 200
@@ -63,14 +66,17 @@ which keep their own users. Credentials in `url` serve as well.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar, Unpack
 
 import redis.asyncio as redis
 import stamina
+from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
@@ -177,7 +183,9 @@ end
 #      right after cannot leave a change without its record.
 # ARGV[3] epoch or '', ARGV[4] op ttl, ARGV[5] the op's digest or '' (no op),
 # ARGV[6] the write's name in the call, ARGV[7] the operation, ARGV[8..] its
-# arguments; KEYS[4] a copy's source. The operations: 'set', 'incr',
+# arguments; KEYS[4] a copy's source; KEYS[5] the changes channel (a
+# channel, not a key: named here so the script never builds a name), where
+# the changed session's id is published once the change commits. The operations: 'set', 'incr',
 # 'append' and 'delete' (ARGV[8] the entry, ARGV[9] the value, amount or
 # item), 'copy', and 'apply': ARGV[8] the result to record, ARGV[9] how many
 # expected entries follow as (entry, JSON text or ''), then the writes as
@@ -307,6 +315,7 @@ if ARGV[5] ~= '' then
   redis.call('EXPIRE', KEYS[3], ARGV[4])
 end
 touch()
+redis.call('PUBLISH', KEYS[5], ARGV[1])
 return {result, 0}
 """
 )
@@ -489,6 +498,7 @@ class RedisSessionStore(SessionStore):
             raise ValueError("wait_replicas must be 0 or more")
         self._prefix = prefix
         self._index = f"{prefix}:sessions"
+        self._changes = f"{prefix}:changes"
         # Retries come at most every 0.5 s (wait_max below): enough of them to fill the window.
         self._retry_attempts = retry_attempts if retry_attempts is not None else 5 + math.ceil(2 * retry_seconds)
         self._retry_seconds = retry_seconds
@@ -594,8 +604,8 @@ class RedisSessionStore(SessionStore):
     ) -> Any:
         keys = self._keys(session_id)
         keys.append(self._op_key(session_id, op) if op is not None else keys[0])
-        if source is not None:
-            keys.append(f"{self._prefix}:session:{source}")
+        keys.append(f"{self._prefix}:session:{source}" if source is not None else keys[0])
+        keys.append(self._changes)
         argv = [
             session_id,
             self.ttl_seconds,
@@ -761,6 +771,34 @@ class RedisSessionStore(SessionStore):
             return None
         stream_id, events = found
         return stream_id, [(mint_event_id(session_id, entry), message) for entry, message in events]
+
+    async def publish(self, message: str) -> None:
+        await self._call(lambda: self._redis.publish(self._changes, message))
+
+    @asynccontextmanager
+    async def watch(self) -> AsyncIterator[AsyncIterator[str]]:
+        # A connection of its own for as long as the watch lasts (pub/sub holds it).
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        try:
+            try:
+                await pubsub.subscribe(self._changes)
+            except RETRYABLE as exc:
+                raise StoreUnavailable(f"redis: {exc}") from exc
+            yield self._messages(pubsub)
+        finally:
+            with contextlib.suppress(*RETRYABLE):
+                await pubsub.aclose()
+
+    @staticmethod
+    async def _messages(pubsub: PubSub) -> AsyncIterator[str]:
+        try:
+            while True:
+                # Blocks until a message: the pub/sub read has no socket timeout.
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
+                if message is not None and message["type"] == "message":
+                    yield message["data"]
+        except RETRYABLE as exc:
+            raise StoreUnavailable(f"redis: {exc}") from exc
 
     async def ping(self) -> bool:
         try:

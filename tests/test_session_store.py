@@ -1242,3 +1242,31 @@ async def test_an_outage_that_ended_leaves_later_calls_their_whole_retry_window(
         assert await later == 1
     finally:
         await store.aclose()
+
+
+async def test_a_watcher_hears_each_change_and_each_message_in_order(store: SessionStore) -> None:
+    sid, other = new_id(), new_id()
+    async with store.watch() as messages:
+        await store.set(sid, "a", 1)
+        await store.publish("hello")
+        await store.incr(other, "n")
+        await store.append(sid, "l", "x")
+        await store.apply(sid, [("set", "b", 2)], expect={}, result=None)
+        await store.delete(sid, "a")
+        await store.copy(sid, other)
+        heard = [await asyncio.wait_for(anext(messages), 5) for _ in range(7)]
+    assert heard == [sid, "hello", other, sid, sid, sid, other]
+
+
+async def test_what_changes_nothing_is_not_announced(store: SessionStore) -> None:
+    sid = new_id()
+    op = Op("call-1:1", "d")
+    await store.set(sid, "n", "text")
+    await store.incr(sid, "k", op=op)
+    async with store.watch() as messages:
+        with pytest.raises(TypeError):
+            await store.incr(sid, "n")  # refused
+        await store.incr(sid, "k", op=op)  # replayed, not applied
+        await store.get(sid, "k")
+        await store.publish("after")
+        assert await asyncio.wait_for(anext(messages), 5) == "after"

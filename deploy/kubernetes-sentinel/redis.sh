@@ -16,7 +16,7 @@ hash() { printf %s "$1" | sha256sum | cut -d' ' -f1; }
   cat <<CONF
 port ${me##*:}
 user default on #$(hash "$REDIS_ADMIN_PASSWORD") ~* &* +@all
-user mcp on #$(hash "$REDIS_PASSWORD") resetkeys ~mcp:* resetchannels -@all +ping +evalsha +script|load +wait +time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget +hexists +hdel +lindex +rpush +ltrim +lrange
+user mcp on #$(hash "$REDIS_PASSWORD") resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +evalsha +script|load +wait +time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget +hexists +hdel +lindex +rpush +ltrim +lrange +publish +subscribe +unsubscribe
 user sentinel on #$(hash "$REDIS_SENTINEL_AUTH_PASSWORD") resetkeys resetchannels &__sentinel__:hello -@all +multi +exec +slaveof +ping +info +role +config|rewrite +client|setname +client|kill +script|kill +publish +subscribe
 user replication on #$(hash "$REDIS_REPLICATION_PASSWORD") resetkeys resetchannels -@all +psync +replconf +ping
 masteruser replication
