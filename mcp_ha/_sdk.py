@@ -23,6 +23,12 @@ a random prefix per transport, which no other replica can know), so the
 session's own store is set on its transport (`_event_store`) instead: at
 `initialize`, before the answer is sent, and when a session is adopted.
 
+Subscriptions (`subscriptions.py`) need the server to answer
+`subscriptions/listen`, `resources/subscribe` and `resources/unsubscribe`.
+FastMCP registers none of them and has no public way to add a request
+handler, so they go on its low-level server (`_mcp_server`), whose
+`add_request_handler` is public; that also makes the capabilities say so.
+
 Every private attribute touched here, and nowhere else in the kit:
 
 | attribute | of | why |
@@ -33,6 +39,7 @@ Every private attribute touched here, and nowhere else in the kit:
 | `_task_group` | the session manager | running an adopted session's connection beside the SDK's own |
 | `_lifespan_state` | the session manager | the server's lifespan state, for that connection |
 | `_event_store` | a transport | the session's own event store |
+| `_mcp_server` | a FastMCP server | its low-level server, to add request handlers to |
 
 `tests/mcp_ha/test_sdk.py` checks each of these against the installed SDK;
 if an upgrade moves them, that test fails first and says which.
@@ -44,6 +51,7 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
+from fastmcp import FastMCP
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, authorization_context
 from mcp.server.connection import Connection
 from mcp.server.runner import serve_connection
@@ -153,3 +161,8 @@ async def adopt(
         manager._server_instances.pop(session_id, None)
         manager._session_owners.pop(session_id, None)
         raise
+
+
+def add_request_handler(mcp: FastMCP, method: str, params_type: type[Any], handler: Any) -> None:
+    """`handler` answers `method` on `mcp` (replacing FastMCP's answer, if it had one)."""
+    mcp._mcp_server.add_request_handler(method, params_type, handler)

@@ -79,6 +79,8 @@ class Drain:
         # What ends the server once drained, where the one running the app says (`HighAvailability.run`:
         # a clean exit); None hands SIGTERM on to whichever server it was meant for.
         self.stop: Callable[[], None] | None = None
+        # Called as the drain starts: ends what would never end on its own (listen streams).
+        self.on_drain: Callable[[], None] = lambda: None
 
     def health_checked(self, *, balancer: str | None) -> bool:
         """Called by /health with the balancer the check came from (None: not a balancer's check);
@@ -132,6 +134,7 @@ class Drain:
         """Drain; returns when it is time to exit."""
         self.draining = True
         started = time.monotonic()
+        self.on_drain()
         log.info("draining: new requests are refused, %d calls in flight", self.in_flight)
         try:
             await asyncio.wait_for(self._idle.wait(), self.timeout_seconds)

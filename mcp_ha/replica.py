@@ -43,6 +43,8 @@ from typing import Annotated, Any
 import uvicorn
 from fastmcp import Context, FastMCP
 from fastmcp.server.auth import TokenVerifier
+from mcp.server.subscriptions import ServerEvent
+from mcp_types import SubscribeRequestParams, SubscriptionsListenRequestParams, UnsubscribeRequestParams
 from pydantic import Field
 from starlette.middleware import Middleware as StarletteMiddleware
 from starlette.requests import ClientDisconnect
@@ -50,6 +52,7 @@ from starlette.types import ASGIApp
 
 from session_store import Session, SessionStore, StoreLimits, is_session_id
 
+from . import _sdk
 from .adoption import AdoptSessions, Ownership, RecordSessions
 from .drain import Drain, drain_on_sigterm
 from .errors import ANSWERED, StoreErrors
@@ -61,6 +64,7 @@ from .principals import owner
 from .request_state import request_state_security
 from .settings import Settings, SettingsError
 from .streams import CheckResumption
+from .subscriptions import StoreBus, Subscriptions
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +113,7 @@ class HighAvailability:
         self.store: SessionStore = self._metrics.MeteredStore(store) if self._metrics else store
         self.ownership = Ownership()
         self.drain = Drain()
+        self.bus = StoreBus(self.store)
         self.auth: TokenVerifier | None = None
         if settings.auth != "none":
             from .auth import make_verifier
@@ -156,6 +161,13 @@ class HighAvailability:
         sid = await session_id_for(ctx, handle, self.store)
         return Session(self.store, sid, epoch=self.ownership.epoch(sid), call=current_call.get(), owner=owner())
 
+    async def publish(self, event: ServerEvent) -> None:
+        """Tell every listener, on every replica, of `event` (e.g. `ToolsListChanged()`).
+
+        A session's own changes need no call: every write announces them (`subscriptions.py`).
+        """
+        await self.bus.publish(event)
+
     async def state_of(self, session_id: str) -> dict[str, Any]:
         """A session's state to read, by id (a resource's): empty for an id nobody minted or another principal's."""
         if not is_session_id(session_id) or await self.store.owner(session_id) != owner():
@@ -184,6 +196,20 @@ class HighAvailability:
             """End a sessionless (2026-07-28) client's session: its handle no longer works, on any replica."""
             await end_handle(session_id, self.store)
             return {"ended": True, "instance": self.instance}
+
+        async def resource_matches(uri: str) -> bool:
+            resources = await mcp.list_resources(run_middleware=False)
+            templates = await mcp.list_resource_templates(run_middleware=False)
+            return any(str(r.uri) == uri for r in resources) or any(t.matches(uri) is not None for t in templates)
+
+        subscriptions = Subscriptions(
+            self.bus, max_streams=self.settings.max_listen_streams, resource_matches=resource_matches
+        )
+        _sdk.add_request_handler(mcp, "subscriptions/listen", SubscriptionsListenRequestParams, subscriptions.listen)
+        _sdk.add_request_handler(mcp, "resources/subscribe", SubscribeRequestParams, subscriptions.subscribe)
+        _sdk.add_request_handler(mcp, "resources/unsubscribe", UnsubscribeRequestParams, subscriptions.unsubscribe)
+        # Listen streams never end on their own: a drain ends them, and their clients listen elsewhere.
+        self.drain.on_drain = subscriptions.close
 
         health = StoreHealth(
             self.store, self.drain, grace_seconds=self.settings.redis_retry_seconds if self.settings.uses_redis else 0.0
@@ -222,15 +248,20 @@ class HighAvailability:
         )
         if metrics is not None:
             metrics.watch_sessions(app, path)
+            metrics.LISTEN_STREAMS.set_function(lambda: subscriptions.streams)
         inner = app.router.lifespan_context
 
         @asynccontextmanager
         async def lifespan(starlette: Any) -> AsyncIterator[Any]:
             async with inner(starlette) as state:
                 drain_on_sigterm(self.drain)
+                # A template with {session_id} shows that session's state: its subscribers hear of each change.
+                templates = await mcp.list_resource_templates(run_middleware=False)
+                self.bus.session_templates = [t.uri_template for t in templates if "{session_id}" in t.uri_template]
                 try:
                     yield state
                 finally:
+                    await self.bus.aclose()
                     await self.store.aclose()
 
         app.router.lifespan_context = lifespan

@@ -56,6 +56,8 @@ class Settings:
     # The ring sealing 2026-07-28 request state, the same on every replica: the first seals, all unseal.
     request_state_keys: tuple[str, ...] = field(default=(), repr=False, metadata={"env": "REQUEST_STATE_KEYS"})
     request_state_ttl_seconds: float = field(default=600.0, metadata={"env": "REQUEST_STATE_TTL_SECONDS"})
+    # Open `subscriptions/listen` streams one replica serves at once.
+    max_listen_streams: int = field(default=1024, metadata={"env": "MAX_LISTEN_STREAMS"})
 
     def __post_init__(self) -> None:
         if self.port <= 0 or self.port > 65535:
@@ -63,6 +65,8 @@ class Settings:
         for name in ("session_ttl_seconds", "event_ttl_seconds", "op_ttl_seconds"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{_env(name)}={getattr(self, name)}: expected a positive number of seconds")
+        if self.max_listen_streams <= 0:
+            raise SettingsError(f"MAX_LISTEN_STREAMS={self.max_listen_streams}: expected a positive number")
         if self.redis_wait_replicas < 0:
             raise SettingsError(f"REDIS_WAIT_REPLICAS={self.redis_wait_replicas}: expected 0 or more")
         if self.redis_retry_seconds < 0:

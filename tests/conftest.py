@@ -12,10 +12,12 @@ import json
 import os
 import secrets
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -108,6 +110,62 @@ def redis_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield s
     finally:
         s.down()
+
+
+@dataclass
+class Replica:
+    """One replica process started by `replica_on` (no balancer in front): where it serves, and its process."""
+
+    url: str
+    port: int
+    proc: subprocess.Popen
+    log: Path
+
+
+@contextlib.contextmanager
+def replica_on(redis: Stack, tmp_path: Path, name: str, **env: str) -> Iterator[Replica]:
+    """`python -m server` against the Redis of `redis`, on a free port, with `env` on top; stopped afterwards.
+
+    For tests that choose which replica serves what themselves, or give replicas different settings.
+    """
+    (port,) = free_ports(1)
+    full_env = {
+        **os.environ,
+        "INSTANCE_ID": name,
+        "HOST": "127.0.0.1",
+        "PORT": str(port),
+        "METRICS": "off",
+        "REDIS_URL": redis.config.redis_url,
+        "REDIS_USERNAME": redis.config.redis_user,
+        "REDIS_PASSWORD": redis.config.redis_password,
+        "LOG_FORMAT": "text",
+        **env,
+    }
+    log_path = tmp_path / f"{name}-{port}.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server"], cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx2.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx2.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        yield Replica(f"http://127.0.0.1:{port}/mcp", port, proc, log_path)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
 
 
 @pytest.fixture

@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import secrets
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx2
 import pytest
+from conftest import replica_on
 from fastmcp import Client
 
-from stack import Stack, free_ports
+from stack import Stack
 from tools.mcp_wire import SessionlessSession, final_message
 
 pytestmark = pytest.mark.timeout(180)
@@ -34,42 +31,9 @@ CONFIRM = {"confirm": {"action": "accept", "content": {"confirm": True}}}
 
 @contextmanager
 def replica(redis: Stack, tmp_path: Path, name: str, keys: list[str], *, ttl: float = 600) -> Iterator[str]:
-    """`python -m server` on a free port with this key ring; its MCP URL while it runs."""
-    (port,) = free_ports(1)
-    env = {
-        **os.environ,
-        "INSTANCE_ID": name,
-        "HOST": "127.0.0.1",
-        "PORT": str(port),
-        "METRICS": "off",
-        "REDIS_URL": redis.config.redis_url,
-        "REDIS_USERNAME": redis.config.redis_user,
-        "REDIS_PASSWORD": redis.config.redis_password,
-        "REQUEST_STATE_KEYS": ",".join(keys),
-        "REQUEST_STATE_TTL_SECONDS": str(ttl),
-        "LOG_FORMAT": "text",
-    }
-    log = open(tmp_path / f"{name}-{port}.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "server"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx2.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx2.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / f"{name}-{port}.log").read_text()
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    """A replica with this key ring and TTL; its MCP URL while it runs."""
+    with replica_on(redis, tmp_path, name, REQUEST_STATE_KEYS=",".join(keys), REQUEST_STATE_TTL_SECONDS=str(ttl)) as r:
+        yield r.url
 
 
 def key() -> str:

@@ -21,10 +21,12 @@ from fastmcp import Context, FastMCP
 from fastmcp.server.auth.providers.jwt import StaticTokenVerifier
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.connection import Connection
+from mcp.server.lowlevel import NotificationOptions
 from mcp.server.runner import serve_connection
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+from mcp_types import SubscribeRequestParams, SubscriptionsListenRequestParams
 
 from mcp_ha import _sdk as sdk_sessions
 from mcp_ha.streams import SessionEvents
@@ -246,3 +248,21 @@ async def test_an_event_store_bound_to_a_live_session_keeps_its_events_and_repla
         replay = await http.get(url, headers={**headers, "Last-Event-ID": priming})
         assert replay.status_code == 200, replay.text
         assert jsonrpc_messages(replay) == jsonrpc_messages(response)
+
+
+@pytest.mark.quick
+def test_request_handlers_added_to_fastmcp_answer_and_show_in_its_capabilities() -> None:
+    """add_request_handler puts subscriptions.py's handlers on FastMCP's private low-level server."""
+    mcp = FastMCP("probe")
+
+    async def handler(ctx: object, params: object) -> None:
+        raise AssertionError("not called here")
+
+    sdk_sessions.add_request_handler(mcp, "subscriptions/listen", SubscriptionsListenRequestParams, handler)
+    sdk_sessions.add_request_handler(mcp, "resources/subscribe", SubscribeRequestParams, handler)
+    low_level = mcp._mcp_server
+    assert low_level._request_handlers["subscriptions/listen"].handler is handler
+    modern = low_level.get_capabilities(NotificationOptions(), protocol_version="2026-07-28")
+    legacy = low_level.get_capabilities(NotificationOptions(), protocol_version="2025-11-25")
+    assert modern.resources is not None and modern.resources.subscribe is True
+    assert legacy.resources is not None and legacy.resources.subscribe is True

@@ -1,0 +1,315 @@
+"""Pattern: change notifications that reach every replica.
+
+A client hears of changes made through any replica. 2026-07-28 clients send
+`subscriptions/listen`, whose response is the stream; session-era clients
+send `resources/subscribe` and hear `notifications/resources/updated` on
+their session's stream. Here:
+
+- `StoreBus` is the SDK's `SubscriptionBus`, carried by the store's change
+  feed (`SessionStore.watch`; in Redis one pub/sub channel). Every write
+  publishes the id of the session it changed from inside its own script, so
+  a change costs no extra round trip, and the server's own events
+  (`HighAvailability.publish`, e.g. `ToolsListChanged`) go the same way, as
+  the wire notification's JSON. A replica watches the feed from its first
+  listener on and fans each message out to its own listeners: an event costs
+  one message per watching replica and one per listener, never replicas x
+  listeners.
+- A resource template with a `{session_id}` parameter shows that session's
+  state: when the session changes, its URI under each such template is
+  updated.
+- Each listen stream is the SDK's own `ListenHandler`, over a view of the bus
+  that hides the sessions the caller does not own: another principal's
+  session is listened to like an unknown one (acknowledged, never fired).
+- A filter this server cannot serve (a field the spec does not define, a URI
+  no resource of this server matches, more than `MAX_URIS`) is refused with
+  -32602 before anything is held.
+- The bounds: `max_streams` listen streams per replica, `MAX_URIS` per
+  stream or session, the SDK's buffer per stream (a stream that stops
+  reading is ended).
+- A stream ends gracefully when its replica drains, and at once when the
+  feed is lost (Redis gone): what was sent meanwhile is gone, so its client
+  listens again and refetches, as the spec has it. A replica that dies drops
+  its streams the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from mcp.server.session import ServerSession
+from mcp.server.subscriptions import ListenHandler, ResourceUpdated, ServerEvent
+from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import event_from_wire, event_to_notification
+from mcp_types import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    EmptyResult,
+    SubscribeRequestParams,
+    SubscriptionsListenRequestParams,
+    SubscriptionsListenResult,
+    UnsubscribeRequestParams,
+)
+
+from session_store import SessionStore, StoreUnavailable, is_session_id
+
+from .principals import owner
+
+log = logging.getLogger(__name__)
+
+# Resource URIs one listen stream, or one session, may ask for.
+MAX_URIS = 64
+# How long a first listener waits for the feed to start before it is refused.
+START_SECONDS = 2.0
+# Between attempts to watch the feed again after it was lost.
+REWATCH_SECONDS = 0.5
+UNAVAILABLE = "Subscriptions are unavailable: the session store does not answer; try again shortly."
+TOO_MANY_STREAMS = "This replica serves its limit of listen streams; try again shortly."
+# The filter fields the spec (2026-07-28) defines; anything else is a filter this server cannot serve.
+FILTER_FIELDS = frozenset({"toolsListChanged", "promptsListChanged", "resourcesListChanged", "resourceSubscriptions"})
+
+Listener = Callable[[ServerEvent], None]
+
+
+def _encode(event: ServerEvent) -> str:
+    notification = event_to_notification(event, {})
+    return json.dumps(notification.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+
+def _decode(message: str) -> ServerEvent | None:
+    try:
+        wire = json.loads(message)
+        return event_from_wire(wire["method"], wire.get("params"))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class StoreBus:
+    """The SDK's `SubscriptionBus` over the store's change feed: events from every replica."""
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        # Resource templates showing one session's state, with `{session_id}` in them (`Subscriptions.start`).
+        self.session_templates: list[str] = []
+        self._listeners: dict[object, Listener] = {}
+        self._watching: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+        # Told when the feed is lost: what it carried meanwhile is gone.
+        self.on_lost: Callable[[], None] = lambda: None
+
+    async def publish(self, event: ServerEvent) -> None:
+        await self.store.publish(_encode(event))
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        token = object()
+        self._listeners[token] = listener
+
+        def unsubscribe() -> None:
+            self._listeners.pop(token, None)
+
+        return unsubscribe
+
+    async def start(self) -> None:
+        """Returns once the feed is watched, so nothing published after it is missed; MCPError if it cannot be."""
+        if self._watching is None:
+            self._watching = asyncio.get_running_loop().create_task(self._watch())
+        try:
+            await asyncio.wait_for(self._ready.wait(), START_SECONDS)
+        except TimeoutError:
+            raise MCPError(INTERNAL_ERROR, UNAVAILABLE) from None
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                async with self.store.watch() as messages:
+                    self._ready.set()
+                    async for message in messages:
+                        self._deliver(message)
+            except StoreUnavailable as exc:
+                log.warning("change feed lost (%s); listeners are ended and told to listen again", exc)
+            finally:
+                if self._ready.is_set():
+                    self._ready.clear()
+                    self.on_lost()
+            await asyncio.sleep(REWATCH_SECONDS)
+
+    def _deliver(self, message: str) -> None:
+        if is_session_id(message):
+            events: list[ServerEvent] = [
+                ResourceUpdated(template.replace("{session_id}", message)) for template in self.session_templates
+            ]
+        else:
+            event = _decode(message)
+            events = [event] if event is not None else []
+        for event in events:
+            for listener in list(self._listeners.values()):
+                try:
+                    listener(event)
+                except Exception:  # one listener's fault must not starve the others
+                    log.exception("a subscription listener raised")
+
+    def hiding(self, uris: frozenset[str]) -> _View:
+        return _View(self, uris)
+
+    async def aclose(self) -> None:
+        if self._watching is not None:
+            self._watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watching
+
+
+class _View:
+    """The bus as one stream sees it: updates of `hidden` URIs never reach it."""
+
+    def __init__(self, bus: StoreBus, hidden: frozenset[str]) -> None:
+        self._bus, self._hidden = bus, hidden
+
+    async def publish(self, event: ServerEvent) -> None:
+        await self._bus.publish(event)
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        if not self._hidden:
+            return self._bus.subscribe(listener)
+
+        def shown(event: ServerEvent) -> None:
+            if not (isinstance(event, ResourceUpdated) and event.uri in self._hidden):
+                listener(event)
+
+        return self._bus.subscribe(shown)
+
+
+def _invalid(message: str) -> MCPError:
+    return MCPError(INVALID_PARAMS, message)
+
+
+class Subscriptions:
+    """`subscriptions/listen` (2026-07-28) and `resources/subscribe` (session-era), across replicas."""
+
+    def __init__(
+        self,
+        bus: StoreBus,
+        *,
+        max_streams: int,
+        resource_matches: Callable[[str], Awaitable[bool]],
+    ) -> None:
+        self.bus = bus
+        self.max_streams = max_streams
+        self._resource_matches = resource_matches
+        self._streams: set[ListenHandler] = set()
+        # Session-era: which sessions here subscribed to each URI, and each one's session to send on.
+        self._by_uri: dict[str, set[str]] = {}
+        self._sessions: dict[str, tuple[ServerSession, set[str]]] = {}
+        self._unsubscribe_sessions: Callable[[], None] | None = None
+        self._sending: set[asyncio.Task[None]] = set()
+        bus.on_lost = self.close
+
+    @property
+    def streams(self) -> int:
+        return len(self._streams)
+
+    async def _checked(self, uris: list[str]) -> frozenset[str]:
+        """The URIs to hide from this caller (other principals' sessions); -32602 for what cannot be served."""
+        if len(uris) > MAX_URIS:
+            raise _invalid(f"At most {MAX_URIS} resource URIs may be subscribed to at once.")
+        hidden = set()
+        for uri in uris:
+            if not await self._resource_matches(uri):
+                raise _invalid(f"No resource of this server has the URI {uri[:200]!r}.")
+            if not await self._visible(uri):
+                hidden.add(uri)
+        return frozenset(hidden)
+
+    async def _visible(self, uri: str) -> bool:
+        for template in self.bus.session_templates:
+            prefix, _, suffix = template.partition("{session_id}")
+            if uri.startswith(prefix) and uri.endswith(suffix) and len(uri) >= len(prefix) + len(suffix):
+                session_id = uri[len(prefix) : len(uri) - len(suffix)]
+                return is_session_id(session_id) and await self.bus.store.owner(session_id) == owner()
+        return True
+
+    async def listen(self, ctx: Any, params: SubscriptionsListenRequestParams) -> SubscriptionsListenResult:
+        extra = set(params.notifications.model_dump(by_alias=True, exclude_none=True)) - FILTER_FIELDS
+        if extra:
+            raise _invalid(f"Unsupported subscription filter: {', '.join(sorted(extra))[:200]}.")
+        hidden = await self._checked(list(params.notifications.resource_subscriptions or ()))
+        if len(self._streams) >= self.max_streams:
+            raise MCPError(INTERNAL_ERROR, TOO_MANY_STREAMS)
+        await self.bus.start()
+        handler = ListenHandler(self.bus.hiding(hidden), max_subscriptions=1)
+        self._streams.add(handler)
+        try:
+            return await handler(ctx, params)
+        finally:
+            self._streams.discard(handler)
+
+    async def subscribe(self, ctx: Any, params: SubscribeRequestParams) -> EmptyResult:
+        session_id = _session_id(ctx)
+        hidden = await self._checked([params.uri])
+        held = self._sessions.get(session_id)
+        uris = held[1] if held else set()
+        if params.uri not in uris and len(uris) >= MAX_URIS:
+            raise _invalid(f"A session may subscribe to at most {MAX_URIS} resources.")
+        await self.bus.start()
+        if self._unsubscribe_sessions is None:
+            self._unsubscribe_sessions = self.bus.subscribe(self._notify_sessions)
+        if not hidden:
+            uris.add(params.uri)
+            self._sessions[session_id] = (ctx.session, uris)
+            self._by_uri.setdefault(params.uri, set()).add(session_id)
+        return EmptyResult()
+
+    async def unsubscribe(self, ctx: Any, params: UnsubscribeRequestParams) -> EmptyResult:
+        session_id = _session_id(ctx)
+        held = self._sessions.get(session_id)
+        if held is not None and params.uri in held[1]:
+            held[1].discard(params.uri)
+            self._forget_uri(params.uri, session_id)
+            if not held[1]:
+                del self._sessions[session_id]
+        return EmptyResult()
+
+    def _forget_uri(self, uri: str, session_id: str) -> None:
+        subscribed = self._by_uri.get(uri)
+        if subscribed is not None:
+            subscribed.discard(session_id)
+            if not subscribed:
+                del self._by_uri[uri]
+
+    def forget(self, session_id: str) -> None:
+        """The session ended, or moved to another replica: nothing more is sent to it from here."""
+        held = self._sessions.pop(session_id, None)
+        for uri in held[1] if held else ():
+            self._forget_uri(uri, session_id)
+
+    def _notify_sessions(self, event: ServerEvent) -> None:
+        if not isinstance(event, ResourceUpdated):
+            return
+        for session_id in list(self._by_uri.get(event.uri, ())):
+            session = self._sessions[session_id][0]
+            task = asyncio.get_running_loop().create_task(self._send(session_id, session, event.uri))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _send(self, session_id: str, session: ServerSession, uri: str) -> None:
+        try:
+            await session.send_resource_updated(uri)
+        except Exception as exc:  # the session's stream is gone: it gets nothing more from here
+            log.info("session subscription dropped: %s", type(exc).__name__)
+            self.forget(session_id)
+
+    def close(self) -> None:
+        """End every listen stream here (a drain, or the feed lost): their clients listen again."""
+        for handler in list(self._streams):
+            handler.close()
+
+
+def _session_id(ctx: Any) -> str:
+    request = ctx.request
+    session_id = request.headers.get("mcp-session-id") if request is not None else None
+    if session_id is None:
+        raise _invalid("resources/subscribe needs a session: this request has none.")
+    return str(session_id)

@@ -1,0 +1,229 @@
+"""Change notifications across replicas (`mcp_ha/subscriptions.py`).
+
+A 2026-07-28 listener (FastMCP's `Client` in its default mode, through the MCP
+SDK's own `listen`) and a session-era subscriber each hear of changes made
+through another replica. Replicas are started by the test against one Redis,
+so which replica serves what is the test's choice; the failover test goes
+through HAProxy, as a client would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import statistics
+import time
+from pathlib import Path
+
+import httpx2
+import pytest
+from conftest import replica_on
+from fastmcp import Client
+from mcp.client.subscriptions import SubscriptionLost, listen
+from mcp.server.subscriptions import ResourceUpdated, ToolsListChanged
+
+from mcp_ha import HighAvailability, Settings
+from mcp_ha.subscriptions import MAX_URIS, StoreBus
+from stack import Stack
+from stores.memory_store import InMemorySessionStore
+from tools.mcp_wire import RawSession, SessionlessSession, final_message
+
+pytestmark = pytest.mark.timeout(180)
+SUMMARY = "resource://session/{}/summary"
+CHANGES = 200
+
+
+async def handle_on(client: Client) -> str:
+    return (await client.call_tool("create_session")).structured_content["session_id"]
+
+
+async def next_event(events):
+    return await asyncio.wait_for(anext(events), 5.0)
+
+
+def test_a_change_made_through_another_replica_reaches_a_2026_listener(redis_stack: Stack, tmp_path: Path) -> None:
+    with (
+        replica_on(redis_stack, tmp_path, "mcp-server-1") as one,
+        replica_on(redis_stack, tmp_path, "mcp-server-2") as two,
+    ):
+
+        async def scenario() -> list[float]:
+            async with Client(one.url) as listener, Client(two.url) as writer:
+                handle = await handle_on(writer)
+                uri = SUMMARY.format(handle)
+                latencies = []
+                async with listen(listener.session, resource_subscriptions=[uri]) as subscription:
+                    assert subscription.honored.resource_subscriptions == [uri]
+                    events = aiter(subscription)
+                    for _ in range(CHANGES):
+                        started = time.perf_counter()
+                        await writer.call_tool("increment_counter", {"session_id": handle})
+                        # Every change is heard: each is waited for before the next is made.
+                        assert await next_event(events) == ResourceUpdated(uri)
+                        latencies.append(time.perf_counter() - started)
+                    # Refetching through the listener's own replica reads what the other one wrote.
+                    summary = json.loads((await listener.read_resource(uri))[0].text)
+                    assert summary["counter"] == CHANGES and summary["instance"] == "mcp-server-1"
+                return latencies
+
+        latencies = asyncio.run(scenario())
+        p99 = statistics.quantiles(latencies, n=100)[98]
+        print(
+            f"\nchange heard on another replica, call included: p50 {statistics.median(latencies) * 1000:.1f} ms, "
+            f"p99 {p99 * 1000:.1f} ms over {CHANGES}"
+        )
+        assert len(latencies) == CHANGES
+
+
+def test_a_session_era_subscriber_hears_of_a_change_made_on_another_replica(redis_stack: Stack, tmp_path: Path) -> None:
+    with (
+        replica_on(redis_stack, tmp_path, "mcp-server-1") as one,
+        replica_on(redis_stack, tmp_path, "mcp-server-2") as two,
+    ):
+
+        async def scenario() -> None:
+            async with httpx2.AsyncClient(timeout=30) as http, Client(two.url) as writer:
+                handle = await handle_on(writer)
+                uri = SUMMARY.format(handle)
+                subscriber = RawSession(http, one.url)
+                await subscriber.initialize()
+                async with http.stream("GET", one.url, headers=subscriber.headers()) as stream:
+                    assert stream.status_code == 200
+                    answer = final_message(await subscriber.post("resources/subscribe", {"uri": uri}))
+                    assert answer.get("result") == {}, answer
+                    await writer.call_tool("add_note", {"session_id": handle, "note": "from two"})
+                    lines = aiter(stream.aiter_lines())
+                    deadline = time.monotonic() + 5
+                    while time.monotonic() < deadline:
+                        line = await asyncio.wait_for(anext(lines), deadline - time.monotonic())
+                        if line.startswith("data:") and line[5:].strip():
+                            message = json.loads(line[5:])
+                            assert message["method"] == "notifications/resources/updated", message
+                            assert message["params"]["uri"] == uri
+                            break
+                    else:
+                        raise AssertionError("no notifications/resources/updated within 5 s")
+                # Unsubscribed, it hears nothing more.
+                answer = final_message(await subscriber.post("resources/unsubscribe", {"uri": uri}))
+                assert answer.get("result") == {}, answer
+
+        asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("notifications", "says"),
+    [
+        ({"resourceSubscriptions": ["file:///etc/passwd"]}, "No resource of this server"),
+        ({"toolsListChanged": True, "everything": True}, "Unsupported subscription filter: everything"),
+        ({"resourceSubscriptions": [SUMMARY.format("0" * 32)] * (MAX_URIS + 1)}, f"At most {MAX_URIS}"),
+    ],
+    ids=["unknown-uri", "unknown-filter", "too-many-uris"],
+)
+def test_a_listen_the_server_cannot_serve_is_refused_clearly(
+    redis_stack: Stack, tmp_path: Path, notifications: dict, says: str
+) -> None:
+    with replica_on(redis_stack, tmp_path, "mcp-server-1") as one:
+
+        async def scenario() -> None:
+            async with httpx2.AsyncClient(timeout=10) as http:
+                response = await SessionlessSession(http, one.url).post(
+                    "subscriptions/listen", {"notifications": notifications}
+                )
+                assert response.status_code < 500, response.text
+                message = final_message(response) if response.status_code == 200 else response.json()
+                assert message["error"]["code"] == -32602 and says in message["error"]["message"], message
+
+        asyncio.run(scenario())
+
+
+def test_a_listener_whose_replica_dies_listens_again_within_2_s(healed_stack: Stack) -> None:
+    """Through HAProxy: kill -9 the listener's replica; the client listens again and refetches."""
+    stack = healed_stack
+    url = stack.config.mcp_url
+
+    def listening_replica() -> str:
+        for name, port in zip(stack.config.replica_names(), stack.config.replica_ports, strict=True):
+            metrics = httpx2.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+            if "\nmcp_listen_streams 1.0" in metrics:
+                return name
+        raise AssertionError("no replica reports the listen stream")
+
+    async def scenario() -> float:
+        async with Client(url) as listener, Client(url) as writer:
+            handle = await handle_on(writer)
+            uri = SUMMARY.format(handle)
+            async with listen(listener.session, resource_subscriptions=[uri]) as subscription:
+                events = aiter(subscription)
+                await writer.call_tool("increment_counter", {"session_id": handle})
+                assert await next_event(events) == ResourceUpdated(uri)
+                victim = listening_replica()
+                stack.signal(victim, signal.SIGKILL)
+                killed = time.monotonic()
+                with pytest.raises((SubscriptionLost, StopAsyncIteration)):
+                    await next_event(events)
+            # As the spec has it: listen again, then refetch.
+            async with listen(listener.session, resource_subscriptions=[uri]) as subscription:
+                again = time.monotonic() - killed
+                summary = json.loads((await listener.read_resource(uri))[0].text)
+                assert summary["counter"] == 1
+                await writer.call_tool("increment_counter", {"session_id": handle})
+                assert await next_event(aiter(subscription)) == ResourceUpdated(uri)
+            return again
+
+    again = asyncio.run(scenario())
+    print(f"\nlistening again {again:.2f} s after the kill -9")
+    assert again <= 2.0
+
+
+@pytest.mark.quick
+def test_what_a_server_publishes_and_what_its_sessions_change_reach_every_listener() -> None:
+    async def scenario() -> list:
+        ha = HighAvailability(Settings(metrics=False), store=InMemorySessionStore())
+        ha.bus.session_templates = [SUMMARY.replace("{}", "{session_id}"), "x://{session_id}"]
+        heard: list = []
+        all_heard = asyncio.Event()
+
+        def hear(event: object) -> None:
+            heard.append(event)
+            if len(heard) == 3:
+                all_heard.set()
+
+        ha.bus.subscribe(hear)
+        await ha.bus.start()
+        await ha.publish(ToolsListChanged())
+        await ha.store.set("a" * 32, "k", 1)
+        await asyncio.wait_for(all_heard.wait(), 5)
+        await ha.bus.aclose()
+        return heard
+
+    assert asyncio.run(scenario()) == [
+        ToolsListChanged(),
+        ResourceUpdated(SUMMARY.format("a" * 32)),
+        ResourceUpdated("x://" + "a" * 32),
+    ]
+
+
+@pytest.mark.quick
+def test_a_listener_hides_another_principals_session() -> None:
+    bus = StoreBus(InMemorySessionStore())
+    heard: list = []
+    bus.hiding(frozenset({"x://hidden"})).subscribe(heard.append)
+    bus._deliver(json.dumps({"method": "notifications/resources/updated", "params": {"uri": "x://hidden"}}))
+    bus._deliver(json.dumps({"method": "notifications/resources/updated", "params": {"uri": "x://shown"}}))
+    assert heard == [ResourceUpdated("x://shown")]
+
+
+def test_a_draining_replica_ends_its_listen_streams_gracefully_and_exits(redis_stack: Stack, tmp_path: Path) -> None:
+    with replica_on(redis_stack, tmp_path, "mcp-server-1") as one:
+
+        async def scenario() -> None:
+            async with Client(one.url) as listener:
+                async with listen(listener.session, tools_list_changed=True) as subscription:
+                    one.proc.send_signal(signal.SIGTERM)
+                    # A graceful end (the listen's own result), not a dropped stream.
+                    with pytest.raises(StopAsyncIteration):
+                        await next_event(aiter(subscription))
+
+        asyncio.run(scenario())
+        assert one.proc.wait(timeout=30) == 0
