@@ -12,7 +12,7 @@ UV := $(or $(shell command -v uv 2>/dev/null),.tools/uv/bin/uv)
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-quick lint test-docker down up deps system-deps python-deps lock
+.PHONY: demo test test-quick lint test-docker down up deps system-deps python-deps node-deps lock
 
 demo: deps
 	$(PY) stack.py up -d
@@ -27,7 +27,7 @@ up: deps
 down:
 	@if [ -x $(PY) ]; then $(PY) stack.py down; fi
 
-test: deps
+test: deps node-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The tests that start no process (redis, haproxy, replicas): seconds, for every edit.
@@ -57,6 +57,15 @@ system-deps:
 
 python-deps: $(if $(shell command -v uv 2>/dev/null),,.tools/uv/bin/uv)
 	$(UV) sync --frozen --python '>=3.11'
+
+# The TypeScript SDK's client the tests drive (tests/clients/ts), pinned by its package-lock.json.
+NODE_CLIENT := tests/clients/ts
+node-deps: $(NODE_CLIENT)/node_modules/.package-lock.json
+
+$(NODE_CLIENT)/node_modules/.package-lock.json: $(NODE_CLIENT)/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "installing from the distribution: nodejs npm"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nodejs npm; }
+	npm ci --prefix $(NODE_CLIENT) --no-audit --no-fund --loglevel=error
 
 lock:
 	$(UV) lock
