@@ -322,6 +322,16 @@ class SessionStore(ABC):
         trimmed, malformed or another session's. Reads this session's log only.
         """
 
+    # -- claims ---------------------------------------------------------------------------
+
+    @abstractmethod
+    async def claim(self, name: str, holder: str, ttl_seconds: int) -> bool:
+        """Atomically take `name` for `holder` for `ttl_seconds`, unless another holder has it.
+
+        True when `holder` holds it now (it was free, or already theirs: a retry of the
+        same holder is not refused); False when another holder does. Names are data.
+        """
+
     # -- changes, for subscriptions -------------------------------------------------------
 
     @abstractmethod

@@ -240,7 +240,7 @@ class MeteredStore(SessionStore):
         self._adopt, self._end, self._owner = s("adopt_session"), s("end_session"), s("owner")
         self._add_event, self._events_after = s("add_event"), s("events_after")
         self._delete, self._apply, self._recall = s("delete"), s("apply"), s("recall")
-        self._publish = s("publish")
+        self._publish, self._claim = s("publish"), s("claim")
 
     def replayed(self, op: Op) -> None:
         self.store.replayed(op)
@@ -318,6 +318,9 @@ class MeteredStore(SessionStore):
 
     async def events_after(self, session_id: str, event_id: str) -> tuple[str, list[tuple[str, str | None]]] | None:
         return await _metered(self._events_after, self.store.events_after, session_id, event_id)
+
+    async def claim(self, name: str, holder: str, ttl_seconds: int) -> bool:
+        return await _metered(self._claim, self.store.claim, name, holder, ttl_seconds)
 
     async def publish(self, message: str) -> None:
         await _metered(self._publish, self.store.publish, message)

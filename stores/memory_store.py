@@ -80,6 +80,8 @@ class InMemorySessionStore(SessionStore):
         # Ordered by latest add, oldest first: expiry pops from the front.
         self._events: OrderedDict[str, _EventLog] = OrderedDict()
         self._watchers: set[_Watcher] = set()
+        # name: (holder, expiry); expired ones are dropped when claimed again or swept with the ops.
+        self._claims: dict[str, tuple[str, float]] = {}
 
     def _expire(self) -> None:
         horizon = self._clock() - self.ttl_seconds
@@ -268,6 +270,13 @@ class InMemorySessionStore(SessionStore):
     async def owner(self, session_id: str) -> str | None:
         self._expire()
         return self._owners.get(session_id)
+
+    async def claim(self, name: str, holder: str, ttl_seconds: int) -> bool:
+        now = self._clock()
+        for expired in [n for n, (_, until) in self._claims.items() if until <= now]:
+            del self._claims[expired]
+        held = self._claims.setdefault(name, (holder, now + ttl_seconds))
+        return held[0] == holder
 
     def _send(self, message: str) -> None:
         for watcher in self._watchers:

@@ -21,6 +21,8 @@ Layout, with the default prefix `mcp`:
   last `max_events` on every add and kept the event TTL after the latest.
   A list, not a Redis stream: a stream preallocates a 4 KB node, ten times
   what a short call's events take.
+- `mcp:claim:<sha256 of the name>`: a hash whose `holder` field says who
+  claimed the name (`claim`), expiring with the claim.
 - `mcp:changes`: a pub/sub channel, not a key. Every write publishes the
   changed session's id on it from inside its script (no extra round trip),
   and `publish` sends other messages; `watch` subscribes to it.
@@ -67,6 +69,7 @@ which keep their own users. Credentials in `url` serve as well.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import time
@@ -387,6 +390,15 @@ return 1
 )
 
 # Trim what fell out of the TTL, then count what is left.
+# Take KEYS[1] for ARGV[1] for ARGV[2] seconds unless someone else holds it; the holder after.
+_CLAIM = """
+local held = redis.call('HGET', KEYS[1], 'holder')
+if held then return held end
+redis.call('HSET', KEYS[1], 'holder', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return ARGV[1]
+"""
+
 _COUNT = """
 local horizon = tonumber(redis.call('TIME')[1]) - tonumber(ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', horizon)
@@ -535,7 +547,7 @@ class RedisSessionStore(SessionStore):
             raise ValueError("give exactly one of a Redis url and sentinels")
         register = self._redis.register_script
         self._get, self._items, self._touch = register(_GET), register(_ITEMS), register(_TOUCH_ONLY)
-        self._write_script, self._count = register(_WRITE), register(_COUNT)
+        self._write_script, self._count, self._claim = register(_WRITE), register(_COUNT), register(_CLAIM)
         self._open, self._read_record = register(_OPEN), register(_READ_RECORD)
         self._adopt, self._end = register(_ADOPT), register(_END)
         self._add_event, self._events_after = register(_ADD_EVENT), register(_EVENTS_AFTER)
@@ -771,6 +783,12 @@ class RedisSessionStore(SessionStore):
             return None
         stream_id, events = found
         return stream_id, [(mint_event_id(session_id, entry), message) for entry, message in events]
+
+    async def claim(self, name: str, holder: str, ttl_seconds: int) -> bool:
+        key = f"{self._prefix}:claim:{hashlib.sha256(name.encode()).hexdigest()}"
+        # Replayed safely: a retry by the same holder finds its own claim.
+        held = await self._read(lambda: self._durable(self._claim, [key], [holder, ttl_seconds]))
+        return bool(held == holder)
 
     async def publish(self, message: str) -> None:
         await self._call(lambda: self._redis.publish(self._changes, message))

@@ -1270,3 +1270,19 @@ async def test_what_changes_nothing_is_not_announced(store: SessionStore) -> Non
         await store.get(sid, "k")
         await store.publish("after")
         assert await asyncio.wait_for(anext(messages), 5) == "after"
+
+
+async def test_a_name_is_claimed_by_one_holder_until_its_claim_expires(store: SessionStore) -> None:
+    name = f"state:{new_id()}"
+    assert await store.claim(name, "first", 1)
+    assert await store.claim(name, "first", 1)  # the same holder again: a retry
+    assert not await store.claim(name, "second", 1)
+    assert await store.claim(f"state:{new_id()}", "second", 1)
+    await asyncio.sleep(1.2)
+    assert await store.claim(name, "second", 1)
+
+
+async def test_concurrent_claims_of_one_name_have_one_winner(store: SessionStore) -> None:
+    name = f"state:{new_id()}"
+    won = await asyncio.gather(*(store.claim(name, f"holder-{i}", 5) for i in range(20)))
+    assert sum(won) == 1
