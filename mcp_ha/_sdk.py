@@ -28,6 +28,9 @@ Subscriptions (`subscriptions.py`) need the server to answer
 FastMCP registers none of them and has no public way to add a request
 handler, so they go on its low-level server (`_mcp_server`), whose
 `add_request_handler` is public; that also makes the capabilities say so.
+Refusing a replayed request state (`request_state.py`) needs a middleware
+of the same server's, just outside the SDK's `RequestStateBoundary`, which
+is where the sealed state is still on the request.
 
 Every private attribute touched here, and nowhere else in the kit:
 
@@ -39,7 +42,7 @@ Every private attribute touched here, and nowhere else in the kit:
 | `_task_group` | the session manager | running an adopted session's connection beside the SDK's own |
 | `_lifespan_state` | the session manager | the server's lifespan state, for that connection |
 | `_event_store` | a transport | the session's own event store |
-| `_mcp_server` | a FastMCP server | its low-level server, to add request handlers to |
+| `_mcp_server` | a FastMCP server | its low-level server, to add request handlers and a middleware to |
 
 `tests/mcp_ha/test_sdk.py` checks each of these against the installed SDK;
 if an upgrade moves them, that test fails first and says which.
@@ -54,6 +57,7 @@ from anyio.abc import TaskStatus
 from fastmcp import FastMCP
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, authorization_context
 from mcp.server.connection import Connection
+from mcp.server.request_state import RequestStateBoundary
 from mcp.server.runner import serve_connection
 from mcp.server.streamable_http import EventStore, StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -166,3 +170,12 @@ async def adopt(
 def add_request_handler(mcp: FastMCP, method: str, params_type: type[Any], handler: Any) -> None:
     """`handler` answers `method` on `mcp` (replacing FastMCP's answer, if it had one)."""
     mcp._mcp_server.add_request_handler(method, params_type, handler)
+
+
+def add_outside_request_state_boundary(mcp: FastMCP, middleware: Any) -> None:
+    """Run `middleware` (an SDK server middleware) just before the SDK opens a request's sealed state."""
+    chain = mcp._mcp_server.middleware
+    at = next((i for i, m in enumerate(chain) if isinstance(m, RequestStateBoundary)), None)
+    if at is None:
+        raise RuntimeError("FastMCP installed no RequestStateBoundary: request state would not be opened")
+    chain.insert(at, middleware)

@@ -51,7 +51,7 @@ current_call: ContextVar[tuple[str, str] | None] = ContextVar("current_call", de
 KEY_REUSED = "This idempotency key was already used for a different call"
 
 
-def _key_of(context: MiddlewareContext) -> str | None:
+def key_of(context: MiddlewareContext) -> str | None:
     request = context.fastmcp_context.request_context if context.fastmcp_context else None
     key = (getattr(request, "meta", None) or {}).get(IDEMPOTENCY_KEY)
     if key is None:
@@ -75,7 +75,7 @@ def _digest(name: str, arguments: dict[str, Any] | None) -> str:
 
 class IdempotentCalls(Middleware):
     async def on_call_tool(self, context: MiddlewareContext, call_next):
-        key = _key_of(context)
+        key = key_of(context)
         if key is None:
             return await call_next(context)
         token = current_call.set((key, _digest(context.message.name, context.message.arguments)))

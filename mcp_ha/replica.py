@@ -61,7 +61,7 @@ from .health import StoreHealth, health_endpoint
 from .idempotency import IdempotentCalls, current_call
 from .logs import Expected, RequestIds, configure
 from .principals import owner
-from .request_state import request_state_security
+from .request_state import NoteSealedState, RefuseReplays, request_state_security
 from .settings import Settings, SettingsError
 from .streams import CheckResumption
 from .subscriptions import StoreBus, Subscriptions
@@ -183,6 +183,8 @@ class HighAvailability:
             mcp.add_middleware(metrics.ToolMetrics())
         mcp.add_middleware(StoreErrors(self.ownership))
         mcp.add_middleware(IdempotentCalls())
+        mcp.add_middleware(RefuseReplays(self.store, ttl_seconds=self.settings.request_state_ttl_seconds))
+        _sdk.add_outside_request_state_boundary(mcp, NoteSealedState())
         mcp.add_middleware(RecordSessions(self.store, self.ownership, path=path))
 
         @mcp.tool(name="create_session")

@@ -21,6 +21,8 @@ import pytest
 from conftest import replica_on
 from fastmcp import Client
 
+from mcp_ha.idempotency import IDEMPOTENCY_KEY
+from mcp_ha.request_state import REPLAYED
 from stack import Stack
 from tools.mcp_wire import SessionlessSession, final_message
 
@@ -50,8 +52,8 @@ async def first_leg(session: SessionlessSession, handle: str) -> str:
     return result["requestState"]
 
 
-async def second_leg(session: SessionlessSession, handle: str, state: str) -> dict:
-    """The second leg's JSON-RPC message, whatever it is."""
+async def second_leg(session: SessionlessSession, handle: str, state: str, *, key: str | None = None) -> dict:
+    """The second leg's JSON-RPC message, whatever it is; `key`: the call's idempotency key."""
     response = await session.post(
         "tools/call",
         {
@@ -59,6 +61,7 @@ async def second_leg(session: SessionlessSession, handle: str, state: str) -> di
             "arguments": {"session_id": handle},
             "inputResponses": CONFIRM,
             "requestState": state,
+            **({"_meta": {IDEMPOTENCY_KEY: key}} if key else {}),
         },
     )
     assert response.status_code < 500, response.text
@@ -146,6 +149,38 @@ def test_forged_truncated_foreign_and_expired_state_is_refused_and_changes_nothi
                 await refused(session, handle, await first_leg(SessionlessSession(http, stranger), handle))
                 await asyncio.sleep(2.5)
                 await refused(session, handle, state)  # expired
+
+        asyncio.run(scenario())
+
+
+def test_a_replayed_state_is_refused_on_any_replica_and_a_retry_of_its_request_is_not(
+    redis_stack: Stack, tmp_path: Path
+) -> None:
+    ring = [key()]
+    with (
+        replica(redis_stack, tmp_path, "mcp-server-1", ring) as one,
+        replica(redis_stack, tmp_path, "mcp-server-2", ring) as two,
+    ):
+
+        async def scenario() -> None:
+            async with httpx2.AsyncClient(timeout=30) as http:
+                first, other = SessionlessSession(http, one), SessionlessSession(http, two)
+                handle = await first.open()
+                await first.call_tool("increment_counter", {"session_id": handle})
+                state = await first_leg(first, handle)
+                done = await second_leg(other, handle, state, key="leg-2")
+                assert done["result"]["structuredContent"]["reset"] is True, done
+                await first.call_tool("increment_counter", {"session_id": handle})
+                # The same request again (a retry: the same idempotency key) answers, and resets nothing twice.
+                again = await second_leg(first, handle, state, key="leg-2")
+                assert again["result"]["structuredContent"]["reset"] is True, again
+                assert await counter(first, handle) == 1
+                # Another request bringing the same state, on either replica: refused, nothing changes.
+                for session, call_key in ((first, "replay"), (other, None)):
+                    refused = await second_leg(session, handle, state, key=call_key)
+                    assert refused["error"]["code"] == -32602, refused
+                    assert refused["error"]["message"] == REPLAYED
+                    assert await counter(first, handle) == 1
 
         asyncio.run(scenario())
 
