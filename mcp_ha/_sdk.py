@@ -32,6 +32,11 @@ Refusing a replayed request state (`request_state.py`) needs a middleware
 of the same server's, just outside the SDK's `RequestStateBoundary`, which
 is where the sealed state is still on the request.
 
+FastMCP's `get_session` reads a session from its `session_state_store` as
+one value whose layout is FastMCP's own (`handles.FastMCPSessions` serves it
+from the kit's store): a creation mark and the state under
+`fastmcp.server.sessions._MARKER_KEY` and `._STATE_KEY`.
+
 Every private attribute touched here, and nowhere else in the kit:
 
 | attribute | of | why |
@@ -42,6 +47,8 @@ Every private attribute touched here, and nowhere else in the kit:
 | `_task_group` | the session manager | running an adopted session's connection beside the SDK's own |
 | `_lifespan_state` | the session manager | the server's lifespan state, for that connection |
 | `_event_store` | a transport | the session's own event store |
+| `_MARKER_KEY` | `fastmcp.server.sessions` | the creation mark in a FastMCP session's stored value |
+| `_STATE_KEY` | `fastmcp.server.sessions` | where that value holds the session's state |
 | `_mcp_server` | a FastMCP server | its low-level server, to add request handlers and a middleware to |
 
 `tests/mcp_ha/test_sdk.py` checks each of these against the installed SDK;
@@ -53,6 +60,7 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import fastmcp.server.sessions as fastmcp_sessions
 from anyio.abc import TaskStatus
 from fastmcp import FastMCP
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, authorization_context
@@ -179,3 +187,15 @@ def add_outside_request_state_boundary(mcp: FastMCP, middleware: Any) -> None:
     if at is None:
         raise RuntimeError("FastMCP installed no RequestStateBoundary: request state would not be opened")
     chain.insert(at, middleware)
+
+
+def fastmcp_session_value(state: dict[str, Any]) -> dict[str, Any]:
+    """What FastMCP's `Session` reads from its store for a created session holding `state`."""
+    return {"value": {fastmcp_sessions._MARKER_KEY: 0.0, fastmcp_sessions._STATE_KEY: state}}
+
+
+def fastmcp_session_state(value: Any) -> dict[str, Any] | None:
+    """The state a value FastMCP's `Session` writes holds; None for a value of another kind."""
+    inner = value.get("value") if isinstance(value, dict) else None
+    state = inner.get(fastmcp_sessions._STATE_KEY) if isinstance(inner, dict) else None
+    return dict(state) if isinstance(state, dict) else None

@@ -22,35 +22,53 @@ handle: a `create_session` tool mints one, and stateful tools take it as a
   do. It never falls back to state that would be fresh on every call;
 - an unknown, expired or foreign handle gets one and the same answer, so a
   caller learns nothing about handles that are not theirs.
+
+It is FastMCP's convention, not a second one beside it: the tools are
+`create_session` and `end_session`, the argument is annotated with
+FastMCP's `SessionId` marker (so FastMCP gives it its own description), and
+handles are isolated by principal. A server written from FastMCP's
+documentation (`session_id: SessionId`, `await get_session(session_id)`)
+gets the kit's store behind it too: `FastMCPSessions` is the
+`session_state_store` `HighAvailability.server` gives FastMCP, and it serves
+FastMCP's sessions from the kit's handles, so they live on every replica.
+FastMCP's `Session.set` reads the whole state and writes it back; here the
+write commits only the entries that changed, only while what was read is
+unchanged (else `Conflict`, never a lost update), and once per call (a
+retried call replays). Anything else FastMCP keeps in that store
+(`ctx.set_state`, `UserSession`) stays in this process, as FastMCP keeps it
+by default.
 """
 
 from __future__ import annotations
 
+import copy
 import uuid
-from typing import Annotated
+from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
+from typing import Annotated, Any, get_args
 
 from fastmcp import Context
 from fastmcp.exceptions import ToolError
+from fastmcp.server.sessions import SessionId, current_principal, session_storage_key
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
-from pydantic import Field
 
-from session_store import OWNER, SessionStore, is_session_id
+from session_store import OWNER, Conflict, Session, SessionStore, Transaction, is_session_id
 
+from . import _sdk
+from .idempotency import current_call
 from .principals import owned_by, owner
 
-SESSION_ID_DESCRIPTION = (
-    "Sessionless (MCP 2026-07-28) clients: the handle create_session returned, to keep state "
-    "across calls. Session-era clients may leave it out: their MCP session keeps the state."
-)
-# The optional argument every stateful tool takes.
-SessionHandle = Annotated[str | None, Field(description=SESSION_ID_DESCRIPTION)]
+# FastMCP's own marker, taken from its public `SessionId`: FastMCP describes an argument carrying it.
+_SESSION_ID_MARKER = get_args(SessionId)[1]
+# The optional argument every stateful tool takes: FastMCP's `SessionId`, optional because
+# session-era clients have their MCP session instead.
+SessionHandle = Annotated[str | None, _SESSION_ID_MARKER]
 
 NO_SESSION = (
     "This tool keeps state per session, and this request has none: sessionless (2026-07-28) "
     "clients call create_session once and pass the session_id it returns to every stateful tool."
 )
 UNKNOWN_HANDLE = "Unknown or expired session handle; call create_session for a new one."
-HANDLE_DESCRIPTION = "The handle create_session returned."
 
 _KIND = "handle"
 
@@ -101,3 +119,97 @@ async def _own_handle(handle: str, store: SessionStore) -> str:
     if record is None or record.get("kind") != _KIND or record.get(OWNER) != owner():
         raise ToolError(UNKNOWN_HANDLE)
     return handle
+
+
+# What FastMCP's Session read of each session in this request, for `FastMCPSessions.put` to compare.
+_read: ContextVar[dict[str, dict[str, Any]] | None] = ContextVar("fastmcp_sessions_read", default=None)
+
+
+class FastMCPSessions:
+    """FastMCP's `session_state_store` (py-key-value's AsyncKeyValue), serving FastMCP's `get_session` from the
+    kit's handles; every other key goes to `others` (module docstring)."""
+
+    def __init__(self, store: SessionStore, *, others: Any = None) -> None:
+        from key_value.aio.stores.memory import MemoryStore
+
+        self.store = store
+        self.others = others if others is not None else MemoryStore()
+
+    async def _handle(self, key: str) -> str | None:
+        """The caller's own live handle `key` names, as FastMCP keys a session; None for any other key."""
+        candidate = key.rpartition(":")[2]
+        if not is_session_id(candidate) or key != session_storage_key(current_principal(), candidate):
+            return None
+        try:
+            return await _own_handle(candidate, self.store)
+        except ToolError:
+            return None
+
+    def _session(self, handle: str) -> Session:
+        return Session(self.store, handle, epoch=None, call=current_call.get(), owner=owner())
+
+    async def get(self, key: str, *, collection: str | None = None) -> dict[str, Any] | None:
+        handle = await self._handle(key)
+        if handle is None:
+            return await self.others.get(key, collection=collection)
+        state = await self.store.items(handle)
+        read = _read.get()
+        if read is None:
+            _read.set(read := {})
+        # The first read of the call: a tool that read, then wrote, wrote from what it read first.
+        read.setdefault(key, copy.deepcopy(state))
+        return _sdk.fastmcp_session_value(state)
+
+    async def put(self, key: str, value: Mapping[str, Any], *, collection: str | None = None, ttl: Any = None) -> None:
+        handle = await self._handle(key)
+        state = _sdk.fastmcp_session_state(value)
+        if handle is None or state is None:
+            return await self.others.put(key, value, collection=collection, ttl=ttl)
+        before = (_read.get() or {}).get(key)
+        if before is None:
+            before = await self.store.items(handle)
+
+        async def commit(tx: Transaction) -> None:
+            for entry in before.keys() | state.keys():
+                if before.get(entry) == state.get(entry):
+                    continue
+                if await tx.get(entry) != before.get(entry):
+                    raise Conflict(f"{entry!r} changed since this call read it")
+                if entry in state:
+                    tx.set(entry, state[entry])
+                else:
+                    tx.delete(entry)
+
+        await self._session(handle).apply_once(commit)
+        (_read.get() or {})[key] = copy.deepcopy(state)
+
+    async def delete(self, key: str, *, collection: str | None = None) -> bool:
+        handle = await self._handle(key)
+        if handle is None:
+            return bool(await self.others.delete(key, collection=collection))
+        return await self.store.end_session(handle)
+
+    async def ttl(self, key: str, *, collection: str | None = None) -> tuple[dict[str, Any] | None, float | None]:
+        return await self.get(key, collection=collection), None
+
+    async def get_many(self, keys: Sequence[str], *, collection: str | None = None) -> list[dict[str, Any] | None]:
+        return [await self.get(key, collection=collection) for key in keys]
+
+    async def ttl_many(
+        self, keys: Sequence[str], *, collection: str | None = None
+    ) -> list[tuple[dict[str, Any] | None, float | None]]:
+        return [await self.ttl(key, collection=collection) for key in keys]
+
+    async def put_many(
+        self,
+        keys: Sequence[str],
+        values: Sequence[Mapping[str, Any]],
+        *,
+        collection: str | None = None,
+        ttl: Any = None,
+    ) -> None:
+        for key, value in zip(keys, values, strict=True):
+            await self.put(key, value, collection=collection, ttl=ttl)
+
+    async def delete_many(self, keys: Sequence[str], *, collection: str | None = None) -> int:
+        return sum([await self.delete(key, collection=collection) for key in keys])

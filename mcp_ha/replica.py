@@ -38,14 +38,14 @@ import logging
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Any
 
 import uvicorn
 from fastmcp import Context, FastMCP
 from fastmcp.server.auth import TokenVerifier
+from fastmcp.server.sessions import SessionId
 from mcp.server.subscriptions import ServerEvent
 from mcp_types import SubscribeRequestParams, SubscriptionsListenRequestParams, UnsubscribeRequestParams
-from pydantic import Field
 from starlette.middleware import Middleware as StarletteMiddleware
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp
@@ -56,7 +56,7 @@ from . import _sdk
 from .adoption import AdoptSessions, Ownership, RecordSessions
 from .drain import Drain, drain_on_sigterm
 from .errors import ANSWERED, StoreErrors
-from .handles import HANDLE_DESCRIPTION, create_handle, end_handle, session_id_for
+from .handles import FastMCPSessions, create_handle, end_handle, session_id_for
 from .health import StoreHealth, health_endpoint
 from .idempotency import IdempotentCalls, current_call
 from .logs import Expected, RequestIds, configure
@@ -148,6 +148,8 @@ class HighAvailability:
             auth=self.auth,
             mask_error_details=True,
             request_state_security=request_state_security(self.settings, audience=name),
+            # FastMCP's get_session(session_id) then serves the kit's handles (handles.py).
+            session_state_store=FastMCPSessions(self.store),
             **options,
         )
         self._servers.add(mcp)
@@ -194,7 +196,7 @@ class HighAvailability:
             return {"session_id": await create_handle(self.store), "instance": self.instance}
 
         @mcp.tool(name="end_session")
-        async def end_session(session_id: Annotated[str, Field(description=HANDLE_DESCRIPTION)]) -> dict:
+        async def end_session(session_id: SessionId) -> dict:
             """End a sessionless (2026-07-28) client's session: its handle no longer works, on any replica."""
             await end_handle(session_id, self.store)
             return {"ended": True, "instance": self.instance}

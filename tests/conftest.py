@@ -123,8 +123,8 @@ class Replica:
 
 
 @contextlib.contextmanager
-def replica_on(redis: Stack, tmp_path: Path, name: str, **env: str) -> Iterator[Replica]:
-    """`python -m server` against the Redis of `redis`, on a free port, with `env` on top; stopped afterwards.
+def replica_on(redis: Stack, tmp_path: Path, name: str, *, module: str = "server", **env: str) -> Iterator[Replica]:
+    """`python -m <module>` against the Redis of `redis`, on a free port, with `env` on top; stopped afterwards.
 
     For tests that choose which replica serves what themselves, or give replicas different settings.
     """
@@ -144,7 +144,7 @@ def replica_on(redis: Stack, tmp_path: Path, name: str, **env: str) -> Iterator[
     log_path = tmp_path / f"{name}-{port}.log"
     log = open(log_path, "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server"], cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT
+        [sys.executable, "-m", module], cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT
     )
     try:
         deadline = time.monotonic() + 30
