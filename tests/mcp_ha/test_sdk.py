@@ -266,3 +266,24 @@ def test_request_handlers_added_to_fastmcp_answer_and_show_in_its_capabilities()
     legacy = low_level.get_capabilities(NotificationOptions(), protocol_version="2025-11-25")
     assert modern.resources is not None and modern.resources.subscribe is True
     assert legacy.resources is not None and legacy.resources.subscribe is True
+
+
+@pytest.mark.quick
+def test_fastmcp_sessions_are_stored_in_the_layout_sdk_reads_and_writes() -> None:
+    """FastMCP's Session keeps a created session as one value of its own layout (_MARKER_KEY, _STATE_KEY)."""
+    from fastmcp.server.sessions import Session as FastMCPSession
+    from key_value.aio.stores.memory import MemoryStore
+
+    async def scenario() -> None:
+        raw_store = MemoryStore()
+        state_store = FastMCP("probe", session_state_store=raw_store)._state_store
+        session = FastMCPSession(store=state_store, principal=None, session_id="s", public_id="s")
+        await session._create()
+        await session.set("facts", ["a"])
+        written = await raw_store.get("session:anon:s", collection="fastmcp_state")
+        assert sdk_sessions.fastmcp_session_state(written) == {"facts": ["a"]}
+        await raw_store.put("session:anon:t", sdk_sessions.fastmcp_session_value({"n": 1}), collection="fastmcp_state")
+        other = FastMCPSession(store=state_store, principal=None, session_id="t", public_id="t")
+        assert await other._exists() and await other.get("n") == 1
+
+    asyncio.run(scenario())
