@@ -288,6 +288,10 @@ class SessionStore(ABC):
         """The record `open_session` kept, while the session lives; None otherwise. Adopts nothing."""
 
     @abstractmethod
+    async def update_record(self, session_id: str, entries: dict[str, Any]) -> bool:
+        """Add or replace `entries` of the session's record (not its `owner`); False when it has none."""
+
+    @abstractmethod
     async def adopt_session(self, session_id: str) -> tuple[dict[str, Any], int] | None:
         """Take over a recorded session: its record and its new, higher epoch; None if unknown."""
 

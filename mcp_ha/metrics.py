@@ -240,7 +240,7 @@ class MeteredStore(SessionStore):
         self._adopt, self._end, self._owner = s("adopt_session"), s("end_session"), s("owner")
         self._add_event, self._events_after = s("add_event"), s("events_after")
         self._delete, self._apply, self._recall = s("delete"), s("apply"), s("recall")
-        self._publish, self._claim = s("publish"), s("claim")
+        self._publish, self._claim, self._update = s("publish"), s("claim"), s("update_record")
 
     def replayed(self, op: Op) -> None:
         self.store.replayed(op)
@@ -303,6 +303,9 @@ class MeteredStore(SessionStore):
 
     async def session_record(self, session_id: str) -> dict[str, Any] | None:
         return await _metered(self._record, self.store.session_record, session_id)
+
+    async def update_record(self, session_id: str, entries: dict[str, Any]) -> bool:
+        return await _metered(self._update, self.store.update_record, session_id, entries)
 
     async def adopt_session(self, session_id: str) -> tuple[dict[str, Any], int] | None:
         return await _metered(self._adopt, self.store.adopt_session, session_id)

@@ -254,6 +254,15 @@ class InMemorySessionStore(SessionStore):
         found = self._records.get(session_id)
         return None if found is None else copy.deepcopy(found[0])
 
+    async def update_record(self, session_id: str, entries: dict[str, Any]) -> bool:
+        self._expire()
+        if session_id not in self._records:
+            return False
+        record, epoch = self._records[session_id]
+        changed = {name: value for name, value in copy.deepcopy(entries).items() if name != OWNER}
+        self._records[session_id] = ({**record, **changed}, epoch)
+        return True
+
     async def adopt_session(self, session_id: str) -> tuple[dict[str, Any], int] | None:
         self._expire()
         if session_id not in self._records:

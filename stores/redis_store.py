@@ -89,6 +89,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from session_store import (
+    OWNER,
     WRITE_OPERATIONS,
     Conflict,
     Fenced,
@@ -364,6 +365,13 @@ return record()
 """
 )
 
+# Only a recorded session's record, and never its owner (the caller drops it).
+_UPDATE_RECORD = """
+if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"""
+
 _ADOPT = (
     _TOUCH
     + _RECORD
@@ -549,6 +557,7 @@ class RedisSessionStore(SessionStore):
         self._get, self._items, self._touch = register(_GET), register(_ITEMS), register(_TOUCH_ONLY)
         self._write_script, self._count, self._claim = register(_WRITE), register(_COUNT), register(_CLAIM)
         self._open, self._read_record = register(_OPEN), register(_READ_RECORD)
+        self._update_record = register(_UPDATE_RECORD)
         self._adopt, self._end = register(_ADOPT), register(_END)
         self._add_event, self._events_after = register(_ADD_EVENT), register(_EVENTS_AFTER)
 
@@ -750,6 +759,13 @@ class RedisSessionStore(SessionStore):
     async def session_record(self, session_id: str) -> dict[str, Any] | None:
         flat = await self._read(lambda: self._read_record(keys=self._keys(session_id)[:1]))
         return None if flat is None else _record_of(flat)
+
+    async def update_record(self, session_id: str, entries: dict[str, Any]) -> bool:
+        flat = _flat_record({name: value for name, value in entries.items() if name != OWNER})
+        if not flat:
+            return await self.session_record(session_id) is not None
+        keys = self._keys(session_id)[:1]
+        return bool(await self._read(lambda: self._durable(self._update_record, keys, flat)))
 
     async def adopt_session(self, session_id: str) -> tuple[dict[str, Any], int] | None:
         # Not retried: each call advances the epoch.

@@ -18,6 +18,7 @@ import pytest
 from conftest import free_ports
 
 from session_store import (
+    OWNER,
     Conflict,
     Fenced,
     Op,
@@ -1286,3 +1287,17 @@ async def test_concurrent_claims_of_one_name_have_one_winner(store: SessionStore
     name = f"state:{new_id()}"
     won = await asyncio.gather(*(store.claim(name, f"holder-{i}", 5) for i in range(20)))
     assert sum(won) == 1
+
+
+async def test_a_records_entries_can_be_updated_but_not_its_owner(store: SessionStore) -> None:
+    sid = new_id()
+    assert not await store.update_record(sid, {"subscriptions": ["x://a"]})
+    await store.open_session(sid, {"version": "v", OWNER: "alice"})
+    assert await store.update_record(sid, {"subscriptions": ["x://a"], OWNER: "mallory"})
+    assert await store.update_record(sid, {"subscriptions": ["x://a", "x://b"]})
+    assert await store.session_record(sid) == {"version": "v", OWNER: "alice", "subscriptions": ["x://a", "x://b"]}
+    assert await store.owner(sid) == "alice"
+    record, _ = await store.adopt_session(sid) or ({}, 0)
+    assert record["subscriptions"] == ["x://a", "x://b"]
+    await store.end_session(sid)
+    assert not await store.update_record(sid, {"subscriptions": []})
