@@ -57,6 +57,7 @@ if an upgrade moves them, that test fails first and says which.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -126,11 +127,13 @@ async def adopt(
     protocol_version: str,
     event_store: EventStore | None,
     user: object = None,
+    on_connected: Callable[[Connection], None] | None = None,
 ) -> None:
     """Serve `session_id` here from now on, as if this replica had answered its `initialize`.
 
     `user` is the request's `scope["user"]`: an authenticated one becomes the
-    session's owner, as if it had sent the `initialize`.
+    session's owner, as if it had sent the `initialize`. `on_connected` is
+    given the session's connection once it serves (to send it notifications).
     """
     params = InitializeRequestParams.model_validate(client_params)
     transport = StreamableHTTPServerTransport(
@@ -156,6 +159,8 @@ async def adopt(
             connection.client_params = params
             connection.protocol_version = protocol_version
             connection.initialized.set()
+            if on_connected is not None:
+                on_connected(connection)
             try:
                 with transport.idle_scope or anyio.CancelScope():
                     await serve_connection(

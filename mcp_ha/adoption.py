@@ -37,6 +37,7 @@ The SDK-facing half (creating a transport under a given id) is in
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import weakref
 from collections.abc import Callable
@@ -142,12 +143,16 @@ class AdoptSessions:
         ownership: Ownership,
         path: str = "/mcp",
         on_adopt: Callable[[], None] | None = None,
+        on_serve: Callable[[str, dict[str, Any], Any], None] | None = None,
     ) -> None:
+        """`on_serve(session_id, record, connection)`: told of each session this replica starts serving
+        from its record (subscriptions.py restores its subscriptions)."""
         self.app = app
         self.store = store
         self.ownership = ownership
         self.path = path
         self.on_adopt = on_adopt
+        self.on_serve = on_serve
         # One lock per session being adopted, so concurrent first requests adopt
         # once; an entry disappears when no request holds or awaits its lock.
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -237,6 +242,9 @@ class AdoptSessions:
                         protocol_version=version,
                         event_store=SessionEvents(self.store, session_id),
                         user=scope.get("user"),
+                        on_connected=None
+                        if self.on_serve is None
+                        else functools.partial(self.on_serve, session_id, record),
                     )
                 except (KeyError, TypeError, ValidationError) as exc:
                     log.warning("not adopting %s: corrupt session record (%s)", session_id, exc)

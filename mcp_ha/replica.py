@@ -206,8 +206,12 @@ class HighAvailability:
             templates = await mcp.list_resource_templates(run_middleware=False)
             return any(str(r.uri) == uri for r in resources) or any(t.matches(uri) is not None for t in templates)
 
+        def holds(session_id: str) -> bool:
+            manager = _sdk.session_manager(app, path)
+            return manager is not None and _sdk.holds(manager, session_id)
+
         subscriptions = Subscriptions(
-            self.bus, max_streams=self.settings.max_listen_streams, resource_matches=resource_matches
+            self.bus, max_streams=self.settings.max_listen_streams, resource_matches=resource_matches, holds=holds
         )
         _sdk.add_request_handler(mcp, "subscriptions/listen", SubscriptionsListenRequestParams, subscriptions.listen)
         _sdk.add_request_handler(mcp, "resources/subscribe", SubscribeRequestParams, subscriptions.subscribe)
@@ -243,6 +247,7 @@ class HighAvailability:
                     ownership=self.ownership,
                     path=path,
                     on_adopt=metrics.SESSIONS_ADOPTED.inc if metrics else None,
+                    on_serve=subscriptions.restore,
                 ),
             ],
             # A replica forgets an idle session's transport when the store forgets its

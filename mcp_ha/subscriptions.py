@@ -41,7 +41,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mcp.server.session import ServerSession
 from mcp.server.subscriptions import ListenHandler, ResourceUpdated, ServerEvent
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import event_from_wire, event_to_notification
@@ -61,8 +60,11 @@ from .principals import owner
 
 log = logging.getLogger(__name__)
 
-# Resource URIs one listen stream, or one session, may ask for.
+# Resource URIs one listen stream, or one session, may ask for, and how long one may be.
 MAX_URIS = 64
+MAX_URI_LENGTH = 512
+# The record entry keeping a session-era session's subscriptions, so they follow it to any replica.
+RECORD_ENTRY = "subscriptions"
 # How long a first listener waits for the feed to start before it is refused.
 START_SECONDS = 2.0
 # Between attempts to watch the feed again after it was lost.
@@ -113,10 +115,14 @@ class StoreBus:
 
         return unsubscribe
 
-    async def start(self) -> None:
-        """Returns once the feed is watched, so nothing published after it is missed; MCPError if it cannot be."""
+    def start_soon(self) -> None:
+        """Begin watching the feed, without waiting for it."""
         if self._watching is None:
             self._watching = asyncio.get_running_loop().create_task(self._watch())
+
+    async def start(self) -> None:
+        """Returns once the feed is watched, so nothing published after it is missed; MCPError if it cannot be."""
+        self.start_soon()
         try:
             await asyncio.wait_for(self._ready.wait(), START_SECONDS)
         except TimeoutError:
@@ -195,14 +201,20 @@ class Subscriptions:
         *,
         max_streams: int,
         resource_matches: Callable[[str], Awaitable[bool]],
+        holds: Callable[[str], bool] = lambda session_id: True,
     ) -> None:
+        """`holds(session_id)`: whether this replica still serves that session-era session."""
         self.bus = bus
         self.max_streams = max_streams
         self._resource_matches = resource_matches
+        self.holds = holds
         self._streams: set[ListenHandler] = set()
-        # Session-era: which sessions here subscribed to each URI, and each one's session to send on.
+        # Session-era: which sessions here subscribed to each URI, and each one's sender (anything with
+        # `send_resource_updated`: the session of a request, or the connection of an adopted session).
         self._by_uri: dict[str, set[str]] = {}
-        self._sessions: dict[str, tuple[ServerSession, set[str]]] = {}
+        self._sessions: dict[str, tuple[Any, set[str]]] = {}
+        # Sessions this replica no longer serves are pruned when the table outgrows this (doubling).
+        self._prune_at = 1000
         self._unsubscribe_sessions: Callable[[], None] | None = None
         self._sending: set[asyncio.Task[None]] = set()
         bus.on_lost = self.close
@@ -217,6 +229,8 @@ class Subscriptions:
             raise _invalid(f"At most {MAX_URIS} resource URIs may be subscribed to at once.")
         hidden = set()
         for uri in uris:
+            if len(uri) > MAX_URI_LENGTH:
+                raise _invalid(f"A resource URI may be at most {MAX_URI_LENGTH} characters.")
             if not await self._resource_matches(uri):
                 raise _invalid(f"No resource of this server has the URI {uri[:200]!r}.")
             if not await self._visible(uri):
@@ -254,12 +268,10 @@ class Subscriptions:
         if params.uri not in uris and len(uris) >= MAX_URIS:
             raise _invalid(f"A session may subscribe to at most {MAX_URIS} resources.")
         await self.bus.start()
-        if self._unsubscribe_sessions is None:
-            self._unsubscribe_sessions = self.bus.subscribe(self._notify_sessions)
         if not hidden:
-            uris.add(params.uri)
-            self._sessions[session_id] = (ctx.session, uris)
-            self._by_uri.setdefault(params.uri, set()).add(session_id)
+            uris = {*uris, params.uri}
+            self._hold(session_id, ctx.session, uris)
+            await self.bus.store.update_record(session_id, {RECORD_ENTRY: sorted(uris)})
         return EmptyResult()
 
     async def unsubscribe(self, ctx: Any, params: UnsubscribeRequestParams) -> EmptyResult:
@@ -270,7 +282,41 @@ class Subscriptions:
             self._forget_uri(params.uri, session_id)
             if not held[1]:
                 del self._sessions[session_id]
+            await self.bus.store.update_record(session_id, {RECORD_ENTRY: sorted(held[1])})
         return EmptyResult()
+
+    def restore(self, session_id: str, record: dict[str, Any], connection: Any) -> None:
+        """A session this replica now serves from its record keeps the subscriptions it had elsewhere."""
+        uris = record.get(RECORD_ENTRY)
+        if isinstance(uris, list) and uris and all(isinstance(uri, str) for uri in uris):
+            held = set(uris[:MAX_URIS])
+            self._hold(session_id, connection, held)
+            # Changes made while the session had no replica, or before the feed is watched here, were
+            # heard by nobody: once it is watched, each subscribed resource is announced as updated,
+            # and the client refetches (notifications are level triggers).
+            task = asyncio.get_running_loop().create_task(self._announce(session_id, connection, held))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _announce(self, session_id: str, sender: Any, uris: set[str]) -> None:
+        try:
+            await self.bus.start()
+        except MCPError:
+            return  # the feed is down: the lost feed ends what relies on it
+        for uri in sorted(uris):
+            await self._send(session_id, sender, uri)
+
+    def _hold(self, session_id: str, sender: Any, uris: set[str]) -> None:
+        if self._unsubscribe_sessions is None:
+            self._unsubscribe_sessions = self.bus.subscribe(self._notify_sessions)
+        if len(self._sessions) > self._prune_at:
+            for gone in [sid for sid in self._sessions if not self.holds(sid)]:
+                self.forget(gone)
+            self._prune_at = 2 * len(self._sessions) + 1000
+        self.forget(session_id)
+        self._sessions[session_id] = (sender, uris)
+        for uri in uris:
+            self._by_uri.setdefault(uri, set()).add(session_id)
 
     def _forget_uri(self, uri: str, session_id: str) -> None:
         subscribed = self._by_uri.get(uri)
@@ -289,14 +335,17 @@ class Subscriptions:
         if not isinstance(event, ResourceUpdated):
             return
         for session_id in list(self._by_uri.get(event.uri, ())):
-            session = self._sessions[session_id][0]
-            task = asyncio.get_running_loop().create_task(self._send(session_id, session, event.uri))
+            if not self.holds(session_id):  # it moved to another replica, or ended
+                self.forget(session_id)
+                continue
+            sender = self._sessions[session_id][0]
+            task = asyncio.get_running_loop().create_task(self._send(session_id, sender, event.uri))
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 
-    async def _send(self, session_id: str, session: ServerSession, uri: str) -> None:
+    async def _send(self, session_id: str, sender: Any, uri: str) -> None:
         try:
-            await session.send_resource_updated(uri)
+            await sender.send_resource_updated(uri)
         except Exception as exc:  # the session's stream is gone: it gets nothing more from here
             log.info("session subscription dropped: %s", type(exc).__name__)
             self.forget(session_id)

@@ -14,6 +14,7 @@ import json
 import signal
 import statistics
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx2
@@ -93,20 +94,53 @@ def test_a_session_era_subscriber_hears_of_a_change_made_on_another_replica(redi
                     answer = final_message(await subscriber.post("resources/subscribe", {"uri": uri}))
                     assert answer.get("result") == {}, answer
                     await writer.call_tool("add_note", {"session_id": handle, "note": "from two"})
-                    lines = aiter(stream.aiter_lines())
-                    deadline = time.monotonic() + 5
-                    while time.monotonic() < deadline:
-                        line = await asyncio.wait_for(anext(lines), deadline - time.monotonic())
-                        if line.startswith("data:") and line[5:].strip():
-                            message = json.loads(line[5:])
-                            assert message["method"] == "notifications/resources/updated", message
-                            assert message["params"]["uri"] == uri
-                            break
-                    else:
-                        raise AssertionError("no notifications/resources/updated within 5 s")
+                    await updated(stream.aiter_lines(), uri)
                 # Unsubscribed, it hears nothing more.
                 answer = final_message(await subscriber.post("resources/unsubscribe", {"uri": uri}))
                 assert answer.get("result") == {}, answer
+
+        asyncio.run(scenario())
+
+
+async def updated(lines: AsyncIterator[str], uri: str) -> None:
+    """Reads an SSE stream's `lines` until a notifications/resources/updated for `uri`; fails after 5 s."""
+    async with asyncio.timeout(5):
+        async for line in lines:
+            if line.startswith("data:") and line[5:].strip():
+                message = json.loads(line[5:])
+                if message.get("method") == "notifications/resources/updated":
+                    assert message["params"]["uri"] == uri, message
+                    return
+    raise AssertionError("the stream ended without notifications/resources/updated")
+
+
+def test_a_session_era_subscription_follows_its_session_when_its_replica_dies(
+    redis_stack: Stack, tmp_path: Path
+) -> None:
+    with (
+        replica_on(redis_stack, tmp_path, "mcp-server-1") as one,
+        replica_on(redis_stack, tmp_path, "mcp-server-2") as two,
+    ):
+
+        async def scenario() -> None:
+            async with httpx2.AsyncClient(timeout=30) as http, Client(two.url) as writer:
+                handle = await handle_on(writer)
+                uri = SUMMARY.format(handle)
+                subscriber = RawSession(http, one.url)
+                await subscriber.initialize()
+                answer = final_message(await subscriber.post("resources/subscribe", {"uri": uri}))
+                assert answer.get("result") == {}, answer
+                one.proc.kill()
+                one.proc.wait()
+                # Its stream gone with its replica, the client opens one on another: the session is adopted
+                # there, with its subscription.
+                await writer.call_tool("increment_counter", {"session_id": handle})  # heard by nobody
+                async with http.stream("GET", two.url, headers=subscriber.at(two.url).headers()) as stream:
+                    assert stream.status_code == 200
+                    lines = stream.aiter_lines()
+                    await updated(lines, uri)  # what nobody heard: refetch
+                    await writer.call_tool("increment_counter", {"session_id": handle})
+                    await updated(lines, uri)
 
         asyncio.run(scenario())
 
