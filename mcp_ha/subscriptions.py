@@ -26,10 +26,13 @@ their session's stream. Here:
 - The bounds: `max_streams` listen streams per replica, `MAX_URIS` per
   stream or session, the SDK's buffer per stream (a stream that stops
   reading is ended).
-- A stream ends gracefully when its replica drains, and at once when the
-  feed is lost (Redis gone): what was sent meanwhile is gone, so its client
-  listens again and refetches, as the spec has it. A replica that dies drops
-  its streams the same way.
+- A stream ends gracefully when its replica drains, or when the feed is
+  lost (Redis gone: what was sent meanwhile is gone); its client listens
+  again and refetches, as the spec has it. A replica that dies drops its
+  streams, with the same remedy.
+- A session-era session's subscriptions are kept in its record, so a
+  replica that adopts it restores them, and announces each as updated once:
+  what changed while the session had no replica was heard by nobody.
 """
 
 from __future__ import annotations

@@ -75,6 +75,8 @@ def test_a_change_made_through_another_replica_reaches_a_2026_listener(redis_sta
             f"p99 {p99 * 1000:.1f} ms over {CHANGES}"
         )
         assert len(latencies) == CHANGES
+        # Issue 18's target, measured here at ~10 ms: a bound this loose is about behaviour, not speed.
+        assert p99 <= 0.100
 
 
 def test_a_session_era_subscriber_hears_of_a_change_made_on_another_replica(redis_stack: Stack, tmp_path: Path) -> None:
