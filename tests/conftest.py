@@ -168,6 +168,19 @@ def replica_on(redis: Stack, tmp_path: Path, name: str, *, module: str = "server
         log.close()
 
 
+@contextlib.contextmanager
+def two_replicas(
+    redis: Stack, tmp_path: Path, *, module: str = "server", **env: str
+) -> Iterator[tuple[Replica, Replica]]:
+    """`replica_on` twice, mcp-server-1 and -2, sharing one request-state key ring as every deployment gives them."""
+    env = {"REQUEST_STATE_KEYS": secrets.token_hex(32), **env}
+    with (
+        replica_on(redis, tmp_path, "mcp-server-1", module=module, **env) as one,
+        replica_on(redis, tmp_path, "mcp-server-2", module=module, **env) as two,
+    ):
+        yield one, two
+
+
 @pytest.fixture
 def mcp_url(stack: Stack) -> str:
     return stack.config.mcp_url

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import replica_on
+from conftest import two_replicas
 from fastmcp import Client
 
 from stack import Stack
@@ -34,11 +33,7 @@ def node() -> str:
 
 
 def test_elicitation_whose_legs_reach_two_replicas_succeeds_20_times(redis_stack: Stack, tmp_path: Path) -> None:
-    ring = secrets.token_hex(32)  # one key ring on both, as stack.py, compose and Kubernetes give them
-    with (
-        replica_on(redis_stack, tmp_path, "mcp-server-1", REQUEST_STATE_KEYS=ring) as one,
-        replica_on(redis_stack, tmp_path, "mcp-server-2", REQUEST_STATE_KEYS=ring) as two,
-    ):
+    with two_replicas(redis_stack, tmp_path) as (one, two):
         run = subprocess.run(
             [node(), str(CLIENT), "elicit", f"{one.url},{two.url}", str(ROUND_TRIPS)],
             capture_output=True,
@@ -54,10 +49,7 @@ def test_elicitation_whose_legs_reach_two_replicas_succeeds_20_times(redis_stack
 
 
 def test_a_listen_stream_hears_a_change_made_through_another_replica(redis_stack: Stack, tmp_path: Path) -> None:
-    with (
-        replica_on(redis_stack, tmp_path, "mcp-server-1") as one,
-        replica_on(redis_stack, tmp_path, "mcp-server-2") as two,
-    ):
+    with two_replicas(redis_stack, tmp_path) as (one, two):
 
         async def scenario() -> list[dict]:
             async with Client(two.url) as writer:

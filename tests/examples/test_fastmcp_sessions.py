@@ -9,7 +9,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from conftest import replica_on
+from conftest import replica_on, two_replicas
 from fastmcp import Client
 from fastmcp.exceptions import ToolError
 
@@ -21,10 +21,7 @@ MODULE = "examples.fastmcp_sessions"
 
 
 def test_a_fastmcp_session_lives_on_every_replica_and_ends_everywhere(redis_stack: Stack, tmp_path: Path) -> None:
-    with (
-        replica_on(redis_stack, tmp_path, "mcp-server-1", module=MODULE) as one,
-        replica_on(redis_stack, tmp_path, "mcp-server-2", module=MODULE) as two,
-    ):
+    with two_replicas(redis_stack, tmp_path, module=MODULE) as (one, two):
 
         async def scenario() -> None:
             async with Client(one.url) as a, Client(two.url) as b:
@@ -48,10 +45,7 @@ def test_a_fastmcp_session_lives_on_every_replica_and_ends_everywhere(redis_stac
 def test_concurrent_read_then_write_calls_lose_no_update(redis_stack: Stack, tmp_path: Path) -> None:
     """FastMCP's Session.set reads the whole state and writes it back: here a write that would overwrite
     another's is refused clearly instead, so every call that succeeded is in the notebook."""
-    with (
-        replica_on(redis_stack, tmp_path, "mcp-server-1", module=MODULE) as one,
-        replica_on(redis_stack, tmp_path, "mcp-server-2", module=MODULE) as two,
-    ):
+    with two_replicas(redis_stack, tmp_path, module=MODULE) as (one, two):
 
         async def scenario() -> None:
             async with Client(one.url) as a, Client(two.url) as b:

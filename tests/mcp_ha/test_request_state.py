@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from conftest import replica_on
+from conftest import replica_on, two_replicas
 from fastmcp import Client
 
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
@@ -73,11 +73,8 @@ async def counter(session: SessionlessSession, handle: str) -> int:
 
 
 def test_both_legs_on_different_replicas_20_times_out_of_20(redis_stack: Stack, tmp_path: Path) -> None:
-    ring = [key()]
-    with (
-        replica(redis_stack, tmp_path, "mcp-server-1", ring) as one,
-        replica(redis_stack, tmp_path, "mcp-server-2", ring) as two,
-    ):
+    with two_replicas(redis_stack, tmp_path) as (r1, r2):
+        one, two = r1.url, r2.url
 
         async def scenario() -> None:
             async with httpx2.AsyncClient(timeout=30) as http:
@@ -156,11 +153,8 @@ def test_forged_truncated_foreign_and_expired_state_is_refused_and_changes_nothi
 def test_a_replayed_state_is_refused_on_any_replica_and_a_retry_of_its_request_is_not(
     redis_stack: Stack, tmp_path: Path
 ) -> None:
-    ring = [key()]
-    with (
-        replica(redis_stack, tmp_path, "mcp-server-1", ring) as one,
-        replica(redis_stack, tmp_path, "mcp-server-2", ring) as two,
-    ):
+    with two_replicas(redis_stack, tmp_path) as (r1, r2):
+        one, two = r1.url, r2.url
 
         async def scenario() -> None:
             async with httpx2.AsyncClient(timeout=30) as http:

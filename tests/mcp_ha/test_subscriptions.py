@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from conftest import replica_on
+from conftest import replica_on, two_replicas
 from fastmcp import Client
 from mcp.client.subscriptions import SubscriptionLost, listen
 from mcp.server.subscriptions import ResourceUpdated, ToolsListChanged
@@ -39,15 +39,23 @@ async def handle_on(client: Client) -> str:
     return (await client.call_tool("create_session")).structured_content["session_id"]
 
 
+async def subscribed(http: httpx2.AsyncClient, url: str, writer: Client) -> tuple[RawSession, str, str]:
+    """A session-era session at `url`, subscribed to the summary of a handle `writer` made: (session, uri, handle)."""
+    handle = await handle_on(writer)
+    uri = SUMMARY.format(handle)
+    subscriber = RawSession(http, url)
+    await subscriber.initialize()
+    answer = final_message(await subscriber.post("resources/subscribe", {"uri": uri}))
+    assert answer.get("result") == {}, answer
+    return subscriber, uri, handle
+
+
 async def next_event(events):
     return await asyncio.wait_for(anext(events), 5.0)
 
 
 def test_a_change_made_through_another_replica_reaches_a_2026_listener(redis_stack: Stack, tmp_path: Path) -> None:
-    with (
-        replica_on(redis_stack, tmp_path, "mcp-server-1") as one,
-        replica_on(redis_stack, tmp_path, "mcp-server-2") as two,
-    ):
+    with two_replicas(redis_stack, tmp_path) as (one, two):
 
         async def scenario() -> list[float]:
             async with Client(one.url) as listener, Client(two.url) as writer:
@@ -80,33 +88,29 @@ def test_a_change_made_through_another_replica_reaches_a_2026_listener(redis_sta
 
 
 def test_a_session_era_subscriber_hears_of_a_change_made_on_another_replica(redis_stack: Stack, tmp_path: Path) -> None:
-    with (
-        replica_on(redis_stack, tmp_path, "mcp-server-1") as one,
-        replica_on(redis_stack, tmp_path, "mcp-server-2") as two,
-    ):
+    with two_replicas(redis_stack, tmp_path) as (one, two):
 
         async def scenario() -> None:
             async with httpx2.AsyncClient(timeout=30) as http, Client(two.url) as writer:
-                handle = await handle_on(writer)
-                uri = SUMMARY.format(handle)
-                subscriber = RawSession(http, one.url)
-                await subscriber.initialize()
+                subscriber, uri, handle = await subscribed(http, one.url, writer)
                 async with http.stream("GET", one.url, headers=subscriber.headers()) as stream:
                     assert stream.status_code == 200
-                    answer = final_message(await subscriber.post("resources/subscribe", {"uri": uri}))
-                    assert answer.get("result") == {}, answer
+                    lines = stream.aiter_lines()
                     await writer.call_tool("add_note", {"session_id": handle, "note": "from two"})
-                    await updated(stream.aiter_lines(), uri)
-                # Unsubscribed, it hears nothing more.
-                answer = final_message(await subscriber.post("resources/unsubscribe", {"uri": uri}))
-                assert answer.get("result") == {}, answer
+                    await updated(lines, uri)
+                    answer = final_message(await subscriber.post("resources/unsubscribe", {"uri": uri}))
+                    assert answer.get("result") == {}, answer
+                    # Unsubscribed, it hears nothing more.
+                    await writer.call_tool("add_note", {"session_id": handle, "note": "unheard"})
+                    with pytest.raises(TimeoutError):
+                        await updated(lines, uri, within=1.0)
 
         asyncio.run(scenario())
 
 
-async def updated(lines: AsyncIterator[str], uri: str) -> None:
-    """Reads an SSE stream's `lines` until a notifications/resources/updated for `uri`; fails after 5 s."""
-    async with asyncio.timeout(5):
+async def updated(lines: AsyncIterator[str], uri: str, *, within: float = 5.0) -> None:
+    """Reads SSE `lines` until a notifications/resources/updated for `uri`; TimeoutError after `within` s."""
+    async with asyncio.timeout(within):
         async for line in lines:
             if line.startswith("data:") and line[5:].strip():
                 message = json.loads(line[5:])
@@ -119,19 +123,11 @@ async def updated(lines: AsyncIterator[str], uri: str) -> None:
 def test_a_session_era_subscription_follows_its_session_when_its_replica_dies(
     redis_stack: Stack, tmp_path: Path
 ) -> None:
-    with (
-        replica_on(redis_stack, tmp_path, "mcp-server-1") as one,
-        replica_on(redis_stack, tmp_path, "mcp-server-2") as two,
-    ):
+    with two_replicas(redis_stack, tmp_path) as (one, two):
 
         async def scenario() -> None:
             async with httpx2.AsyncClient(timeout=30) as http, Client(two.url) as writer:
-                handle = await handle_on(writer)
-                uri = SUMMARY.format(handle)
-                subscriber = RawSession(http, one.url)
-                await subscriber.initialize()
-                answer = final_message(await subscriber.post("resources/subscribe", {"uri": uri}))
-                assert answer.get("result") == {}, answer
+                subscriber, uri, handle = await subscribed(http, one.url, writer)
                 one.proc.kill()
                 one.proc.wait()
                 # Its stream gone with its replica, the client opens one on another: the session is adopted
