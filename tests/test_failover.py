@@ -249,8 +249,18 @@ async def test_kill_9_of_the_redis_primary_under_load_loses_no_acknowledged_incr
     assert report.wait_replicas == 1 and report.replica in ("redis-1", "redis-2")
     assert [c.lost for c in report.clients] == [0, 0, 0]
     assert_counts_are_exact(report)
-    # The new primary is the other server, and the old one is back as its replica.
-    assert sentinel_stack.redis_primary() not in (report.replica, None)
+    # One primary, the other server its replica. Usually the primary is the other server; on these
+    # 2-core machines a sentinel whose first ping to the new primary takes longer than
+    # down-after-milliseconds (1 s) sometimes fails back to the killed one, restarted as a replica
+    # by then (about 1 run in 8, before and after issue 18). Sentinel then demotes the other one
+    # within its failover timeout (10 s). Either way no acknowledged write was lost (above).
+    primary = sentinel_stack.redis_primary()
+    assert primary in ("redis-1", "redis-2")
+    other = "redis-2" if primary == "redis-1" else "redis-1"
+    deadline = time.monotonic() + 15
+    while sentinel_stack.redis_info(other, "replication").get("role") != "slave":
+        assert time.monotonic() < deadline, f"{other} is not a replica of {primary}"
+        await asyncio.sleep(0.2)
     assert sentinel_stack.healthy(report.replica)
     assert_stack_is_whole(sentinel_stack)
 
