@@ -439,7 +439,7 @@ class Session:
     async def touch(self) -> None:
         await self.store.touch(self.id)
 
-    async def apply_once(self, block: Callable[[Transaction], Awaitable[T]], *, attempts: int = 5) -> T:
+    async def apply_once(self, block: Callable[[Transaction], Awaitable[T]], *, attempts: int = 5, name: str = "") -> T:
         """Run `block`, then commit the writes it staged and its return value as one; once per call.
 
         `block` reads through `tx.get` and stages writes with `tx.set`,
@@ -448,9 +448,11 @@ class Session:
         all together, only if nothing `block` read has changed meanwhile
         (else `block` runs again, up to `attempts` times, then `Conflict`).
         A retry of a call whose block already committed does not run the
-        block at all: it answers with the recorded return value.
+        block at all: it answers with the recorded return value. `name`
+        tells apart blocks one call commits to one session through
+        different `Session` objects (the layer's own, beside the tool's).
         """
-        op = self._op("apply", "")
+        op = self._op("apply", name)
         if op is not None:
             applied, recorded = await self.store.recall(self.id, op)
             if applied:

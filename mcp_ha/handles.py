@@ -45,6 +45,7 @@ import copy
 import uuid
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Annotated, Any, get_args
 
 from fastmcp import Context
@@ -121,8 +122,32 @@ async def _own_handle(handle: str, store: SessionStore) -> str:
     return handle
 
 
-# What FastMCP's Session read of each session in this request, for `FastMCPSessions.put` to compare.
-_read: ContextVar[dict[str, dict[str, Any]] | None] = ContextVar("fastmcp_sessions_read", default=None)
+@dataclass
+class _Read:
+    """One session as this call saw it: first (what the tool computed from) and latest (what
+    FastMCP's `Session.set` read again just before writing)."""
+
+    first: dict[str, Any]
+    latest: dict[str, Any]
+
+
+@dataclass
+class _Call:
+    """What `FastMCPSessions` keeps for the call being served: its reads, and one `Session` per
+    handle, so the call's writes are numbered on, not all named the first."""
+
+    reads: dict[str, _Read] = field(default_factory=dict)
+    sessions: dict[str, Session] = field(default_factory=dict)
+
+
+_call: ContextVar[_Call | None] = ContextVar("fastmcp_sessions_call", default=None)
+
+
+def _this_call() -> _Call:
+    call = _call.get()
+    if call is None:
+        _call.set(call := _Call())
+    return call
 
 
 class FastMCPSessions:
@@ -145,19 +170,16 @@ class FastMCPSessions:
         except ToolError:
             return None
 
-    def _session(self, handle: str) -> Session:
-        return Session(self.store, handle, epoch=None, call=current_call.get(), owner=owner())
-
     async def get(self, key: str, *, collection: str | None = None) -> dict[str, Any] | None:
         handle = await self._handle(key)
         if handle is None:
             return await self.others.get(key, collection=collection)
         state = await self.store.items(handle)
-        read = _read.get()
-        if read is None:
-            _read.set(read := {})
-        # The first read of the call: a tool that read, then wrote, wrote from what it read first.
-        read.setdefault(key, copy.deepcopy(state))
+        reads = _this_call().reads
+        if key in reads:
+            reads[key].latest = copy.deepcopy(state)
+        else:
+            reads[key] = _Read(copy.deepcopy(state), copy.deepcopy(state))
         return _sdk.fastmcp_session_value(state)
 
     async def put(self, key: str, value: Mapping[str, Any], *, collection: str | None = None, ttl: Any = None) -> None:
@@ -165,23 +187,36 @@ class FastMCPSessions:
         state = _sdk.fastmcp_session_state(value)
         if handle is None or state is None:
             return await self.others.put(key, value, collection=collection, ttl=ttl)
-        before = (_read.get() or {}).get(key)
-        if before is None:
-            before = await self.store.items(handle)
+        call = _this_call()
+        read = call.reads.get(key)
+        if read is None:
+            now = await self.store.items(handle)
+            read = call.reads[key] = _Read(now, copy.deepcopy(now))
+        # What this write changes: entries other calls changed meanwhile are in `latest` as they are now.
+        changed = {entry for entry in read.latest.keys() | state.keys() if read.latest.get(entry) != state.get(entry)}
 
         async def commit(tx: Transaction) -> None:
-            for entry in before.keys() | state.keys():
-                if before.get(entry) == state.get(entry):
-                    continue
-                if await tx.get(entry) != before.get(entry):
+            for entry in sorted(changed):
+                # Unchanged since the call first read it, or the tool wrote from a stale value.
+                if await tx.get(entry) != read.first.get(entry):
                     raise Conflict(f"{entry!r} changed since this call read it")
                 if entry in state:
                     tx.set(entry, state[entry])
                 else:
                     tx.delete(entry)
 
-        await self._session(handle).apply_once(commit)
-        (_read.get() or {})[key] = copy.deepcopy(state)
+        session = call.sessions.get(handle)
+        if session is None:
+            session = call.sessions[handle] = Session(
+                self.store, handle, epoch=None, call=current_call.get(), owner=owner()
+            )
+        await session.apply_once(commit, name="fastmcp")
+        for entry in changed:
+            if entry in state:
+                read.first[entry] = read.latest[entry] = copy.deepcopy(state[entry])
+            else:
+                read.first.pop(entry, None)
+                read.latest.pop(entry, None)
 
     async def delete(self, key: str, *, collection: str | None = None) -> bool:
         handle = await self._handle(key)

@@ -23,6 +23,12 @@ idempotency key or `X-Request-Id`, which HAProxy keeps across its own
 re-sends) passes, and its writes replay (`idempotency.py`); any other use is
 refused with -32602 and changes nothing. Only a state the SDK has opened is
 claimed, so a forged one costs the store nothing.
+
+The claim is taken before the call runs and kept however the call ends:
+releasing it after a failure could let a retry under another key apply the
+call's first writes twice. So a second leg whose call failed (or whose
+replica died) is sent again with the same idempotency key, or the request
+starts over from its first leg.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from fastmcp.server.middleware import Middleware, MiddlewareContext
 from mcp.server.request_state import RequestStateSecurity
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
+from mcp_types.methods import INPUT_REQUIRED_METHODS
 
 from session_store import SessionStore
 
@@ -72,7 +79,8 @@ class NoteSealedState:
     state the request carries, which the boundary replaces with what it holds."""
 
     async def __call__(self, ctx: Any, call_next: Any) -> Any:
-        state = ctx.params.get("requestState") if ctx.params else None
+        # Only where the SDK opens a state: one on any other method is never checked, so never claimed.
+        state = ctx.params.get("requestState") if ctx.params and ctx.method in INPUT_REQUIRED_METHODS else None
         token = _sealed.set(hashlib.sha256(state.encode()).hexdigest() if isinstance(state, str) else None)
         try:
             return await call_next(ctx)

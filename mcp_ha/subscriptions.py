@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -103,8 +104,9 @@ class StoreBus:
         self._listeners: dict[object, Listener] = {}
         self._watching: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
-        # Told when the feed is lost: what it carried meanwhile is gone.
+        # Told when the feed is lost (what it carried meanwhile is gone), and when it is watched again.
         self.on_lost: Callable[[], None] = lambda: None
+        self.on_rewatched: Callable[[], None] = lambda: None
 
     async def publish(self, event: ServerEvent) -> None:
         await self.store.publish(_encode(event))
@@ -132,17 +134,23 @@ class StoreBus:
             raise MCPError(INTERNAL_ERROR, UNAVAILABLE) from None
 
     async def _watch(self) -> None:
+        lost = False
         while True:
             try:
                 async with self.store.watch() as messages:
                     self._ready.set()
+                    if lost:
+                        self.on_rewatched()
                     async for message in messages:
                         self._deliver(message)
             except StoreUnavailable as exc:
                 log.warning("change feed lost (%s); listeners are ended and told to listen again", exc)
+            except Exception:  # whatever it was, the feed must come back: never leave this replica deaf
+                log.exception("change feed failed; watching it again")
             finally:
                 if self._ready.is_set():
                     self._ready.clear()
+                    lost = True
                     self.on_lost()
             await asyncio.sleep(REWATCH_SECONDS)
 
@@ -220,7 +228,12 @@ class Subscriptions:
         self._prune_at = 1000
         self._unsubscribe_sessions: Callable[[], None] | None = None
         self._sending: set[asyncio.Task[None]] = set()
+        # Listens admitted but not yet streaming, so concurrent ones cannot overshoot max_streams.
+        self._starting = 0
+        # One subscribe or unsubscribe at a time per session, so its record is written in order.
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         bus.on_lost = self.close
+        bus.on_rewatched = self._announce_all
 
     @property
     def streams(self) -> int:
@@ -253,9 +266,13 @@ class Subscriptions:
         if extra:
             raise _invalid(f"Unsupported subscription filter: {', '.join(sorted(extra))[:200]}.")
         hidden = await self._checked(list(params.notifications.resource_subscriptions or ()))
-        if len(self._streams) >= self.max_streams:
+        if len(self._streams) + self._starting >= self.max_streams:
             raise MCPError(INTERNAL_ERROR, TOO_MANY_STREAMS)
-        await self.bus.start()
+        self._starting += 1
+        try:
+            await self.bus.start()
+        finally:
+            self._starting -= 1
         handler = ListenHandler(self.bus.hiding(hidden), max_subscriptions=1)
         self._streams.add(handler)
         try:
@@ -263,30 +280,46 @@ class Subscriptions:
         finally:
             self._streams.discard(handler)
 
+    def _lock(self, session_id: str) -> asyncio.Lock:
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = self._locks[session_id] = asyncio.Lock()
+        return lock
+
     async def subscribe(self, ctx: Any, params: SubscribeRequestParams) -> EmptyResult:
         session_id = _session_id(ctx)
         hidden = await self._checked([params.uri])
-        held = self._sessions.get(session_id)
-        uris = held[1] if held else set()
-        if params.uri not in uris and len(uris) >= MAX_URIS:
-            raise _invalid(f"A session may subscribe to at most {MAX_URIS} resources.")
-        await self.bus.start()
-        if not hidden:
-            uris = {*uris, params.uri}
-            self._hold(session_id, ctx.session, uris)
-            await self.bus.store.update_record(session_id, {RECORD_ENTRY: sorted(uris)})
+        async with self._lock(session_id):
+            uris = await self._recorded(session_id)
+            if params.uri not in uris and len(uris) >= MAX_URIS:
+                raise _invalid(f"A session may subscribe to at most {MAX_URIS} resources.")
+            await self.bus.start()
+            if not hidden:
+                uris.add(params.uri)
+                self._hold(session_id, ctx.session, uris)
+                await self.bus.store.update_record(session_id, {RECORD_ENTRY: sorted(uris)})
         return EmptyResult()
 
     async def unsubscribe(self, ctx: Any, params: UnsubscribeRequestParams) -> EmptyResult:
         session_id = _session_id(ctx)
-        held = self._sessions.get(session_id)
-        if held is not None and params.uri in held[1]:
-            held[1].discard(params.uri)
-            self._forget_uri(params.uri, session_id)
-            if not held[1]:
-                del self._sessions[session_id]
-            await self.bus.store.update_record(session_id, {RECORD_ENTRY: sorted(held[1])})
+        async with self._lock(session_id):
+            uris = await self._recorded(session_id)
+            if params.uri in uris:
+                uris.discard(params.uri)
+                self._forget_uri(params.uri, session_id)
+                if not uris:
+                    self._sessions.pop(session_id, None)
+                await self.bus.store.update_record(session_id, {RECORD_ENTRY: sorted(uris)})
         return EmptyResult()
+
+    async def _recorded(self, session_id: str) -> set[str]:
+        """The session's subscriptions: as held here, else as its record has them (held elsewhere before)."""
+        held = self._sessions.get(session_id)
+        if held is not None:
+            return held[1]
+        record = await self.bus.store.session_record(session_id) or {}
+        uris = record.get(RECORD_ENTRY)
+        return {uri for uri in uris if isinstance(uri, str)} if isinstance(uris, list) else set()
 
     def restore(self, session_id: str, record: dict[str, Any], connection: Any) -> None:
         """A session this replica now serves from its record keeps the subscriptions it had elsewhere."""
@@ -298,6 +331,14 @@ class Subscriptions:
             # heard by nobody: once it is watched, each subscribed resource is announced as updated,
             # and the client refetches (notifications are level triggers).
             task = asyncio.get_running_loop().create_task(self._announce(session_id, connection, held))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    def _announce_all(self) -> None:
+        """The feed is back: what it carried while lost was heard by nobody, so every subscription is
+        announced as updated (the 2026 streams were ended, and their clients listen again)."""
+        for session_id, (sender, uris) in list(self._sessions.items()):
+            task = asyncio.get_running_loop().create_task(self._announce(session_id, sender, set(uris)))
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 

@@ -68,6 +68,7 @@ which keep their own users. Credentials in `url` serve as well.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -107,6 +108,9 @@ from session_store import (
 T = TypeVar("T")
 
 RETRYABLE = (RedisConnectionError, RedisTimeoutError)
+# The change feed (`watch`) pings its channel this often, and gives up on one silent this long.
+WATCH_PING_SECONDS = 1.0
+WATCH_SILENCE_SECONDS = 5.0
 
 # Shared by every script: slide the TTL of the session's hash, and index it
 # as seen now (the Redis server's clock, so replicas agree).
@@ -813,22 +817,41 @@ class RedisSessionStore(SessionStore):
     async def watch(self) -> AsyncIterator[AsyncIterator[str]]:
         # A connection of its own for as long as the watch lasts (pub/sub holds it).
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        heard = [time.monotonic()]
+
+        async def keep_alive() -> None:
+            # A quiet channel is pinged (its PONG counts as heard), so a primary that vanished without
+            # closing the connection (its host gone) is noticed within WATCH_SILENCE_SECONDS, not never.
+            # The read itself blocks with no timeout: redis-py can swallow a cancellation that lands
+            # in a read with one, and the watch could then never be stopped.
+            while True:
+                await asyncio.sleep(WATCH_PING_SECONDS)
+                if time.monotonic() - heard[0] > WATCH_SILENCE_SECONDS and pubsub.connection is not None:
+                    await pubsub.connection.disconnect()  # the blocked read fails: the feed is lost
+                    return
+                with contextlib.suppress(*RETRYABLE):
+                    await pubsub.ping()
+
+        pinger: asyncio.Task[None] | None = None
         try:
             try:
                 await pubsub.subscribe(self._changes)
             except RETRYABLE as exc:
                 raise StoreUnavailable(f"redis: {exc}") from exc
-            yield self._messages(pubsub)
+            pinger = asyncio.get_running_loop().create_task(keep_alive())
+            yield self._messages(pubsub, heard)
         finally:
+            if pinger is not None:
+                pinger.cancel()
             with contextlib.suppress(*RETRYABLE):
                 await pubsub.aclose()
 
     @staticmethod
-    async def _messages(pubsub: PubSub) -> AsyncIterator[str]:
+    async def _messages(pubsub: PubSub, heard: list[float]) -> AsyncIterator[str]:
         try:
             while True:
-                # Blocks until a message: the pub/sub read has no socket timeout.
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
+                heard[0] = time.monotonic()
                 if message is not None and message["type"] == "message":
                     yield message["data"]
         except RETRYABLE as exc:

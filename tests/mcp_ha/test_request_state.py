@@ -169,6 +169,10 @@ def test_a_replayed_state_is_refused_on_any_replica_and_a_retry_of_its_request_i
                 again = await second_leg(first, handle, state, key="leg-2")
                 assert again["result"]["structuredContent"]["reset"] is True, again
                 assert await counter(first, handle) == 1
+                # A state on a method the SDK never opens one for is not claimed: sent twice, never refused.
+                for _ in range(2):
+                    listed = final_message(await first.post("tools/list", {"requestState": "never-opened"}))
+                    assert "result" in listed, listed
                 # Another request bringing the same state, on either replica: refused, nothing changes.
                 for session, call_key in ((first, "replay"), (other, None)):
                     refused = await second_leg(session, handle, state, key=call_key)

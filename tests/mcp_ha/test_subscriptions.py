@@ -27,7 +27,7 @@ from mcp.server.subscriptions import ResourceUpdated, ToolsListChanged
 from mcp_ha import HighAvailability, Settings
 from mcp_ha.subscriptions import MAX_URIS, StoreBus
 from stack import Stack
-from stores.memory_store import InMemorySessionStore
+from stores.memory_store import MAX_UNREAD, InMemorySessionStore
 from tools.mcp_wire import RawSession, SessionlessSession, final_message
 
 pytestmark = pytest.mark.timeout(180)
@@ -259,3 +259,26 @@ def test_a_draining_replica_ends_its_listen_streams_gracefully_and_exits(redis_s
 
         asyncio.run(scenario())
         assert one.proc.wait(timeout=30) == 0
+
+
+@pytest.mark.quick
+def test_a_lost_feed_ends_the_listeners_and_is_watched_again() -> None:
+    """A watcher that falls behind has lost messages, like one whose connection broke: the bus says so
+    (listen streams end, their clients listen again) and watches again (subscriptions are announced)."""
+
+    async def scenario() -> list[str]:
+        store = InMemorySessionStore()
+        bus = StoreBus(store)
+        said: list[str] = []
+        rewatched = asyncio.Event()
+        bus.on_lost = lambda: said.append("lost")
+        bus.on_rewatched = lambda: (said.append("rewatched"), rewatched.set())
+        await bus.start()
+        for _ in range(MAX_UNREAD + 1):  # nothing yields to the watcher meanwhile
+            await store.publish("{}")
+        await asyncio.wait_for(rewatched.wait(), 5)
+        heard = list(said)
+        await bus.aclose()
+        return heard
+
+    assert asyncio.run(scenario()) == ["lost", "rewatched"]
