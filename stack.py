@@ -672,6 +672,8 @@ class Stack:
                     "REDIS_WAIT_REPLICAS": str(c.redis_wait_replicas),
                     "SESSION_TTL_SECONDS": str(c.session_ttl_seconds),
                     "REQUEST_STATE_KEYS": c.request_state_keys,
+                    # A chunked body HAProxy could not measure meets the same bound on the replica.
+                    "MAX_BODY_BYTES": str(c.max_body_bytes),
                     # Only what this stack was started with, whatever the shell holds.
                     "MCP_AUTH": "none",
                     **c.auth,

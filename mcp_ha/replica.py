@@ -26,7 +26,7 @@ What each step owns:
   so it sees what the client gets; store errors; idempotency keys; session
   records innermost), `create_session` and `end_session` for sessionless clients, `/health`,
   `/metrics`, the log filters, and the ASGI layers around the MCP endpoint,
-  outermost first: request ids, drain, stream resumption, adoption. Its
+  outermost first: request ids, drain, the body bound, stream resumption, adoption. Its
   lifespan makes SIGTERM drain and closes the store. Mount it in any ASGI
   server and every guarantee comes with it.
 - `run(app)`: uvicorn with structured logs, on the settings' host and port.
@@ -59,6 +59,7 @@ from .errors import ANSWERED, StoreErrors
 from .handles import FastMCPSessions, create_handle, end_handle, session_id_for
 from .health import StoreHealth, health_endpoint
 from .idempotency import IdempotentCalls, current_call
+from .limits import BodyLimit
 from .logs import Expected, RequestIds, configure
 from .principals import owner
 from .request_state import NoteSealedState, RefuseReplays, request_state_security
@@ -274,7 +275,9 @@ class HighAvailability:
                     await self.store.aclose()
 
         app.router.lifespan_context = lifespan
-        return RequestIds(self.drain.middleware(app, path=path))
+        return RequestIds(
+            self.drain.middleware(BodyLimit(app, max_bytes=self.settings.max_body_bytes, path=path), path=path)
+        )
 
     def run(self, app: ASGIApp) -> None:
         """Serve `app` with uvicorn on the settings' host and port, logging as LOG_FORMAT says."""

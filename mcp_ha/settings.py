@@ -56,6 +56,8 @@ class Settings:
     # The ring sealing 2026-07-28 request state, the same on every replica: the first seals, all unseal.
     request_state_keys: tuple[str, ...] = field(default=(), repr=False, metadata={"env": "REQUEST_STATE_KEYS"})
     request_state_ttl_seconds: float = field(default=600.0, metadata={"env": "REQUEST_STATE_TTL_SECONDS"})
+    # The largest request body the MCP endpoint takes, however it is sent (HAProxy's HAPROXY_MAX_BODY_BYTES).
+    max_body_bytes: int = field(default=1_048_576, metadata={"env": "MAX_BODY_BYTES"})
     # Open `subscriptions/listen` streams one replica serves at once.
     max_listen_streams: int = field(default=1024, metadata={"env": "MAX_LISTEN_STREAMS"})
 
@@ -65,6 +67,8 @@ class Settings:
         for name in ("session_ttl_seconds", "event_ttl_seconds", "op_ttl_seconds"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{_env(name)}={getattr(self, name)}: expected a positive number of seconds")
+        if self.max_body_bytes <= 0:
+            raise SettingsError(f"MAX_BODY_BYTES={self.max_body_bytes}: expected a positive number of bytes")
         if self.max_listen_streams <= 0:
             raise SettingsError(f"MAX_LISTEN_STREAMS={self.max_listen_streams}: expected a positive number")
         if self.redis_wait_replicas < 0:
