@@ -144,7 +144,7 @@ async def reset_counter(ctx: Context, session_id: SessionHandle = None) -> dict 
         capabilities = ctx.session.client_capabilities
         if capabilities is None or capabilities.elicitation is None:
             # It would never answer: say so now rather than hold the call open.
-            raise ToolError(CANNOT_ASK)
+            raise ToolError(CANNOT_ASK, log_level=logging.DEBUG)  # the client's doing, not ours
         try:
             async with asyncio.timeout(ASK_TIMEOUT_SECONDS):
                 answer = await ctx.elicit(RESET_QUESTION.format(counter=counter), response_type=bool)

@@ -42,6 +42,7 @@ by default.
 from __future__ import annotations
 
 import copy
+import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
@@ -74,6 +75,11 @@ UNKNOWN_HANDLE = "Unknown or expired session handle; call create_session for a n
 _KIND = "handle"
 
 
+def _mistake(message: str) -> ToolError:
+    """The client's mistake, answered clearly and logged at DEBUG: at ERROR, any client could fill the log."""
+    return ToolError(message, log_level=logging.DEBUG)
+
+
 async def create_handle(store: SessionStore) -> str:
     """Mint a handle and record it (with the caller's principal as its owner, when authenticated: `principals.py`)."""
     handle = uuid.uuid4().hex
@@ -98,7 +104,7 @@ async def session_id_for(ctx: Context, handle: str | None, store: SessionStore) 
     if handle is None:
         session_id = session_era_id(ctx)
         if session_id is None:
-            raise ToolError(NO_SESSION)
+            raise _mistake(NO_SESSION)
         return session_id
     return await _own_handle(handle, store)
 
@@ -115,10 +121,10 @@ async def end_handle(handle: str, store: SessionStore) -> None:
 async def _own_handle(handle: str, store: SessionStore) -> str:
     """`handle`, if it is one `create_session` minted for this caller and it still lives; else the tool error."""
     if not is_session_id(handle):
-        raise ToolError(UNKNOWN_HANDLE)
+        raise _mistake(UNKNOWN_HANDLE)
     record = await store.session_record(handle)
     if record is None or record.get("kind") != _KIND or record.get(OWNER) != owner():
-        raise ToolError(UNKNOWN_HANDLE)
+        raise _mistake(UNKNOWN_HANDLE)
     return handle
 
 

@@ -292,3 +292,18 @@ def test_a_fastmcp_session_write_conflicts_only_on_what_another_call_changed() -
         assert await store.items(handle) == {"a": 10, "b": 10}
 
     asyncio.run(scenario())
+
+
+async def test_a_clients_handle_mistakes_are_answered_but_not_logged_as_errors(
+    sessionless: Client, stack: Stack
+) -> None:
+    marker = uuid.uuid4().hex
+    for arguments in ({"session_id": "f" * 32}, {"session_id": marker}, {}):
+        with pytest.raises(ToolError):
+            await sessionless.call_tool("increment_counter", arguments)
+    # The same mistake a thousand clients could make must not fill the log at ERROR.
+    for name in stack.config.replica_names():
+        lines = [json.loads(line) for line in (stack.log_dir / f"{name}.log").read_text().splitlines()]
+        assert not [
+            line for line in lines if line.get("level") == "ERROR" and "increment_counter" in line.get("message", "")
+        ]
