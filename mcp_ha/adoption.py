@@ -45,7 +45,9 @@ from typing import Any
 
 from fastmcp.server.dependencies import get_http_request
 from fastmcp.server.middleware import Middleware, MiddlewareContext
+from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
+from mcp_types import INVALID_PARAMS
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from starlette.datastructures import Headers
@@ -91,12 +93,25 @@ class Ownership:
 class RecordSessions(Middleware):
     """At `initialize`, record what another replica needs to adopt the session, and keep its events."""
 
-    def __init__(self, store: SessionStore, ownership: Ownership, *, path: str = "/mcp") -> None:
+    def __init__(
+        self, store: SessionStore, ownership: Ownership, *, path: str = "/mcp", max_record_bytes: int = 4096
+    ) -> None:
         self.store = store
         self.ownership = ownership
         self.path = path
+        # A session's record lives as long as the session: a padded clientInfo must not make it huge.
+        self.max_record_bytes = max_record_bytes
 
     async def on_initialize(self, context: MiddlewareContext, call_next):
+        params = getattr(context.message, "params", None)
+        size = 0
+        for part in (getattr(params, "client_info", None), getattr(params, "capabilities", None)):
+            size += len(part.model_dump_json(exclude_none=True)) if part is not None else 0
+        if size > self.max_record_bytes:
+            raise MCPError(
+                INVALID_PARAMS,
+                f"clientInfo and capabilities take {size} bytes; this server keeps at most {self.max_record_bytes}",
+            )
         result = await call_next(context)
         session_id = context.fastmcp_context.session_id if context.fastmcp_context else None
         if result is not None and is_session_id(session_id):

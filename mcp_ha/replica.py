@@ -188,7 +188,9 @@ class HighAvailability:
         mcp.add_middleware(IdempotentCalls())
         mcp.add_middleware(RefuseReplays(self.store, ttl_seconds=self.settings.request_state_ttl_seconds))
         _sdk.add_outside_request_state_boundary(mcp, NoteSealedState())
-        mcp.add_middleware(RecordSessions(self.store, self.ownership, path=path))
+        mcp.add_middleware(
+            RecordSessions(self.store, self.ownership, path=path, max_record_bytes=self.settings.max_record_bytes)
+        )
 
         @mcp.tool(name="create_session")
         async def create_session() -> dict:

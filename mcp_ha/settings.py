@@ -58,6 +58,8 @@ class Settings:
     request_state_ttl_seconds: float = field(default=600.0, metadata={"env": "REQUEST_STATE_TTL_SECONDS"})
     # The largest request body the MCP endpoint takes, however it is sent (HAProxy's HAPROXY_MAX_BODY_BYTES).
     max_body_bytes: int = field(default=1_048_576, metadata={"env": "MAX_BODY_BYTES"})
+    # The most a session-era client's clientInfo and capabilities may take, kept in its record.
+    max_record_bytes: int = field(default=4096, metadata={"env": "MAX_SESSION_RECORD_BYTES"})
     # Open `subscriptions/listen` streams one replica serves at once.
     max_listen_streams: int = field(default=1024, metadata={"env": "MAX_LISTEN_STREAMS"})
 
@@ -69,6 +71,10 @@ class Settings:
                 raise SettingsError(f"{_env(name)}={getattr(self, name)}: expected a positive number of seconds")
         if self.max_body_bytes <= 0:
             raise SettingsError(f"MAX_BODY_BYTES={self.max_body_bytes}: expected a positive number of bytes")
+        if self.max_record_bytes <= 0:
+            raise SettingsError(
+                f"MAX_SESSION_RECORD_BYTES={self.max_record_bytes}: expected a positive number of bytes"
+            )
         if self.max_listen_streams <= 0:
             raise SettingsError(f"MAX_LISTEN_STREAMS={self.max_listen_streams}: expected a positive number")
         if self.redis_wait_replicas < 0:

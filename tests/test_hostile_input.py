@@ -495,20 +495,22 @@ async def test_bodies_near_and_over_the_limit(unharmed: Guard, attacker: RawSess
         response = await attacker.http.post(attacker.url, headers=attacker.headers(), content=body_of(size))
         assert response.status_code == 413, size
         tried("huge body")
-    # HAProxy can only count a chunked body as far as it buffers it: the replica's own limit (4 MB) stands behind.
-    big = body_of(5 * limit)
+    # HAProxy can only count a chunked body as far as it buffers it: the replica holds it to the same
+    # bound (MAX_BODY_BYTES, mcp_ha/limits.py), with a JSON-RPC error.
+    for size in (2 * limit, 5 * limit):
+        big = body_of(size)
 
-    async def chunks() -> AsyncIterator[bytes]:
-        for start in range(0, len(big), 65536):
-            yield big[start : start + 65536]
+        async def chunks(big: bytes = big) -> AsyncIterator[bytes]:
+            for start in range(0, len(big), 65536):
+                yield big[start : start + 65536]
 
-    response = await attacker.http.post(attacker.url, headers=attacker.headers(), content=chunks())
-    assert response.status_code == 413
-    assert response.text == "Request body too large"  # the SDK's words (HAProxy's own 413 is lower-case)
-    tried("huge body")
+        response = await attacker.http.post(attacker.url, headers=attacker.headers(), content=chunks())
+        assert response.status_code == 413
+        assert response.json()["error"]["code"] == -32600
+        tried("huge body")
     # Straight to a replica: under its limit the tool's own bounds answer; over it, 413.
     direct = attacker.at(targets(unharmed.stack)[1])
-    for note, status in (("x" * 3_000_000, 200), ("x" * 5_000_000, 413)):
+    for note, status in (("x" * 900_000, 200), ("x" * 3_000_000, 413)):
         response = await direct.http.post(
             direct.url, headers=direct.headers(), json=tool_call("add_note", {"note": note})
         )
@@ -592,7 +594,8 @@ async def test_notes_over_max_note_chars_are_tool_errors_and_nothing_is_kept(
 ) -> None:
     assert (await attacker.call("add_note", {"note": "é" * MAX_NOTE_CHARS}))["notes_count"] == 1
     # ~900 KB passes HAProxy's 1 MB body limit: the tool's own bound refuses it, on every replica.
-    for i, note in enumerate(["é" * (MAX_NOTE_CHARS + 1), "x" * 100_000, "x" * 900_000, "\x00" * 200_000]):
+    # (A NUL is 6 bytes of JSON: 150,000 of them stay within the replica's 1 MiB body bound.)
+    for i, note in enumerate(["é" * (MAX_NOTE_CHARS + 1), "x" * 100_000, "x" * 900_000, "\x00" * 150_000]):
         response = await attacker.http.post(
             targets(unharmed.stack)[i % 4], headers=attacker.headers(), json=tool_call("add_note", {"note": note})
         )

@@ -9,7 +9,7 @@ import httpx2
 import pytest
 
 from stack import Stack
-from tools.mcp_wire import ACCEPT, PROTOCOL
+from tools.mcp_wire import ACCEPT, PROTOCOL, final_message
 
 pytestmark = pytest.mark.timeout(60)
 MAX_BODY_BYTES = 1_048_576
@@ -38,3 +38,29 @@ def test_a_chunked_body_over_the_bound_gets_413_with_a_json_rpc_error(stack: Sta
     within = post(url, chunked(MAX_BODY_BYTES - 1024))
     assert within.status_code != 413, within.text
     assert within.status_code < 500, within.text
+
+
+def test_an_initialize_with_a_padded_client_info_is_refused_and_records_nothing(stack: Stack) -> None:
+    padded = {"name": "x" * 100_000, "version": "1"}
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": padded},
+    }
+    sessions_before = stack.redis_command("redis", "ZCARD", "mcp:sessions")
+    headers = {"accept": ACCEPT, "content-type": "application/json", "mcp-protocol-version": PROTOCOL}
+    response = httpx2.post(stack.config.mcp_url, json=body, headers=headers, timeout=30)
+    assert response.status_code < 500, response.text
+    message = final_message(response) if response.status_code == 200 else response.json()
+    assert message["error"]["code"] == -32602 and "clientInfo" in message["error"]["message"], message
+    assert stack.redis_command("redis", "ZCARD", "mcp:sessions") == sessions_before
+    # A client within the bound opens its session as ever.
+    assert "result" in final_message(
+        httpx2.post(
+            stack.config.mcp_url,
+            json={**body, "params": {**body["params"], "clientInfo": {"name": "c", "version": "1"}}},
+            headers=headers,
+            timeout=30,
+        )
+    )
