@@ -42,7 +42,7 @@ import contextlib
 import json
 import logging
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from mcp.server.subscriptions import ListenHandler, ResourceUpdated, ServerEvent
@@ -317,30 +317,29 @@ class Subscriptions:
         held = self._sessions.get(session_id)
         if held is not None:
             return held[1]
-        record = await self.bus.store.session_record(session_id) or {}
-        uris = record.get(RECORD_ENTRY)
-        return {uri for uri in uris if isinstance(uri, str)} if isinstance(uris, list) else set()
+        return _recorded_uris(await self.bus.store.session_record(session_id) or {})
 
     def restore(self, session_id: str, record: dict[str, Any], connection: Any) -> None:
         """A session this replica now serves from its record keeps the subscriptions it had elsewhere."""
-        uris = record.get(RECORD_ENTRY)
-        if isinstance(uris, list) and uris and all(isinstance(uri, str) for uri in uris):
-            held = set(uris[:MAX_URIS])
+        held = _recorded_uris(record)
+        if held:
             self._hold(session_id, connection, held)
             # Changes made while the session had no replica, or before the feed is watched here, were
             # heard by nobody: once it is watched, each subscribed resource is announced as updated,
             # and the client refetches (notifications are level triggers).
-            task = asyncio.get_running_loop().create_task(self._announce(session_id, connection, held))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            self._spawn(self._announce(session_id, connection, held))
+
+    def _spawn(self, sending: Coroutine[Any, Any, None]) -> None:
+        """Send without holding up the caller (a bus listener, or adoption); kept until done."""
+        task = asyncio.get_running_loop().create_task(sending)
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     def _announce_all(self) -> None:
         """The feed is back: what it carried while lost was heard by nobody, so every subscription is
         announced as updated (the 2026 streams were ended, and their clients listen again)."""
         for session_id, (sender, uris) in list(self._sessions.items()):
-            task = asyncio.get_running_loop().create_task(self._announce(session_id, sender, set(uris)))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            self._spawn(self._announce(session_id, sender, set(uris)))
 
     async def _announce(self, session_id: str, sender: Any, uris: set[str]) -> None:
         try:
@@ -383,9 +382,7 @@ class Subscriptions:
                 self.forget(session_id)
                 continue
             sender = self._sessions[session_id][0]
-            task = asyncio.get_running_loop().create_task(self._send(session_id, sender, event.uri))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            self._spawn(self._send(session_id, sender, event.uri))
 
     async def _send(self, session_id: str, sender: Any, uri: str) -> None:
         try:
@@ -398,6 +395,12 @@ class Subscriptions:
         """End every listen stream here (a drain, or the feed lost): their clients listen again."""
         for handler in list(self._streams):
             handler.close()
+
+
+def _recorded_uris(record: dict[str, Any]) -> set[str]:
+    """The subscriptions a session's record keeps (at most MAX_URIS, strings only)."""
+    uris = record.get(RECORD_ENTRY)
+    return {uri for uri in uris[:MAX_URIS] if isinstance(uri, str)} if isinstance(uris, list) else set()
 
 
 def _session_id(ctx: Any) -> str:
