@@ -149,8 +149,9 @@ class HighAvailability:
             auth=self.auth,
             mask_error_details=True,
             request_state_security=request_state_security(self.settings, audience=name),
-            # FastMCP's get_session(session_id) then serves the kit's handles (handles.py).
-            session_state_store=FastMCPSessions(self.store),
+            # FastMCP's get_session(session_id) then serves the kit's handles (handles.py); a store of
+            # your own keeps everything else FastMCP puts there.
+            session_state_store=FastMCPSessions(self.store, others=options.pop("session_state_store", None)),
             **options,
         )
         self._servers.add(mcp)

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx2
 import pytest
 from fastmcp import FastMCP
+from fastmcp.server.server import StateValue
 
 from mcp_ha import HighAvailability, Session, Settings
 from stack import free_ports
@@ -123,3 +124,21 @@ def test_served_by_plain_uvicorn_the_app_still_drains_on_sigterm(tmp_path: Path)
             proc.kill()
             proc.wait()
         log.close()
+
+
+@pytest.mark.quick
+def test_a_session_state_store_of_your_own_keeps_what_is_not_a_handle() -> None:
+    from key_value.aio.stores.memory import MemoryStore
+
+    from mcp_ha.handles import FastMCPSessions
+
+    own = MemoryStore()
+    ha = HighAvailability(Settings(metrics=False), store=InMemorySessionStore())
+    mcp = ha.server("own-store", session_state_store=own)
+
+    async def scenario() -> object:
+        await mcp._state_store.put(key="not-a-handle", value=StateValue(value=1))
+        return await own.get("not-a-handle", collection="fastmcp_state")
+
+    assert isinstance(mcp._state_storage, FastMCPSessions)
+    assert asyncio.run(scenario()) == {"value": 1}
