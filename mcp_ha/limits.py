@@ -3,7 +3,7 @@
 A bound on each shared resource, each a setting with a safe default, each
 answered with a clear error when hit (docs/operations.md lists them).
 
-- `RequestLimits`: a request body to the MCP endpoint is at most
+- `BodyLimit`: a request body to the MCP endpoint is at most
   MAX_BODY_BYTES, however it is sent. HAProxy refuses a larger declared
   Content-Length itself, but a chunked body declares none, and HAProxy only
   measures what it buffered; so the replica counts what arrives and answers
@@ -40,7 +40,7 @@ def _in_flight(request_id: Any) -> JSONResponse:
     )
 
 
-class RequestLimits:
+class BodyLimit:
     """ASGI middleware: a body to `path` over `max_bytes` gets 413, and a request id already in flight on
     its session here gets 409 (module docstring)."""
 

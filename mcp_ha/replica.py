@@ -59,7 +59,7 @@ from .errors import ANSWERED, StoreErrors
 from .handles import FastMCPSessions, create_handle, end_handle, session_id_for
 from .health import StoreHealth, health_endpoint
 from .idempotency import IdempotentCalls, current_call
-from .limits import RequestLimits
+from .limits import BodyLimit
 from .logs import Expected, RequestIds, configure
 from .principals import owner
 from .request_state import NoteSealedState, RefuseReplays, request_state_security
@@ -279,7 +279,7 @@ class HighAvailability:
 
         app.router.lifespan_context = lifespan
         return RequestIds(
-            self.drain.middleware(RequestLimits(app, max_bytes=self.settings.max_body_bytes, path=path), path=path)
+            self.drain.middleware(BodyLimit(app, max_bytes=self.settings.max_body_bytes, path=path), path=path)
         )
 
     def run(self, app: ASGIApp) -> None:
