@@ -13,7 +13,6 @@ at the end of the run; a test that sent nothing fails.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import time
 import uuid
@@ -97,18 +96,8 @@ def headers_for(session_id: str | None) -> dict[str, str]:
     return headers
 
 
-# Each request an id of its own: one still in flight on a session (a slow tool an earlier test left
-# running) would make a request reusing its id a 409 (mcp_ha/limits.py), not the answer under test.
-_IDS = itertools.count(1)
-
-
 def tool_call(name: object, arguments: object) -> dict:
-    return {
-        "jsonrpc": "2.0",
-        "id": next(_IDS),
-        "method": "tools/call",
-        "params": {"name": name, "arguments": arguments},
-    }
+    return {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
 
 
 def modern_call(name: str, arguments: dict) -> tuple[dict, dict[str, str]]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 
@@ -10,7 +9,7 @@ import httpx2
 import pytest
 
 from stack import Stack
-from tools.mcp_wire import ACCEPT, PROTOCOL, RawSession, final_message
+from tools.mcp_wire import ACCEPT, PROTOCOL, final_message
 
 pytestmark = pytest.mark.timeout(60)
 MAX_BODY_BYTES = 1_048_576
@@ -65,25 +64,3 @@ def test_an_initialize_with_a_padded_client_info_is_refused_and_records_nothing(
             timeout=30,
         )
     )
-
-
-async def test_a_request_id_already_in_flight_on_the_session_is_refused_not_cross_wired(stack: Stack) -> None:
-    async with httpx2.AsyncClient(timeout=30) as http:
-        session = RawSession(http, stack.config.mcp_url)
-        await session.initialize()
-
-        def call(tool: str, arguments: dict) -> dict:
-            return {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}
-
-        slow = asyncio.create_task(
-            http.post(session.url, headers=session.headers(), json=call("analyze_data", {"num_items": 20}))
-        )
-        await asyncio.sleep(0.3)  # analyze_data takes 1 s: id 7 is in flight
-        twin = await http.post(session.url, headers=session.headers(), json=call("get_counter", {}))
-        assert twin.status_code == 409, twin.text
-        assert twin.json()["error"]["code"] == -32600 and twin.json()["id"] == 7
-        first = final_message(await slow)
-        assert first["id"] == 7 and first["result"]["structuredContent"]["items_processed"] == 20, first
-        # Once it is answered, the id is free again.
-        again = final_message(await http.post(session.url, headers=session.headers(), json=call("get_counter", {})))
-        assert again["result"]["structuredContent"]["counter"] == 0, again
