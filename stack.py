@@ -52,6 +52,10 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent
+# HAProxy's per-address limits (haproxy/haproxy.cfg has the same defaults): requests per 10 s, and
+# open connections. Both well above what the tests and benchmarks send from their one address.
+DEFAULT_RATE_LIMIT = 100_000
+DEFAULT_MAX_CONN_PER_SOURCE = 500
 STOP_GRACE_SECONDS = 15.0
 # The name the sentinels know the primary by (the replicas' REDIS_MASTER_NAME).
 SENTINEL_MASTER = "mymaster"
@@ -198,6 +202,7 @@ class StackOptions(TypedDict, total=False):
     """StackConfig fields `on_free_ports` passes on as given."""
 
     rate_limit: int
+    max_conn_per_source: int
     max_body_bytes: int
     allowed_origins: str
     auth: dict[str, str]
@@ -251,8 +256,10 @@ class StackConfig:
     redis_sentinel_auth_password: str = field(default_factory=new_secret, repr=False)
     redis_replication_password: str = field(default_factory=new_secret, repr=False)
     # HAProxy's HAPROXY_RATE_LIMIT (requests per 10 s per client address),
+    # HAPROXY_MAX_CONN_PER_SOURCE (open connections per client address),
     # HAPROXY_MAX_BODY_BYTES and HAPROXY_ALLOWED_ORIGINS (space-separated).
-    rate_limit: int = 100_000
+    rate_limit: int = DEFAULT_RATE_LIMIT
+    max_conn_per_source: int = DEFAULT_MAX_CONN_PER_SOURCE
     max_body_bytes: int = 1_048_576
     allowed_origins: str = ""
     # The replicas' MCP_AUTH* settings (mcp_ha/auth.py), e.g. {"MCP_AUTH": "static",
@@ -305,7 +312,8 @@ class StackConfig:
             stats_password=os.environ.get("HAPROXY_STATS_PASSWORD") or new_secret(),
             request_state_keys=os.environ.get("REQUEST_STATE_KEYS") or secrets.token_hex(32),
             **redis_secrets,
-            rate_limit=env_int("HAPROXY_RATE_LIMIT", 100_000),
+            rate_limit=env_int("HAPROXY_RATE_LIMIT", DEFAULT_RATE_LIMIT),
+            max_conn_per_source=env_int("HAPROXY_MAX_CONN_PER_SOURCE", DEFAULT_MAX_CONN_PER_SOURCE),
             max_body_bytes=env_int("HAPROXY_MAX_BODY_BYTES", 1_048_576),
             allowed_origins=" ".join(os.environ.get("HAPROXY_ALLOWED_ORIGINS", "").replace(",", " ").split()),
             auth={name: value for name, value in os.environ.items() if name.startswith("MCP_AUTH")},
@@ -324,7 +332,7 @@ class StackConfig:
     ) -> StackConfig:
         """A stack beside any other: for tests and benchmarks that start their own.
 
-        `haproxy`: rate_limit, max_body_bytes, allowed_origins (the defaults otherwise), and
+        `haproxy`: rate_limit, max_conn_per_source, max_body_bytes, allowed_origins (the defaults otherwise), and
         `auth`, the replicas' MCP_AUTH* settings (and `server`, the module the replicas run).
         """
         http, https, stats, redis, redis_replica, *rest = free_ports(8 + replicas)
@@ -688,6 +696,7 @@ class Stack:
             "HAPROXY_STATS_USER": c.stats_user,
             "HAPROXY_STATS_PASSWORD": c.stats_password,
             "HAPROXY_RATE_LIMIT": str(c.rate_limit),
+            "HAPROXY_MAX_CONN_PER_SOURCE": str(c.max_conn_per_source),
             "HAPROXY_MAX_BODY_BYTES": str(c.max_body_bytes),
             "HAPROXY_ALLOWED_ORIGINS": c.allowed_origins,
             "HAPROXY_LUA_DIR": str(ROOT / "haproxy"),

@@ -498,6 +498,7 @@ class Floor:
             "HAPROXY_STATS_USER": c.stats_user,
             "HAPROXY_STATS_PASSWORD": c.stats_password,
             "HAPROXY_RATE_LIMIT": str(c.rate_limit),
+            "HAPROXY_MAX_CONN_PER_SOURCE": str(c.max_conn_per_source),
             "HAPROXY_MAX_BODY_BYTES": str(c.max_body_bytes),
             "HAPROXY_ALLOWED_ORIGINS": c.allowed_origins,
             "HAPROXY_LUA_DIR": str(ROOT / "haproxy"),

@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import csv
+import io
+import json
 import os
 import socket
 import ssl
 import subprocess
+import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
 import pytest
+from conftest import running_stack
 
 from mcp_ha.drain import BALANCER_CHECK_HEADER
-from stack import Stack
+from stack import Stack, read_stats_csv
 from tools.mcp_wire import RawSession
 
 CONFIG = Path(__file__).resolve().parents[2] / "haproxy" / "haproxy.cfg"
@@ -216,10 +223,153 @@ async def test_a_flood_from_one_address_gets_429_and_the_stack_stays_healthy(
         statuses.update(r.status_code for r in batch)
     assert statuses[429] >= 50, statuses
     assert set(statuses) <= {200, 429}, statuses
+    # The refusal says why and when to come back (the rate is over a 10 s window).
+    refused = next(r for r in batch if r.status_code == 429)
+    assert refused.headers["retry-after"] == "10"
+    assert refused.json()["error"]["message"] == "Too many requests from this address; retry later"
     # Refused at HAProxy: the replica and HAProxy are as healthy as before.
     replica = limited_stack.config.replica_ports[0]
     assert (await http.get(f"http://127.0.0.1:{replica}/health")).status_code == 200
     assert limited_stack.healthy("haproxy") and limited_stack.healthy("mcp-server-1")
+
+
+# -- connections per client address (issue 17) -------------------------------------------
+
+# A stack whose HAProxy serves CAP connections per client address. Every test client comes from 127.0.0.1,
+# so each test below stands for a client of its own by connecting from another loopback address.
+CAP = 8
+
+
+@pytest.fixture(scope="module")
+def capped_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running_stack(tmp_path_factory.mktemp("capped"), replicas=1, max_conn_per_source=CAP) as s:
+        yield s
+
+
+def _connect(stack: Stack, source: str) -> socket.socket:
+    return socket.create_connection((stack.config.host, stack.config.http_port), timeout=10, source_address=(source, 0))
+
+
+def _get(sock: socket.socket, path: str = "/health") -> tuple[int, dict[str, str], bytes] | None:
+    """One GET on a kept-alive connection: (status, headers, body), or None if the connection ends unanswered."""
+    try:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: mcp\r\n\r\n".encode())
+        reply = sock.makefile("rb")
+        status_line = reply.readline()
+        if not status_line:
+            return None
+        headers = {}
+        while (line := reply.readline().decode()) not in ("\r\n", ""):
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        return int(status_line.split()[1]), headers, reply.read(int(headers.get("content-length", 0)))
+    except (ConnectionResetError, BrokenPipeError):
+        return None
+
+
+def _status(sock: socket.socket) -> int | None:
+    reply = _get(sock)
+    return reply[0] if reply else None
+
+
+def _ended(sock: socket.socket) -> bool:
+    """Whether the peer closed the connection (nothing more to read), waiting at most the socket's timeout."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def _open_connections(stack: Stack) -> int:
+    """The MCP frontend's open client connections, from HAProxy's stats."""
+    rows = csv.DictReader(io.StringIO(read_stats_csv(stack.config.stats_url, *stack.config.stats_auth).lstrip("# ")))
+    return next(int(row["scur"]) for row in rows if (row["pxname"], row["svname"]) == ("mcp", "FRONTEND"))
+
+
+def _wait_for_open_connections(stack: Stack, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while _open_connections(stack) != count:
+        assert time.monotonic() < deadline, f"{_open_connections(stack)} connections open, not {count}"
+        time.sleep(0.05)
+
+
+def test_a_request_on_a_connection_over_the_cap_gets_429_and_others_are_served(capped_stack: Stack) -> None:
+    with contextlib.ExitStack() as held:
+        served = [held.enter_context(_connect(capped_stack, "127.0.0.2")) for _ in range(CAP)]
+        assert [_status(sock) for sock in served] == [200] * CAP
+        beyond = held.enter_context(_connect(capped_stack, "127.0.0.2"))
+        reply = _get(beyond)
+        assert reply is not None
+        status, headers, body = reply
+        assert status == 429 and headers["retry-after"] == "1"
+        assert "close some" in json.loads(body)["error"]["message"]
+        # Closed with the answer, so the refused connection does not keep a slot either.
+        assert headers["connection"] == "close" and _ended(beyond)
+        # The connections within the cap go on serving, and another address is served at once.
+        assert _status(served[0]) == 200
+        with _connect(capped_stack, "127.0.0.3") as other:
+            assert _status(other) == 200
+        # A connection closed makes room for a new one.
+        served.pop().close()
+        _wait_for_open_connections(capped_stack, CAP - 1)
+        with _connect(capped_stack, "127.0.0.2") as again:
+            assert _status(again) == 200
+
+
+@pytest.mark.timeout(60)
+def test_idle_connections_far_over_the_cap_are_refused_then_dropped(capped_stack: Stack) -> None:
+    """An address holding connections it sends nothing on: past twice the cap, new ones are closed as they
+    are accepted; the idle ones are closed by `timeout http-request`, and the address is served again."""
+    with contextlib.ExitStack() as held:
+        idle = [held.enter_context(_connect(capped_stack, "127.0.0.4")) for _ in range(2 * CAP + 1)]
+        _wait_for_open_connections(capped_stack, 2 * CAP + 1)
+        for _ in range(3):
+            assert _refused_at_connect(capped_stack, "127.0.0.4")
+        # Meanwhile another address is served.
+        with _connect(capped_stack, "127.0.0.5") as other:
+            assert _status(other) == 200
+        # The idle ones do not hold their slots for long (timeout http-request, 10 s).
+        deadline = time.monotonic() + 30
+        for sock in idle:
+            sock.settimeout(max(deadline - time.monotonic(), 0.1))
+            assert _ended_or_408(sock), "an idle connection was kept open"
+        _wait_for_open_connections(capped_stack, 0)
+        with _connect(capped_stack, "127.0.0.4") as back:
+            assert _status(back) == 200
+
+
+def _refused_at_connect(stack: Stack, source: str) -> bool:
+    """A connection closed as soon as it is accepted: reset (even before connect returns), no HTTP answer."""
+    try:
+        with _connect(stack, source) as sock:
+            return _get(sock) is None
+    except ConnectionResetError:
+        return True
+
+
+def _ended_or_408(sock: socket.socket) -> bool:
+    """Closed by the peer, with nothing said or only a 408 (HAProxy's answer to a request that never came)."""
+    try:
+        data = sock.recv(4096)
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    return data == b"" or (data.startswith(b"HTTP/1.1 408") and _ended(sock))
+
+
+def test_the_default_caps_are_the_stacks(stack: Stack) -> None:
+    """The local stack passes its settings; haproxy.cfg's own defaults are the same numbers."""
+    from stack import DEFAULT_MAX_CONN_PER_SOURCE, DEFAULT_RATE_LIMIT
+
+    env = stack.service("haproxy").env
+    assert env["HAPROXY_MAX_CONN_PER_SOURCE"] == str(DEFAULT_MAX_CONN_PER_SOURCE)
+    assert env["HAPROXY_RATE_LIMIT"] == str(DEFAULT_RATE_LIMIT)
+    cfg = CONFIG.read_text()
+    assert cfg.count(f'"${{HAPROXY_MAX_CONN_PER_SOURCE-{DEFAULT_MAX_CONN_PER_SOURCE}}}"') == 2
+    assert cfg.count(f'"${{HAPROXY_RATE_LIMIT-{DEFAULT_RATE_LIMIT}}}"') == 1
 
 
 # -- TLS (issue 6) ----------------------------------------------------------------------
