@@ -56,6 +56,8 @@ ROOT = Path(__file__).resolve().parent
 # open connections. Both well above what the tests and benchmarks send from their one address.
 DEFAULT_RATE_LIMIT = 100_000
 DEFAULT_MAX_CONN_PER_SOURCE = 500
+# Redis's maxmemory in the local stack and compose.
+DEFAULT_REDIS_MAXMEMORY = "256mb"
 STOP_GRACE_SECONDS = 15.0
 # The name the sentinels know the primary by (the replicas' REDIS_MASTER_NAME).
 SENTINEL_MASTER = "mymaster"
@@ -69,8 +71,9 @@ HEALTH_TIMEOUT_SECONDS = 30.0
 # (redis-py's CLIENT SETINFO on connect is left out: Redis 7.0 has no such
 # command, and redis-py carries on when it is refused.)
 REDIS_KIT_USER = "mcp"
+# +info: the replicas read INFO memory to report how near Redis is to its maxmemory.
 REDIS_KIT_ACL = (
-    "resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +evalsha +script|load +wait "
+    "resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +info +evalsha +script|load +wait "
     "+time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget "
     "+hexists +hdel +lindex +rpush +ltrim +lrange +publish +subscribe +unsubscribe"
 )
@@ -102,6 +105,8 @@ REDIS_SECRETS = {
     "redis_replication_password": "REDIS_REPLICATION_PASSWORD",
 }
 REDIS_SECRETS_FILE = "redis-secrets.json"
+# REDIS_MAXMEMORY: a size as Redis reads one (bytes, or with k, kb, m, mb, g, gb).
+REDIS_MEMORY_FORM = re.compile(r"[1-9][0-9]*(?:[kmg]b?|b)?", re.IGNORECASE)
 # Secrets a shell may hold for stack.py itself, never handed on with the rest
 # of its environment: each service gets what it needs in Service.env (the
 # replicas the kit's Redis user, not the admin; HAProxy no Redis password at
@@ -207,6 +212,7 @@ class StackOptions(TypedDict, total=False):
     allowed_origins: str
     auth: dict[str, str]
     server: str
+    redis_maxmemory: str
 
 
 class RedisAuth(TypedDict):
@@ -271,8 +277,14 @@ class StackConfig:
     # The replicas' REQUEST_STATE_KEYS: one ring for all of them, so a 2026-07-28 multi-round-trip
     # request may take its legs to any replica (mcp_ha/request_state.py). This stack's own unless set.
     request_state_keys: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
+    # Redis's maxmemory (REDIS_MAXMEMORY), with maxmemory-policy noeviction: at the bound
+    # Redis refuses writes, which the replicas answer as clear errors, and never evicts a
+    # live session's state to make room.
+    redis_maxmemory: str = DEFAULT_REDIS_MAXMEMORY
 
     def __post_init__(self) -> None:
+        if not REDIS_MEMORY_FORM.fullmatch(self.redis_maxmemory):
+            raise StackError(f"REDIS_MAXMEMORY={self.redis_maxmemory!r}: a size such as 256mb or 1gb")
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", self.server):
             raise StackError(f"MCP_SERVER_MODULE={self.server!r}: a module name, e.g. examples.cart.server")
         for name, variable in REDIS_SECRETS.items():
@@ -318,6 +330,7 @@ class StackConfig:
             allowed_origins=" ".join(os.environ.get("HAPROXY_ALLOWED_ORIGINS", "").replace(",", " ").split()),
             auth={name: value for name, value in os.environ.items() if name.startswith("MCP_AUTH")},
             server=server or os.environ.get("MCP_SERVER_MODULE") or "server",
+            redis_maxmemory=os.environ.get("REDIS_MAXMEMORY") or DEFAULT_REDIS_MAXMEMORY,
         )
 
     @classmethod
@@ -607,6 +620,11 @@ class Stack:
             ]
         return "".join(f"user {name} reset on >{password} {rules}\n" for name, password, rules in users)
 
+    def _redis_memory_args(self) -> list[str]:
+        """Redis's memory bound, on the command line (no secret in it) so it also holds for a config file
+        Redis or Sentinel rewrote and the stack keeps: past it writes are refused, nothing is evicted."""
+        return ["--maxmemory", self.config.redis_maxmemory, "--maxmemory-policy", "noeviction"]
+
     def _redis_services(self) -> list[Service]:
         c = self.config
         if c.redis_mode == "single":
@@ -616,7 +634,13 @@ class Stack:
                 f'appendonly yes\nsave ""\n{self._redis_users()}'
             )
             return [
-                Service("redis", ["redis-server", str(conf)], c.redis_port, config_file=(conf, text), config_kept=False)
+                Service(
+                    "redis",
+                    ["redis-server", str(conf), *self._redis_memory_args()],
+                    c.redis_port,
+                    config_file=(conf, text),
+                    config_kept=False,
+                )
             ]
         services = []
         for name, port in (("redis-1", c.redis_port), ("redis-2", c.redis_replica_port)):
@@ -632,7 +656,9 @@ class Stack:
             )
             if name == "redis-2":
                 text += f"replicaof {c.host} {c.redis_port}\n"
-            services.append(Service(name, ["redis-server", str(conf)], port, config_file=(conf, text)))
+            services.append(
+                Service(name, ["redis-server", str(conf), *self._redis_memory_args()], port, config_file=(conf, text))
+            )
         for i, port in enumerate(c.sentinel_ports, start=1):
             conf = c.state_dir / f"sentinel-{i}" / "sentinel.conf"
             # Quorum 2 of 3; the primary counts as down after 1 s without an answer. The sentinels

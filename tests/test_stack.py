@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import free_ports, running_stack, stack_config
 
-from stack import Stack, StackError
+from stack import Stack, StackConfig, StackError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -196,6 +196,55 @@ def test_a_sentinel_stack_has_a_primary_a_replica_and_three_sentinels(sentinel_s
         env = sentinel_stack.service(name).env
         assert "REDIS_URL" not in env and env["REDIS_SENTINELS"] == sentinel_stack.config.sentinels
         assert env["REDIS_WAIT_REPLICAS"] == "1"
+
+
+def test_every_redis_server_of_a_stack_has_a_memory_bound_and_evicts_nothing(
+    own_stack: Stack, sentinel_stack: Stack
+) -> None:
+    for stack, names in ((own_stack, ["redis"]), (sentinel_stack, ["redis-1", "redis-2"])):
+        for name in names:
+            assert stack.redis_command(name, "CONFIG", "GET", "maxmemory") == ["maxmemory", str(256 * 1024 * 1024)]
+            assert stack.redis_command(name, "CONFIG", "GET", "maxmemory-policy") == ["maxmemory-policy", "noeviction"]
+
+
+@pytest.mark.timeout(60)
+def test_a_full_redis_refuses_writes_and_keeps_every_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """REDIS_MAXMEMORY, read by stack.py: at the bound a write gets OOM, and nothing written before is evicted."""
+    monkeypatch.setenv("REDIS_MAXMEMORY", "4mb")
+    monkeypatch.setenv("STACK_DIR", str(tmp_path))
+    (redis_port,) = free_ports(1)
+    monkeypatch.setenv("REDIS_PORT", str(redis_port))
+    stack = Stack(StackConfig.from_env())
+    try:
+        stack.start("redis")
+        value = "x" * 100_000
+        written, refusal = 0, None
+        for i in range(200):  # 20 MB at most: far past the bound
+            reply = stack.redis_command("redis", "SET", f"mcp:fill:{i}", value)
+            if isinstance(reply, Exception):
+                refusal = str(reply)
+                break
+            written += 1
+        assert refusal is not None and refusal.startswith("OOM"), refusal
+        assert written > 0
+        assert stack.redis_command("redis", "DBSIZE") == written
+        assert stack.redis_info("redis", "stats")["evicted_keys"] == "0"
+        # Reads and deletes still work, and free room for writes again.
+        assert stack.redis_command("redis", "STRLEN", "mcp:fill:0") == len(value)
+        assert stack.redis_command("redis", "DEL", "mcp:fill:0") == 1
+        assert stack.redis_command("redis", "SET", "mcp:fill:again", "1") == "OK"
+    finally:
+        stack.down()
+
+
+@pytest.mark.parametrize("size", ["lots", "256 mb", "-1", "0", "1tb"])
+def test_a_memory_bound_redis_cannot_read_is_refused_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: str
+) -> None:
+    monkeypatch.setenv("STACK_DIR", str(tmp_path))
+    monkeypatch.setenv("REDIS_MAXMEMORY", size)
+    with pytest.raises(StackError, match=r"^REDIS_MAXMEMORY="):
+        StackConfig.from_env()
 
 
 def test_up_refuses_to_switch_a_running_stack_to_another_redis_mode(sentinel_stack: Stack) -> None:

@@ -5,6 +5,8 @@
 # Sentinel would take to reconfigure it. The users are docker-compose.yaml's
 # and stack.py's, written at each start with hashed passwords, except
 # masterauth, which Redis must send; the file is the redis user's only.
+# Memory is bounded as in ../kubernetes/redis.yaml (half the container's
+# limit; full: writes refused, nothing evicted).
 set -eu
 . "$(dirname "$0")/primary.sh"
 plain_password REDIS_REPLICATION_PASSWORD "$REDIS_REPLICATION_PASSWORD"
@@ -16,7 +18,7 @@ hash() { printf %s "$1" | sha256sum | cut -d' ' -f1; }
   cat <<CONF
 port ${me##*:}
 user default on #$(hash "$REDIS_ADMIN_PASSWORD") ~* &* +@all
-user mcp on #$(hash "$REDIS_PASSWORD") resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +evalsha +script|load +wait +time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget +hexists +hdel +lindex +rpush +ltrim +lrange +publish +subscribe +unsubscribe
+user mcp on #$(hash "$REDIS_PASSWORD") resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +info +evalsha +script|load +wait +time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget +hexists +hdel +lindex +rpush +ltrim +lrange +publish +subscribe +unsubscribe
 user sentinel on #$(hash "$REDIS_SENTINEL_AUTH_PASSWORD") resetkeys resetchannels &__sentinel__:hello -@all +multi +exec +slaveof +ping +info +role +config|rewrite +client|setname +client|kill +script|kill +publish +subscribe
 user replication on #$(hash "$REDIS_REPLICATION_PASSWORD") resetkeys resetchannels -@all +psync +replconf +ping
 masteruser replication
@@ -25,6 +27,8 @@ appendonly yes
 appendfsync everysec
 save ""
 repl-diskless-sync-delay 0
+maxmemory 256mb
+maxmemory-policy noeviction
 replica-announce-ip ${me%:*}
 CONF
   # By name: the sentinels and the replicas resolve it, whatever address the pod has now.

@@ -201,6 +201,24 @@ def test_redis_persists_with_aof_and_has_a_healthcheck(compose):
     assert "/data" in bind_mounts(redis), "AOF on the container's writable layer is lost with the container"
 
 
+def memory_bound(argv: list[str]) -> tuple[str, str]:
+    return argv[argv.index("--maxmemory") + 1], argv[argv.index("--maxmemory-policy") + 1]
+
+
+@pytest.mark.quick
+def test_every_redis_server_has_a_memory_bound_and_evicts_nothing(compose, sentinel_file):
+    """Full, Redis refuses writes (clear errors at the replicas) instead of evicting live session state."""
+    _, argv = redis_script(service(compose, "redis")["command"])
+    assert memory_bound(argv) == ("256mb", "noeviction")
+    # The bound is REDIS_MAXMEMORY's, from the host (docs/operations.md), in every file.
+    assert '--maxmemory "${REDIS_MAXMEMORY:-256mb}"' in service(compose, "redis")["command"][2]
+    for name in ("redis", "redis-2"):
+        command = sentinel_file["services"][name]["command"]
+        assert "${REDIS_MAXMEMORY:-256mb}" in command, name
+        _, argv = redis_script(command)
+        assert memory_bound(argv) == ("256mb", "noeviction"), name
+
+
 @pytest.mark.parametrize("name", REPLICAS)
 @pytest.mark.quick
 def test_replicas_take_the_auth_settings_from_the_host_and_are_open_without_them(compose, name):

@@ -473,6 +473,9 @@ def test_redis_persists_to_its_volume(objects):
     statefulset = find(objects, "StatefulSet", "redis")
     argv = expand(redis_command(objects)[2], {}).rstrip().splitlines()[-1].split()
     assert argv[argv.index("--appendonly") + 1] == "yes"
+    # Bounded, within the container's memory limit, and full means writes refused, never live state evicted.
+    assert (argv[argv.index("--maxmemory") + 1], argv[argv.index("--maxmemory-policy") + 1]) == ("256mb", "noeviction")
+    assert container(statefulset)["resources"]["limits"]["memory"] == "512Mi"
     claims = {t["metadata"]["name"] for t in statefulset["spec"]["volumeClaimTemplates"]}
     mounts = {m["mountPath"]: m["name"] for m in container(statefulset)["volumeMounts"]}
     assert mounts["/data"] in claims, "the append-only file must outlive the pod"

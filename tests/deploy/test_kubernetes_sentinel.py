@@ -147,6 +147,8 @@ def test_servers_and_sentinels_have_the_kits_acl():
     }
     assert acl_users(script("sentinel.sh")) == {"default": "~* &* +@all", "mcp": REDIS_SENTINEL_KIT_ACL}
     assert "masteruser replication\n" in script("redis.sh")
+    # ../kubernetes's memory bound: full means writes refused, never live state evicted.
+    assert "maxmemory 256mb\nmaxmemory-policy noeviction\n" in script("redis.sh")
     assert "sentinel auth-user $REDIS_MASTER_NAME sentinel\n" in script("sentinel.sh")
 
 

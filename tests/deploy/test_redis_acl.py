@@ -34,7 +34,6 @@ REFUSED = [
     ("CONFIG", "GET", "requirepass"),
     ("DEBUG", "SLEEP", "0"),
     ("ACL", "LIST"),
-    ("INFO",),
     ("CLIENT", "LIST"),
     ("MONITOR",),
     ("SHUTDOWN", "NOSAVE"),
@@ -89,6 +88,16 @@ def test_the_kits_user_may_not_run_what_the_kit_does_not_need(redis_stack: Stack
     assert error.startswith("NOPERM") or words[0] == "DEBUG", error
     dry_run = redis_stack.redis_command("redis", "ACL", "DRYRUN", redis_stack.config.redis_user, *words)
     assert isinstance(dry_run, str) and "no permissions" in dry_run, dry_run
+
+
+def test_the_kits_user_reads_how_near_redis_is_to_its_memory_bound(redis_stack: Stack) -> None:
+    """The replicas report memory pressure from INFO memory (issue 17); reading is all the user may do there."""
+    info = as_kit(redis_stack, "redis", "INFO", "memory")
+    assert isinstance(info, str), info
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    assert int(fields["maxmemory"]) > 0 and fields["maxmemory_policy"] == "noeviction"
+    assert int(fields["used_memory"]) > 0
+    assert error_of(as_kit(redis_stack, "redis", "CONFIG", "SET", "maxmemory", "0")).startswith("NOPERM")
 
 
 def test_the_kits_user_reaches_only_the_kits_keys(redis_stack: Stack) -> None:
