@@ -66,6 +66,13 @@ DEFAULT_EVENT_TTL_SECONDS = 5 * 60
 # How many events of a session are kept for replay: enough for a long call's
 # progress, bounded so a chatty session cannot grow without limit.
 DEFAULT_MAX_EVENTS = 1000
+# A session's event log, in bytes: resuming needs the last few events, not a history.
+DEFAULT_MAX_LOG_BYTES = 256 * 1024
+# A session's state, in bytes of JSON text.
+DEFAULT_MAX_STATE_BYTES = 1024 * 1024
+# Live sessions (and handles): in all, and per holder (a principal, or a client address).
+DEFAULT_MAX_SESSIONS = 200_000
+DEFAULT_MAX_SESSIONS_PER_HOLDER = 5_000
 # The session record's entry naming the principal that opened the session
 # (`mcp_ha/principals.py`): the one entry that outlives `end_session`, read by `owner`.
 OWNER = "owner"
@@ -138,6 +145,14 @@ class StoreUnavailable(Exception):
     """The store could not be reached; the operation may not have happened."""
 
 
+class StoreFull(StoreUnavailable):
+    """The store refused a write for want of memory (Redis `maxmemory`): nothing was applied.
+
+    Answered like an unreachable store (a keyed call may be sent again), and
+    never by evicting what is live.
+    """
+
+
 # What a client is told when the store is unavailable: a keyed call may be sent
 # again (its op replays if it did happen), so clients retry on this message.
 STORE_UNAVAILABLE = "Session store unavailable; try again shortly."
@@ -155,6 +170,13 @@ class Conflict(Exception):
     """An entry `apply` was told to expect changed meanwhile: nothing was applied."""
 
 
+class LimitExceeded(ValueError):
+    """A write or a new session would pass one of the store's bounds: nothing was applied.
+
+    The message says which bound, in words a client can act on.
+    """
+
+
 # One write of an `apply`: (operation, key, argument). Operations: "set" (the
 # value), "incr" (by how much), "append" (the item) and "delete" (None).
 Write = tuple[str, str, Any]
@@ -168,6 +190,10 @@ class StoreLimits(TypedDict, total=False):
     op_ttl_seconds: int
     event_ttl_seconds: int
     max_events: int
+    max_log_bytes: int
+    max_state_bytes: int
+    max_sessions: int
+    max_sessions_per_holder: int
     on_replay: Callable[[Op], None] | None
 
 
@@ -181,17 +207,32 @@ class SessionStore(ABC):
         op_ttl_seconds: int = DEFAULT_OP_TTL_SECONDS,
         event_ttl_seconds: int = DEFAULT_EVENT_TTL_SECONDS,
         max_events: int = DEFAULT_MAX_EVENTS,
+        max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
+        max_state_bytes: int = DEFAULT_MAX_STATE_BYTES,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        max_sessions_per_holder: int = DEFAULT_MAX_SESSIONS_PER_HOLDER,
         on_replay: Callable[[Op], None] | None = None,
     ) -> None:
-        """`on_replay` is told of each write answered from its op record instead of applied (metrics)."""
+        """`on_replay` is told of each write answered from its op record instead of applied (metrics).
+
+        The bounds: a session's event log keeps at most `max_events` events and
+        `max_log_bytes` bytes (the oldest go first); its state at most
+        `max_state_bytes` bytes of JSON text (a write past it is refused,
+        `LimitExceeded`); and `open_session` refuses a session past
+        `max_sessions` in all or `max_sessions_per_holder` for its holder.
+        """
         if min(ttl_seconds, op_ttl_seconds, event_ttl_seconds) <= 0:
             raise ValueError("TTLs must be positive")
-        if max_events <= 0:
-            raise ValueError("max_events must be positive")
+        if min(max_events, max_log_bytes, max_state_bytes, max_sessions, max_sessions_per_holder) <= 0:
+            raise ValueError("store bounds must be positive")
         self.ttl_seconds = ttl_seconds
         self.op_ttl_seconds = op_ttl_seconds
         self.event_ttl_seconds = event_ttl_seconds
         self.max_events = max_events
+        self.max_log_bytes = max_log_bytes
+        self.max_state_bytes = max_state_bytes
+        self.max_sessions = max_sessions
+        self.max_sessions_per_holder = max_sessions_per_holder
         self._on_replay = on_replay
 
     def replayed(self, op: Op) -> None:
@@ -219,9 +260,20 @@ class SessionStore(ABC):
 
     @abstractmethod
     async def append(
-        self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None
+        self,
+        session_id: str,
+        key: str,
+        value: Any,
+        *,
+        max_items: int | None = None,
+        epoch: int | None = None,
+        op: Op | None = None,
     ) -> int:
-        """Atomically append `value` to the list under `key`; the list's new length."""
+        """Atomically append `value` to the list under `key`; the list's new length.
+
+        O(1) in the list's length. With `max_items`, an append that would make
+        the list longer is refused (`LimitExceeded`).
+        """
 
     @abstractmethod
     async def delete(self, session_id: str, key: str, *, epoch: int | None = None, op: Op | None = None) -> bool:
@@ -270,17 +322,24 @@ class SessionStore(ABC):
         """Mark the session live now (sliding its TTL) without changing its state."""
 
     @abstractmethod
-    async def count_sessions(self) -> int:
-        """Sessions touched within the TTL, from an index: never a scan."""
+    async def count_sessions(self, *, holder: str | None = None) -> int:
+        """Sessions touched within the TTL, from an index: never a scan.
+
+        With `holder`, only the sessions and handles opened for it (`open_session`)
+        and not ended since, opened within the TTL.
+        """
 
     # -- session records -------------------------------------------------------------
 
     @abstractmethod
-    async def open_session(self, session_id: str, record: dict[str, Any]) -> int:
+    async def open_session(self, session_id: str, record: dict[str, Any], *, holder: str | None = None) -> int:
         """Record a new session (what adoption needs); its first epoch.
 
         Keep the record's values small: a store may keep each entry beside the
         session's state (Redis: one field each, in the session's hash).
+        Refused (`LimitExceeded`, nothing recorded) when the store holds
+        `max_sessions` live sessions, or `holder` (who opens it: a principal,
+        or a client's address) `max_sessions_per_holder`.
         """
 
     @abstractmethod
@@ -315,7 +374,8 @@ class SessionStore(ABC):
 
         `message` is the JSON text of a JSON-RPC message, or None for a priming
         event (a place to resume from, with nothing to replay). The log keeps
-        the session's last `max_events` events, for the event TTL from the latest add.
+        the session's last `max_events` events within `max_log_bytes`, for the event
+        TTL from the latest add.
         """
 
     @abstractmethod
@@ -343,9 +403,10 @@ class SessionStore(ABC):
         """Send `message` to every replica watching the store (`watch`), this one included."""
 
     @abstractmethod
-    def watch(self) -> AbstractAsyncContextManager[AsyncIterator[str]]:
+    def watch(self, *, events: bool = False) -> AbstractAsyncContextManager[AsyncIterator[str]]:
         """Once entered, the messages from every replica, in order: each `publish`ed message, and the
-        id of each session whose state a write (or copy) changed, as the write commits.
+        id of each session whose state a write (or copy) changed, as the write commits. With
+        `events`, instead, the id of each session an event is added to (`add_event`), as it is.
 
         Entering returns only once watching has begun, so nothing sent after it is missed. The
         iterator raises StoreUnavailable when the store's connection is lost: what was sent
@@ -355,6 +416,10 @@ class SessionStore(ABC):
     async def ping(self) -> bool:
         """Whether the store answers now. Never raises."""
         return True
+
+    async def memory(self) -> tuple[int, int] | None:
+        """(bytes used, the most it may use, 0 for no bound), for memory pressure; None when not known."""
+        return None
 
     async def aclose(self) -> None:  # noqa: B027  optional hook: a store holding no connections keeps this no-op
         """Release connections."""
@@ -416,8 +481,8 @@ class Session:
     async def incr(self, key: str, by: int = 1) -> int:
         return await self.store.incr(self.id, key, by, **self._safe("incr", key))
 
-    async def append(self, key: str, value: Any) -> int:
-        return await self.store.append(self.id, key, value, **self._safe("append", key))
+    async def append(self, key: str, value: Any, *, max_items: int | None = None) -> int:
+        return await self.store.append(self.id, key, value, max_items=max_items, **self._safe("append", key))
 
     async def delete(self, key: str) -> bool:
         return await self.store.delete(self.id, key, **self._safe("delete", key))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import json
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -21,6 +22,7 @@ from session_store import (
     OWNER,
     Conflict,
     Fenced,
+    LimitExceeded,
     Op,
     OpReused,
     SessionStore,
@@ -60,6 +62,16 @@ class _EventLog:
     entries: deque[tuple[int, str, str | None]]
     numbers: itertools.count
     added_at: float = 0.0
+    size: int = 0
+
+
+def _entry_bytes(stream_id: str, message: str | None) -> int:
+    return len(stream_id.encode()) + len((message or "").encode())
+
+
+def _state_bytes(data: Mapping[str, Any]) -> int:
+    """What the Redis store counts: the bytes of each entry's compact JSON text."""
+    return sum(len(json.dumps(value, separators=(",", ":")).encode()) for value in data.values())
 
 
 class InMemorySessionStore(SessionStore):
@@ -74,12 +86,16 @@ class InMemorySessionStore(SessionStore):
         self._records: dict[str, tuple[dict[str, Any], int]] = {}
         # Outlives the record (end_session), not the state.
         self._owners: dict[str, str] = {}
+        # Who opened each recorded session, and what each holder has open (max_sessions_per_holder).
+        self._holders: dict[str, str] = {}
+        self._held: dict[str, set[str]] = {}
         # Per (session, call): (digest, {write: result}, expiry), kept in expiry
         # order (one TTL for all), so expiry pops from the front too.
         self._ops: OrderedDict[tuple[str, str], tuple[str, dict[str, Any], float]] = OrderedDict()
         # Ordered by latest add, oldest first: expiry pops from the front.
         self._events: OrderedDict[str, _EventLog] = OrderedDict()
         self._watchers: set[_Watcher] = set()
+        self._event_watchers: set[_Watcher] = set()
         # name: (holder, expiry); expired ones are dropped when claimed again or swept with the ops.
         self._claims: dict[str, tuple[str, float]] = {}
 
@@ -93,6 +109,7 @@ class InMemorySessionStore(SessionStore):
             del self._seen[oldest]
             self._records.pop(oldest, None)
             self._owners.pop(oldest, None)
+            self._release(oldest)
         events_horizon = self._clock() - self.event_ttl_seconds
         while self._events and next(iter(self._events.values())).added_at <= events_horizon:
             self._events.popitem(last=False)
@@ -129,7 +146,17 @@ class InMemorySessionStore(SessionStore):
             record = self._records.get(session_id)
             if record is None or record[1] != epoch:
                 raise Fenced(session_id)
-        result = apply(self._live(session_id))
+        data = self._live(session_id)
+        before = _state_bytes(data)
+        work = copy.deepcopy(data)  # all or none: applied to a copy, swapped in once within the bound
+        result = apply(work)
+        after = _state_bytes(work)
+        if after > self.max_state_bytes and after > before:
+            raise LimitExceeded(
+                f"this session's state would take {after} bytes; the store keeps at most {self.max_state_bytes}"
+            )
+        data.clear()
+        data.update(work)
         self._send(session_id)
         if op is not None:
             # Re-inserted last: the call's records expire the op TTL after its latest write.
@@ -162,7 +189,14 @@ class InMemorySessionStore(SessionStore):
         return self._write(session_id, epoch, op, apply)
 
     async def append(
-        self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None
+        self,
+        session_id: str,
+        key: str,
+        value: Any,
+        *,
+        max_items: int | None = None,
+        epoch: int | None = None,
+        op: Op | None = None,
     ) -> int:
         value, key = copy.deepcopy(value), check_key(key)
 
@@ -170,6 +204,8 @@ class InMemorySessionStore(SessionStore):
             current = data.setdefault(key, [])
             if not isinstance(current, list):
                 raise TypeError(f"{key!r} does not hold a list")
+            if max_items is not None and len(current) >= max_items:
+                raise LimitExceeded(f"{key!r} holds {len(current)} items, the most it may")
             current.append(value)
             return len(current)
 
@@ -238,13 +274,31 @@ class InMemorySessionStore(SessionStore):
     async def touch(self, session_id: str) -> None:
         self._live(session_id)
 
-    async def count_sessions(self) -> int:
+    async def count_sessions(self, *, holder: str | None = None) -> int:
         self._expire()
-        return len(self._sessions)
+        return len(self._sessions) if holder is None else len(self._held.get(holder, ()))
 
-    async def open_session(self, session_id: str, record: dict[str, Any]) -> int:
+    def _release(self, session_id: str) -> None:
+        holder = self._holders.pop(session_id, None)
+        if holder is not None:
+            self._held[holder].discard(session_id)
+            if not self._held[holder]:
+                del self._held[holder]
+
+    async def open_session(self, session_id: str, record: dict[str, Any], *, holder: str | None = None) -> int:
+        self._expire()
+        if session_id not in self._sessions and len(self._sessions) >= self.max_sessions:
+            raise LimitExceeded(f"this server holds {self.max_sessions} sessions, the most it may")
+        if holder is not None and len(self._held.get(holder, ())) >= self.max_sessions_per_holder:
+            raise LimitExceeded(
+                f"you hold {self.max_sessions_per_holder} open sessions, the most you may; end some first"
+            )
         self._live(session_id)
         self._records[session_id] = (copy.deepcopy(record), 1)
+        if holder is not None:
+            self._release(session_id)
+            self._holders[session_id] = holder
+            self._held.setdefault(holder, set()).add(session_id)
         if record.get(OWNER) is not None:
             self._owners[session_id] = record[OWNER]
         return 1
@@ -274,6 +328,7 @@ class InMemorySessionStore(SessionStore):
 
     async def end_session(self, session_id: str) -> bool:
         self._expire()
+        self._release(session_id)
         return self._records.pop(session_id, None) is not None
 
     async def owner(self, session_id: str) -> str | None:
@@ -287,21 +342,22 @@ class InMemorySessionStore(SessionStore):
         held = self._claims.setdefault(name, (holder, now + ttl_seconds))
         return held[0] == holder
 
-    def _send(self, message: str) -> None:
-        for watcher in self._watchers:
+    def _send(self, message: str, *, events: bool = False) -> None:
+        for watcher in self._event_watchers if events else self._watchers:
             watcher.put(message)
 
     async def publish(self, message: str) -> None:
         self._send(message)
 
     @asynccontextmanager
-    async def watch(self) -> AsyncIterator[AsyncIterator[str]]:
+    async def watch(self, *, events: bool = False) -> AsyncIterator[AsyncIterator[str]]:
         watcher = _Watcher()
-        self._watchers.add(watcher)
+        watchers = self._event_watchers if events else self._watchers
+        watchers.add(watcher)
         try:
             yield watcher.messages()
         finally:
-            self._watchers.discard(watcher)
+            watchers.discard(watcher)
 
     async def add_event(self, session_id: str, stream_id: str, message: str | None) -> str:
         self._expire()
@@ -313,7 +369,13 @@ class InMemorySessionStore(SessionStore):
         self._events[session_id] = log  # re-inserted last: the latest add
         log.added_at = self._clock()
         number = next(log.numbers)
-        log.entries.append((number, stream_id, message))  # the deque drops the oldest past max_events
+        if len(log.entries) == self.max_events:
+            log.size -= _entry_bytes(*log.entries[0][1:])  # the deque drops it below
+        log.entries.append((number, stream_id, message))
+        log.size += _entry_bytes(stream_id, message)
+        while log.size > self.max_log_bytes and len(log.entries) > 1:
+            log.size -= _entry_bytes(*log.entries.popleft()[1:])
+        self._send(session_id, events=True)
         return mint_event_id(session_id, f"{number}-0")
 
     async def events_after(self, session_id: str, event_id: str) -> tuple[str, list[tuple[str, str | None]]] | None:

@@ -6,7 +6,10 @@ Layout, with the default prefix `mcp`:
   value compact JSON text (`_json`: the same value, keys in the same order,
   is always the same text), and beside them the session's record for adoption (a
   field per record entry, named ".<entry>", and ".epoch", the ownership
-  epoch). One small key per session: Redis keeps a hash of short fields in
+  epoch), and the store's own bookkeeping in fields named "..<name>":
+  `..bytes`, the bytes of the state's JSON texts (`max_state_bytes`), and
+  `..n:<entry>`, the length of a list appends keep, so an append never
+  decodes the list. One small key per session: Redis keeps a hash of short fields in
   its compact listpack encoding, and one command reads, copies or expires
   the whole session.
 - `mcp:sessions`: a sorted set of session ids scored by last-seen time (the
@@ -18,11 +21,17 @@ Layout, with the default prefix `mcp`:
   retried call applies each write once; `recall` reads it (one HMGET).
 - `mcp:events:<id>`: the session's event log for resumable SSE streams, a
   list of "<position> <stream length> <stream><message>", trimmed to the
-  last `max_events` on every add and kept the event TTL after the latest.
+  last `max_events` within `max_log_bytes` on every add (`...:bytes` beside
+  it holds the bytes its entries take) and kept the event TTL after the latest.
   A list, not a Redis stream: a stream preallocates a 4 KB node, ten times
   what a short call's events take.
+- `mcp:holder:<sha256 of the holder>`: a sorted set of the sessions and
+  handles a holder (a principal, or a client address) opened, scored by when,
+  for `max_sessions_per_holder`; a session's hash names it in `..holder`.
 - `mcp:claim:<sha256 of the name>`: a hash whose `holder` field says who
   claimed the name (`claim`), expiring with the claim.
+- `mcp:events`: a pub/sub channel: each event added publishes its session's
+  id, for the replays waiting on that log (`watch(events=True)`).
 - `mcp:changes`: a pub/sub channel, not a key. Every write publishes the
   changed session's id on it from inside its script (no extra round trip),
   and `publish` sends other messages; `watch` subscribes to it.
@@ -86,7 +95,7 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from session_store import (
@@ -94,9 +103,11 @@ from session_store import (
     WRITE_OPERATIONS,
     Conflict,
     Fenced,
+    LimitExceeded,
     Op,
     OpReused,
     SessionStore,
+    StoreFull,
     StoreLimits,
     StoreUnavailable,
     Write,
@@ -190,12 +201,13 @@ end
 #   4. the change and the op's result commit together, so a replica that dies
 #      right after cannot leave a change without its record.
 # ARGV[3] epoch or '', ARGV[4] op ttl, ARGV[5] the op's digest or '' (no op),
-# ARGV[6] the write's name in the call, ARGV[7] the operation, ARGV[8..] its
-# arguments; KEYS[4] a copy's source; KEYS[5] the changes channel (a
+# ARGV[6] the write's name in the call, ARGV[7] the operation, ARGV[8] the
+# most bytes the state may take, ARGV[9] the most items an append may make
+# ('' for no bound), ARGV[10..] the operation's arguments; KEYS[4] a copy's source; KEYS[5] the changes channel (a
 # channel, not a key: named here so the script never builds a name), where
 # the changed session's id is published once the change commits. The operations: 'set', 'incr',
-# 'append' and 'delete' (ARGV[8] the entry, ARGV[9] the value, amount or
-# item), 'copy', and 'apply': ARGV[8] the result to record, ARGV[9] how many
+# 'append' and 'delete' (ARGV[10] the entry, ARGV[11] the value, amount or
+# item), 'copy', and 'apply': ARGV[10] the result to record, ARGV[11] how many
 # expected entries follow as (entry, JSON text or ''), then the writes as
 # (operation, entry, argument).
 # The single writes and an apply's run through the same functions, which
@@ -210,29 +222,55 @@ _WRITE = (
     + _INTEGERS
     + """
 local staged, staged_order = nil, {}
+local max_bytes, max_items = tonumber(ARGV[8]), tonumber(ARGV[9])
 local function value(field)
   if staged and staged[field] ~= nil then return staged[field] end
   return redis.call('HGET', KEYS[1], field)
 end
-local function put(field, text)
+-- The state's size: '..bytes' holds the bytes of every entry's text, and
+-- '..n:<entry>' the length of a list that appends keep, so neither a size
+-- check nor an append ever reads the whole state or list.
+local size = nil
+local function state_size()
+  if not size then size = tonumber(redis.call('HGET', KEYS[1], '..bytes') or '0') end
+  return size
+end
+local function too_large(new_size)
+  return redis.error_reply("LIMIT this session's state would take " .. string.format('%.0f', new_size)
+    .. ' bytes; the store keeps at most ' .. ARGV[8])
+end
+local function set_field(field, text)
+  if text then redis.call('HSET', KEYS[1], field, text) else redis.call('HDEL', KEYS[1], field) end
+end
+-- Changes an entry (text false: removes it), and its list length (count nil: unknown).
+local function put(field, text, count)
   if staged then
-    if staged[field] == nil then staged_order[#staged_order + 1] = field end
+    for _, name in ipairs({field, '..n:' .. field}) do
+      if staged[name] == nil then staged_order[#staged_order + 1] = name end
+    end
     staged[field] = text
-  elseif text then
-    redis.call('HSET', KEYS[1], field, text)
-  else
-    redis.call('HDEL', KEYS[1], field)
+    staged['..n:' .. field] = count and tostring(count) or false
+    return nil
   end
+  local new_size = state_size() - redis.call('HSTRLEN', KEYS[1], field) + (text and #text or 0)
+  if max_bytes and new_size > max_bytes and new_size > state_size() then return too_large(new_size) end
+  set_field(field, text)
+  set_field('..n:' .. field, count and tostring(count) or false)
+  size = new_size
+  redis.call('HSET', KEYS[1], '..bytes', size)
+  return nil
 end
 -- Each answers its result as JSON text, or nil and the error.
 local write = {}
 function write.set(field, text)
-  put(field, text)
+  local refused = put(field, text)
+  if refused then return nil, refused end
   return 'null'
 end
 function write.delete(field)
   local existed = value(field) and 'true' or 'false'
-  put(field, false)
+  local refused = put(field, false)
+  if refused then return nil, refused end
   return existed
 end
 function write.incr(field, by)
@@ -243,20 +281,29 @@ function write.incr(field, by)
   high, low = add(high, low, by_high, by_low)
   if not fits(high, low) then return nil, redis.error_reply('ERR increment or decrement would overflow') end
   local text = integer_text(high, low)
-  put(field, text)
+  local refused = put(field, text)
+  if refused then return nil, refused end
   return text
 end
 function write.append(field, item)
-  local current, updated = value(field), nil
+  local current, updated, count = value(field), nil, nil
   if not current or current == '[]' then
-    updated = '[' .. item .. ']'
+    updated, count = '[' .. item .. ']', 1
   elseif string.sub(current, 1, 1) == '[' then
     updated = string.sub(current, 1, -2) .. ',' .. item .. ']'
+    -- Decoded once for a list no append has counted yet (set whole, or
+    -- stored before lengths were kept); counted from then on.
+    count = tonumber(value('..n:' .. field) or '') or #cjson.decode(current)
+    count = count + 1
   else
     return nil, redis.error_reply('WRONGTYPE entry does not hold a list')
   end
-  put(field, updated)
-  return tostring(#cjson.decode(updated))
+  if max_items and count > max_items then
+    return nil, redis.error_reply('LIMIT this list holds ' .. (count - 1) .. ' items, the most it may')
+  end
+  local refused = put(field, updated, count)
+  if refused then return nil, refused end
+  return tostring(count)
 end
 
 if ARGV[5] ~= '' then
@@ -277,44 +324,55 @@ if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], '.epoch') ~= ARGV[3] then
 end
 local op, result, failed = ARGV[7], nil, nil
 if write[op] then
-  result, failed = write[op](ARGV[8], ARGV[9])
+  result, failed = write[op](ARGV[10], ARGV[11])
   if failed then return failed end
 elseif op == 'apply' then
-  local expected = tonumber(ARGV[9])
-  for i = 10, 9 + 2 * expected, 2 do
+  local expected = tonumber(ARGV[11])
+  for i = 12, 11 + 2 * expected, 2 do
     local wanted, current = ARGV[i + 1], redis.call('HGET', KEYS[1], ARGV[i])
     local unchanged
     if wanted == '' then unchanged = not current or current == 'null' else unchanged = current == wanted end
     if not unchanged then return redis.error_reply('CONFLICT an entry changed since it was read') end
   end
   staged = {}
-  for i = 10 + 2 * expected, #ARGV, 3 do
+  for i = 12 + 2 * expected, #ARGV, 3 do
     if not write[ARGV[i]] then return redis.error_reply('ERR unknown write ' .. ARGV[i]) end
     local _, refused = write[ARGV[i]](ARGV[i + 1], ARGV[i + 2])
     if refused then return refused end
   end
+  local new_size = state_size()
   for _, field in ipairs(staged_order) do
-    if staged[field] then
-      redis.call('HSET', KEYS[1], field, staged[field])
-    else
-      redis.call('HDEL', KEYS[1], field)
+    if string.sub(field, 1, 2) ~= '..' then
+      new_size = new_size - redis.call('HSTRLEN', KEYS[1], field) + (staged[field] and #staged[field] or 0)
     end
   end
-  result = ARGV[8]
+  if max_bytes and new_size > max_bytes and new_size > state_size() then return too_large(new_size) end
+  for _, field in ipairs(staged_order) do set_field(field, staged[field]) end
+  redis.call('HSET', KEYS[1], '..bytes', new_size)
+  result = ARGV[10]
 elseif op == 'copy' then
   -- State only (the source's record stays its own), in chunks, so unpack()
   -- stays far below Lua's stack limit.
-  local flat, state = redis.call('HGETALL', KEYS[4]), {}
+  -- Lists' lengths go along ('..n:' fields), and a target's stale ones go.
+  local flat, state, new_size, entries = redis.call('HGETALL', KEYS[4]), {}, state_size(), 0
   for i = 1, #flat, 2 do
-    if string.sub(flat[i], 1, 1) ~= '.' then
-      state[#state + 1] = flat[i]
+    local name = flat[i]
+    if string.sub(name, 1, 1) ~= '.' or string.sub(name, 1, 4) == '..n:' then
+      state[#state + 1] = name
       state[#state + 1] = flat[i + 1]
     end
+    if string.sub(name, 1, 1) ~= '.' then
+      entries = entries + 1
+      new_size = new_size - redis.call('HSTRLEN', KEYS[1], name) + #flat[i + 1]
+      redis.call('HDEL', KEYS[1], '..n:' .. name)
+    end
   end
+  if max_bytes and new_size > max_bytes and new_size > state_size() then return too_large(new_size) end
   for i = 1, #state, 200 do
     redis.call('HSET', KEYS[1], unpack(state, i, math.min(i + 199, #state)))
   end
-  result = tostring(#state / 2)
+  redis.call('HSET', KEYS[1], '..bytes', new_size)
+  result = tostring(entries)
 else
   return redis.error_reply('ERR unknown operation ' .. op)
 end
@@ -334,7 +392,9 @@ _RECORD = """
 local function record_fields()
   local names = {}
   for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
-    if string.sub(name, 1, 1) == '.' and name ~= '.epoch' then names[#names + 1] = name end
+    if string.sub(name, 1, 1) == '.' and string.sub(name, 2, 2) ~= '.' and name ~= '.epoch' then
+      names[#names + 1] = name
+    end
   end
   return names
 end
@@ -350,11 +410,31 @@ local function record()
 end
 """
 
-# ARGV[3..]: the record, flattened as field, value, ...
+# Refused past ARGV[3] live sessions in all (KEYS[2], the index), or past
+# ARGV[4] for the holder (KEYS[3], the sessions it opened, scored by when,
+# ARGV[5] its name, '' for none, kept in '..holder' for _END).
+# ARGV[6..]: the record, flattened as field, value, ...
 _OPEN = (
     _TOUCH
     + """
-redis.call('HSET', KEYS[1], '.epoch', 1, unpack(ARGV, 3))
+local now = tonumber(redis.call('TIME')[1])
+local horizon = now - tonumber(ARGV[2])
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', horizon)
+  if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then
+    return redis.error_reply('LIMIT this server holds ' .. ARGV[3] .. ' sessions, the most it may')
+  end
+end
+if ARGV[5] ~= '' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', horizon)
+  if redis.call('ZSCORE', KEYS[3], ARGV[1]) == false and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[4]) then
+    return redis.error_reply('LIMIT you hold ' .. ARGV[4] .. ' open sessions, the most you may; end some first')
+  end
+  redis.call('ZADD', KEYS[3], now, ARGV[1])
+  redis.call('EXPIRE', KEYS[3], ARGV[2])
+  redis.call('HSET', KEYS[1], '..holder', ARGV[5])
+end
+redis.call('HSET', KEYS[1], '.epoch', 1, unpack(ARGV, 6))
 touch()
 return 1
 """
@@ -387,10 +467,16 @@ return {epoch, record()}
 """
 )
 
-# The owner stays: it guards the state, which stays too.
+# The owner stays: it guards the state, which stays too. The holder's count
+# drops. ARGV[1] the session's id.
 _END = (
     _RECORD
     + """
+local holder = redis.call('HGET', KEYS[1], '..holder')
+if holder then
+  redis.call('ZREM', holder, ARGV[1])
+  redis.call('HDEL', KEYS[1], '..holder')
+end
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
 local names = {'.epoch'}
 for _, name in ipairs(record_fields()) do
@@ -420,8 +506,12 @@ return redis.call('ZCARD', KEYS[1])
 # Positions are "<ms>-<n>": the Redis server's clock, and a count within the
 # millisecond, never going back even if the clock does, so a position from an
 # expired log cannot name an event of a later one.
-# KEYS[1] the session's event log; ARGV[1] max events, ARGV[2] ttl,
-# ARGV[3] stream id, ARGV[4] the message ('' for a priming event).
+# KEYS[1] the session's event log, KEYS[2] the bytes its entries take;
+# ARGV[1] max events, ARGV[2] ttl, ARGV[3] stream id, ARGV[4] the message
+# ('' for a priming event), ARGV[5] max bytes, ARGV[6] the session's id,
+# published on KEYS[3] (the events channel) for replays waiting on the log.
+# The oldest entries go first, one at a time, so each add costs what it
+# trims: O(1) amortized.
 _ADD_EVENT = """
 local t = redis.call('TIME')
 local ms, n = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), 0
@@ -431,9 +521,17 @@ if last then
   if tonumber(last_ms) >= ms then ms, n = tonumber(last_ms), tonumber(last_n) + 1 end
 end
 local position = string.format('%.0f-%.0f', ms, n)
-redis.call('RPUSH', KEYS[1], position .. ' ' .. #ARGV[3] .. ' ' .. ARGV[3] .. ARGV[4])
-redis.call('LTRIM', KEYS[1], -tonumber(ARGV[1]), -1)
+local entry = position .. ' ' .. #ARGV[3] .. ' ' .. ARGV[3] .. ARGV[4]
+local length = redis.call('RPUSH', KEYS[1], entry)
+local size = last and tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+size = size + #entry
+while length > 1 and (length > tonumber(ARGV[1]) or size > tonumber(ARGV[5])) do
+  size = size - #redis.call('LPOP', KEYS[1])
+  length = length - 1
+end
+redis.call('SET', KEYS[2], size, 'EX', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('PUBLISH', KEYS[3], ARGV[6])
 return position
 """
 
@@ -523,6 +621,7 @@ class RedisSessionStore(SessionStore):
         self._prefix = prefix
         self._index = f"{prefix}:sessions"
         self._changes = f"{prefix}:changes"
+        self._events = f"{prefix}:events"
         # Retries come at most every 0.5 s (wait_max below): enough of them to fill the window.
         self._retry_attempts = retry_attempts if retry_attempts is not None else 5 + math.ceil(2 * retry_seconds)
         self._retry_seconds = retry_seconds
@@ -577,6 +676,8 @@ class RedisSessionStore(SessionStore):
         except RETRYABLE as exc:
             self._mark_outage()
             raise StoreUnavailable(f"redis: {exc}") from exc
+        except OutOfMemoryError as exc:
+            raise StoreFull(f"redis: {exc}") from exc
         except ResponseError as exc:
             message = str(exc)
             if message.startswith("FENCED"):
@@ -585,6 +686,8 @@ class RedisSessionStore(SessionStore):
                 raise OpReused(message) from exc
             if message.startswith("CONFLICT"):
                 raise Conflict(message) from exc
+            if message.startswith("LIMIT"):
+                raise LimitExceeded(message.removeprefix("LIMIT ")) from exc
             if "WRONGTYPE" in message or "not an integer" in message:
                 raise TypeError(message) from exc
             raise
@@ -604,6 +707,9 @@ class RedisSessionStore(SessionStore):
             result = await call()
             self._failing_since = None
             return result
+        except OutOfMemoryError as exc:
+            # A read's script slides the TTL: a write Redis refuses past maxmemory.
+            raise StoreFull(f"redis: {exc}") from exc
         except RETRYABLE as exc:
             budget = self._mark_outage()
             if self._retry_attempts <= 1 or budget <= 0:
@@ -625,7 +731,14 @@ class RedisSessionStore(SessionStore):
         raise AssertionError("unreachable: stamina either returns or raises")
 
     async def _write(
-        self, session_id: str, operation: str, *args: Any, epoch: int | None, op: Op | None, source: str | None = None
+        self,
+        session_id: str,
+        operation: str,
+        *args: Any,
+        epoch: int | None,
+        op: Op | None,
+        source: str | None = None,
+        max_items: int | None = None,
     ) -> Any:
         keys = self._keys(session_id)
         keys.append(self._op_key(session_id, op) if op is not None else keys[0])
@@ -639,6 +752,8 @@ class RedisSessionStore(SessionStore):
             "" if op is None else op.digest,
             "" if op is None else op.write,
             operation,
+            self.max_state_bytes,
+            "" if max_items is None else max_items,
             *args,
         ]
 
@@ -703,9 +818,18 @@ class RedisSessionStore(SessionStore):
         return await self._write(session_id, "incr", check_key(key), by, epoch=epoch, op=op)
 
     async def append(
-        self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None
+        self,
+        session_id: str,
+        key: str,
+        value: Any,
+        *,
+        max_items: int | None = None,
+        epoch: int | None = None,
+        op: Op | None = None,
     ) -> int:
-        return await self._write(session_id, "append", check_key(key), _json(value), epoch=epoch, op=op)
+        return await self._write(
+            session_id, "append", check_key(key), _json(value), epoch=epoch, op=op, max_items=max_items
+        )
 
     async def delete(self, session_id: str, key: str, *, epoch: int | None = None, op: Op | None = None) -> bool:
         return await self._write(session_id, "delete", check_key(key), epoch=epoch, op=op)
@@ -753,12 +877,26 @@ class RedisSessionStore(SessionStore):
     async def touch(self, session_id: str) -> None:
         await self._read(lambda: self._touch(keys=self._keys(session_id), args=[session_id, self.ttl_seconds]))
 
-    async def count_sessions(self) -> int:
-        return int(await self._read(lambda: self._count(keys=[self._index], args=[self.ttl_seconds])))
+    def _holder_key(self, holder: str) -> str:
+        return f"{self._prefix}:holder:{hashlib.sha256(holder.encode()).hexdigest()}"
 
-    async def open_session(self, session_id: str, record: dict[str, Any]) -> int:
-        args = [session_id, self.ttl_seconds, *_flat_record(record)]
-        return int(await self._read(lambda: self._durable(self._open, self._keys(session_id), args)))
+    async def count_sessions(self, *, holder: str | None = None) -> int:
+        key = self._index if holder is None else self._holder_key(holder)
+        return int(await self._read(lambda: self._count(keys=[key], args=[self.ttl_seconds])))
+
+    async def open_session(self, session_id: str, record: dict[str, Any], *, holder: str | None = None) -> int:
+        holder_key = "" if holder is None else self._holder_key(holder)
+        keys = [*self._keys(session_id), holder_key or self._index]
+        args = [
+            session_id,
+            self.ttl_seconds,
+            self.max_sessions,
+            self.max_sessions_per_holder,
+            holder_key,
+            *_flat_record(record),
+        ]
+        # Retried safely: a retry finds the session it opened (and its holder's count unchanged).
+        return int(await self._call(lambda: self._read(lambda: self._durable(self._open, keys, args))))
 
     async def session_record(self, session_id: str) -> dict[str, Any] | None:
         flat = await self._read(lambda: self._read_record(keys=self._keys(session_id)[:1]))
@@ -778,7 +916,7 @@ class RedisSessionStore(SessionStore):
         return None if found is None else (_record_of(found[1]), int(found[0]))
 
     async def end_session(self, session_id: str) -> bool:
-        return bool(await self._read(lambda: self._end(keys=self._keys(session_id)[:1])))
+        return bool(await self._read(lambda: self._end(keys=self._keys(session_id)[:1], args=[session_id])))
 
     async def owner(self, session_id: str) -> str | None:
         raw = await self._read(lambda: self._redis.hget(self._keys(session_id)[0], ".owner"))
@@ -788,10 +926,11 @@ class RedisSessionStore(SessionStore):
         return f"{self._prefix}:events:{session_id}"
 
     async def add_event(self, session_id: str, stream_id: str, message: str | None) -> str:
-        args = [self.max_events, self.event_ttl_seconds, stream_id, message or ""]
+        args = [self.max_events, self.event_ttl_seconds, stream_id, message or "", self.max_log_bytes, session_id]
+        keys = [self._events_key(session_id), f"{self._events_key(session_id)}:bytes", self._events]
         # Once, never retried: a retry after a lost reply would log the event
         # twice, and a resumed stream would deliver it twice.
-        position = await self._call(lambda: self._add_event(keys=[self._events_key(session_id)], args=args))
+        position = await self._call(lambda: self._add_event(keys=keys, args=args))
         return mint_event_id(session_id, position)
 
     async def events_after(self, session_id: str, event_id: str) -> tuple[str, list[tuple[str, str | None]]] | None:
@@ -814,7 +953,7 @@ class RedisSessionStore(SessionStore):
         await self._call(lambda: self._redis.publish(self._changes, message))
 
     @asynccontextmanager
-    async def watch(self) -> AsyncIterator[AsyncIterator[str]]:
+    async def watch(self, *, events: bool = False) -> AsyncIterator[AsyncIterator[str]]:
         # A connection of its own for as long as the watch lasts (pub/sub holds it).
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         heard = [time.monotonic()]
@@ -835,7 +974,7 @@ class RedisSessionStore(SessionStore):
         pinger: asyncio.Task[None] | None = None
         try:
             try:
-                await pubsub.subscribe(self._changes)
+                await pubsub.subscribe(self._events if events else self._changes)
             except RETRYABLE as exc:
                 raise StoreUnavailable(f"redis: {exc}") from exc
             pinger = asyncio.get_running_loop().create_task(keep_alive())
@@ -866,6 +1005,13 @@ class RedisSessionStore(SessionStore):
         # An outage can end with no call to notice: the next one gets the whole window again.
         self._failing_since = None
         return True
+
+    async def memory(self) -> tuple[int, int] | None:
+        try:
+            info = await self._redis.info("memory")
+        except (*RETRYABLE, ResponseError):  # unreachable, or a user without +info
+            return None
+        return int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
 
     async def aclose(self) -> None:
         await self._redis.aclose()

@@ -8,6 +8,7 @@ with every write waiting for a Redis replica's acknowledgement.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import time
@@ -21,10 +22,12 @@ from session_store import (
     OWNER,
     Conflict,
     Fenced,
+    LimitExceeded,
     Op,
     OpReused,
     Session,
     SessionStore,
+    StoreFull,
     StoreUnavailable,
     Transaction,
     is_event_id,
@@ -1153,10 +1156,14 @@ async def test_redis_store_keeps_a_sessions_events_in_one_list_with_the_event_tt
             )
             return done.stdout
 
-        keys = (await redis_cli("--scan", "--pattern", f"{prefix}:*")).split()
-        assert keys == [f"{prefix}:events:{sid}"]
+        keys = sorted((await redis_cli("--scan", "--pattern", f"{prefix}:*")).split())
+        # The log, and the bytes its entries take (for max_log_bytes), expiring together.
+        assert keys == [f"{prefix}:events:{sid}", f"{prefix}:events:{sid}:bytes"]
         assert (await redis_cli("TYPE", keys[0])).strip() == "list"
-        assert 590 <= int(await redis_cli("TTL", keys[0])) <= 600
+        entries = (await redis_cli("LRANGE", keys[0], "0", "-1")).splitlines()
+        assert int(await redis_cli("GET", keys[1])) == sum(len(entry.encode()) for entry in entries)
+        for key in keys:
+            assert 590 <= int(await redis_cli("TTL", key)) <= 600
     finally:
         await store.aclose()
 
@@ -1301,3 +1308,135 @@ async def test_a_records_entries_can_be_updated_but_not_its_owner(store: Session
     assert record["subscriptions"] == ["x://a", "x://b"]
     await store.end_session(sid)
     assert not await store.update_record(sid, {"subscriptions": []})
+
+
+# -- bounds: nothing one client sends can take what every client shares -----------------
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def bounded_store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
+    limits = {"max_state_bytes": 200, "max_log_bytes": 300, "max_sessions": 6, "max_sessions_per_holder": 2}
+    if request.param == "memory":
+        yield InMemorySessionStore(**limits)  # type: ignore[arg-type]
+        return
+    redis_stack: Stack = request.getfixturevalue("redis_stack")
+    s = RedisSessionStore(
+        redis_stack.config.redis_url,
+        **redis_stack.config.redis_auth,
+        prefix=f"mcp:t{new_id()[:8]}",
+        **limits,  # type: ignore[arg-type]
+    )
+    yield s
+    await s.aclose()
+
+
+async def test_a_write_past_the_state_bound_is_refused_and_changes_nothing(bounded_store: SessionStore) -> None:
+    sid = new_id()
+    await bounded_store.set(sid, "a", "x" * 100)
+    with pytest.raises(LimitExceeded, match="at most 200"):
+        await bounded_store.set(sid, "b", "y" * 100)
+    with pytest.raises(LimitExceeded):
+        await bounded_store.apply(sid, [("set", "c", "z"), ("append", "d", "w" * 120)], expect={}, result=None)
+    assert await bounded_store.items(sid) == {"a": "x" * 100}
+    # Replacing an entry counts what it frees: shrinking and same-size writes always pass.
+    await bounded_store.set(sid, "a", "y" * 150)
+    await bounded_store.set(sid, "a", "short")
+    await bounded_store.set(sid, "b", "y" * 150)
+    await bounded_store.delete(sid, "b")
+    assert await bounded_store.items(sid) == {"a": "short"}
+
+
+async def test_a_copy_past_the_state_bound_is_refused(bounded_store: SessionStore) -> None:
+    source, target = new_id(), new_id()
+    await bounded_store.set(source, "a", "x" * 120)
+    await bounded_store.set(target, "b", "y" * 120)
+    with pytest.raises(LimitExceeded):
+        await bounded_store.copy(source, target)
+    assert await bounded_store.items(target) == {"b": "y" * 120}
+
+
+async def test_an_append_past_max_items_is_refused_and_counts_stay_right(store: SessionStore) -> None:
+    sid = new_id()
+    assert [await store.append(sid, "l", n, max_items=3) for n in range(3)] == [1, 2, 3]
+    with pytest.raises(LimitExceeded, match="3 items"):
+        await store.append(sid, "l", 3, max_items=3)
+    assert await store.get(sid, "l") == [0, 1, 2]
+    # A list set whole, or copied, or rebuilt by an apply, is counted right by the next append.
+    await store.set(sid, "l", ["a", "b"])
+    assert await store.append(sid, "l", "c") == 3
+    other = new_id()
+    await store.set(other, "l", [1, 2, 3, 4, 5])
+    await store.copy(other, sid)
+    assert await store.append(sid, "l", 6) == 6
+    await store.apply(sid, [("delete", "l", None), ("append", "l", "x")], expect={}, result=None)
+    assert await store.append(sid, "l", "y") == 2
+    assert await store.get(sid, "l") == ["x", "y"]
+
+
+async def test_an_event_log_keeps_its_latest_events_within_its_bytes(bounded_store: SessionStore) -> None:
+    sid = new_id()
+    ids = [await bounded_store.add_event(sid, "s", json.dumps({"n": n, "pad": "x" * 60})) for n in range(10)]
+    # ~85 bytes an entry within 300: the oldest went, the latest three or so stay.
+    assert await bounded_store.events_after(sid, ids[0]) is None
+    found = await bounded_store.events_after(sid, ids[-3])
+    assert found is not None
+    assert [json.loads(m or "")["n"] for _, m in found[1]] == [8, 9]
+
+
+async def test_sessions_are_bounded_per_holder_and_in_all(bounded_store: SessionStore) -> None:
+    a1, a2, a3 = new_id(), new_id(), new_id()
+    await bounded_store.open_session(a1, {"v": 1}, holder="alice")
+    await bounded_store.open_session(a2, {"v": 1}, holder="alice")
+    with pytest.raises(LimitExceeded, match="2 open sessions"):
+        await bounded_store.open_session(a3, {"v": 1}, holder="alice")
+    assert await bounded_store.session_record(a3) is None
+    assert await bounded_store.count_sessions(holder="alice") == 2
+    # Ending one frees its place; another holder has places of its own.
+    await bounded_store.end_session(a1)
+    await bounded_store.open_session(a3, {"v": 1}, holder="alice")
+    for _ in range(2):
+        await bounded_store.open_session(new_id(), {"v": 1}, holder="bob")
+    await bounded_store.open_session(new_id(), {"v": 1})
+    # Six in the index now (a1's state lives on): the next is one too many for anyone.
+    assert await bounded_store.count_sessions() == 6
+    with pytest.raises(LimitExceeded, match="6 sessions"):
+        await bounded_store.open_session(new_id(), {"v": 1}, holder="carol")
+
+
+async def test_a_write_past_redis_maxmemory_is_store_full_and_evicts_nothing(redis_stack: Stack) -> None:
+    prefix = f"mcp:t{new_id()[:8]}"
+    store = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=prefix)
+
+    async def admin(*args: str) -> str:
+        done = await asyncio.to_thread(
+            subprocess.run,
+            ["redis-cli", "-p", str(redis_stack.config.redis_port), *args],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=redis_stack.config.redis_cli_env,
+        )
+        return done.stdout.split()[-1]
+
+    sid = new_id()
+    await store.set(sid, "kept", "value")
+    used, _ = await store.memory() or (0, 0)
+    assert used > 0
+    was = {name: await admin("CONFIG", "GET", name) for name in ("maxmemory", "maxmemory-policy")}
+    await admin("CONFIG", "SET", "maxmemory", str(used))
+    await admin("CONFIG", "SET", "maxmemory-policy", "noeviction")
+    try:
+        refused = False
+        for _ in range(1000):  # bounded: the first write past the bound is refused
+            try:
+                await store.set(new_id(), "filler", "x" * 10_000)
+            except StoreFull:
+                refused = True
+                break
+        assert refused
+        assert (await store.memory() or (0, 0))[1] == used
+    finally:
+        for name, value in was.items():
+            await admin("CONFIG", "SET", name, value)
+    assert await store.get(sid, "kept") == "value"
+    await store.aclose()
