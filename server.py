@@ -22,7 +22,7 @@ from fastmcp import Context
 from fastmcp.exceptions import ResourceError, ToolError
 from fastmcp.server.elicitation import AcceptedElicitation
 from mcp_types import ElicitRequest, ElicitRequestFormParams, ElicitResult, InputRequiredResult
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from mcp_ha import HighAvailability, SessionHandle
 from mcp_ha.handles import session_era_id
@@ -36,11 +36,13 @@ INSTANCE_ID = ha.instance
 ANALYZE_STEP_SECONDS = 0.05
 WATCH_POLL_SECONDS = 0.5
 WATCH_MAX_SECONDS = 30
-# The longest note add_note keeps, in characters. The contract gives `note: str`
-# and nothing more, but every note is kept in the session's hash for the
-# session's life and sent back whole by list_notes: without a bound, one call
-# under HAProxy's body limit stores ~1 MB.
-MAX_NOTE_CHARS = 10_000
+# The longest note add_note keeps, in UTF-8 bytes (what the store keeps), and
+# how many a session keeps. The contract gives `note: str` and nothing more,
+# but every note is kept in the session's hash for the session's life and
+# sent back whole by list_notes: without bounds, one call under HAProxy's body
+# limit stores ~1 MB, and a session grows without end.
+MAX_NOTE_BYTES = 10_000
+MAX_NOTES = 100
 started_at = time.monotonic()
 log = logging.getLogger("mcp-ha")
 
@@ -62,17 +64,28 @@ async def get_counter(ctx: Context, session_id: SessionHandle = None) -> dict:
     return {"counter": await session.get("counter", 0), "instance": INSTANCE_ID}
 
 
+def _within_note_bytes(note: str) -> str:
+    if len(note.encode()) > MAX_NOTE_BYTES:
+        raise ValueError(f"the note takes {len(note.encode())} bytes of UTF-8; at most {MAX_NOTE_BYTES} are kept")
+    return note
+
+
 @mcp.tool
 async def add_note(
     note: Annotated[
-        str, Field(max_length=MAX_NOTE_CHARS, description=f"The note (at most {MAX_NOTE_CHARS} characters).")
+        str,
+        Field(
+            max_length=MAX_NOTE_BYTES,
+            description=f"The note (at most {MAX_NOTE_BYTES} bytes of UTF-8; a session keeps {MAX_NOTES}).",
+        ),
+        AfterValidator(_within_note_bytes),
     ],
     ctx: Context,
     session_id: SessionHandle = None,
 ) -> dict:
     """Append a note to this session's notes, atomically."""
     session = await ha.session(ctx, session_id)
-    return {"notes_count": await session.append("notes", note), "instance": INSTANCE_ID}
+    return {"notes_count": await session.append("notes", note, max_items=MAX_NOTES), "instance": INSTANCE_ID}
 
 
 @mcp.tool(annotations=READ_ONLY)

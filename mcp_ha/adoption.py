@@ -47,17 +47,17 @@ from fastmcp.server.dependencies import get_http_request
 from fastmcp.server.middleware import Middleware, MiddlewareContext
 from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
-from mcp_types import INVALID_PARAMS
+from mcp_types import INVALID_REQUEST
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from session_store import SessionStore, StoreUnavailable, is_session_id
+from session_store import LimitExceeded, SessionStore, StoreUnavailable, is_session_id
 
 from . import _sdk
-from .principals import owned_by, owner, refused_by_auth
+from .principals import client_of, owned_by, owner, refused_by_auth
 from .streams import SessionEvents, resumes_stream
 
 log = logging.getLogger(__name__)
@@ -94,24 +94,20 @@ class RecordSessions(Middleware):
     """At `initialize`, record what another replica needs to adopt the session, and keep its events."""
 
     def __init__(
-        self, store: SessionStore, ownership: Ownership, *, path: str = "/mcp", max_record_bytes: int = 4096
+        self,
+        store: SessionStore,
+        ownership: Ownership,
+        *,
+        path: str = "/mcp",
+        events: Callable[[str], SessionEvents] | None = None,
     ) -> None:
+        """`events(session_id)`: the session's event log (default: `SessionEvents` as it comes)."""
         self.store = store
         self.ownership = ownership
         self.path = path
-        # A session's record lives as long as the session: a padded clientInfo must not make it huge.
-        self.max_record_bytes = max_record_bytes
+        self.events = events or functools.partial(SessionEvents, store)
 
     async def on_initialize(self, context: MiddlewareContext, call_next):
-        params = getattr(context.message, "params", None)
-        size = 0
-        for part in (getattr(params, "client_info", None), getattr(params, "capabilities", None)):
-            size += len(part.model_dump_json(exclude_none=True)) if part is not None else 0
-        if size > self.max_record_bytes:
-            raise MCPError(
-                INVALID_PARAMS,
-                f"clientInfo and capabilities take {size} bytes; this server keeps at most {self.max_record_bytes}",
-            )
         result = await call_next(context)
         session_id = context.fastmcp_context.session_id if context.fastmcp_context else None
         if result is not None and is_session_id(session_id):
@@ -123,10 +119,17 @@ class RecordSessions(Middleware):
                 "capabilities": params.capabilities.model_dump(mode="json", by_alias=True, exclude_none=True),
                 **owned_by(owner()),
             }
-            self.ownership.epochs[session_id] = await self.store.open_session(session_id, record)
+            scope = get_http_request().scope
+            try:
+                # Bounds checked before the SDK opened the session (limits.SessionLimits); this
+                # refuses only a race past them.
+                epoch = await self.store.open_session(session_id, record, holder=client_of(scope))
+            except LimitExceeded as exc:
+                raise MCPError(INVALID_REQUEST, f"Refused: {exc}") from exc
+            self.ownership.epochs[session_id] = epoch
             # Before the answer is routed, so it is the first event of the session's log.
-            manager = _sdk.running_session_manager(get_http_request().scope["app"], self.path)
-            _sdk.bind_event_store(manager, session_id, SessionEvents(self.store, session_id))
+            manager = _sdk.running_session_manager(scope["app"], self.path)
+            _sdk.bind_event_store(manager, session_id, self.events(session_id))
         return result
 
 
@@ -141,7 +144,7 @@ def _error(status: int, message: str) -> JSONResponse:
 SESSION_NOT_FOUND = _error(404, "Session not found")
 
 
-def _session_era(scope: Scope) -> bool:
+def session_era(scope: Scope) -> bool:
     """Whether the SDK serves this request by its session header (as its own router decides)."""
     version = Headers(scope=scope).get(MCP_PROTOCOL_VERSION_HEADER)
     return version is None or version in HANDSHAKE_PROTOCOL_VERSIONS
@@ -159,10 +162,12 @@ class AdoptSessions:
         path: str = "/mcp",
         on_adopt: Callable[[], None] | None = None,
         on_serve: Callable[[str, dict[str, Any], Any], None] | None = None,
+        events: Callable[[str], SessionEvents] | None = None,
     ) -> None:
         """`on_serve(session_id, record, connection)`: told of each session this replica starts serving
-        from its record (subscriptions.py restores its subscriptions)."""
+        from its record (subscriptions.py restores its subscriptions). `events` as for RecordSessions."""
         self.app = app
+        self.events = events or functools.partial(SessionEvents, store)
         self.store = store
         self.ownership = ownership
         self.path = path
@@ -181,7 +186,7 @@ class AdoptSessions:
         if session_id is None or refused_by_auth(scope):
             return await self.app(scope, receive, send)
         if not is_session_id(session_id):
-            if not _session_era(scope):
+            if not session_era(scope):
                 return await self.app(scope, receive, send)  # the SDK ignores the header there
             # One this kit never mints: the SDK would answer the same 404, but
             # log the raw header first.
@@ -255,7 +260,7 @@ class AdoptSessions:
                             "clientInfo": record["client"],
                         },
                         protocol_version=version,
-                        event_store=SessionEvents(self.store, session_id),
+                        event_store=self.events(session_id),
                         user=scope.get("user"),
                         on_connected=None
                         if self.on_serve is None

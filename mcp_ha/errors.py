@@ -1,14 +1,18 @@
 """Pattern: a store's refusal is a clear answer, never a traceback.
 
-Three things a tool's write can meet, each with what the client is told:
+What a tool's write can meet, each with what the client is told:
 
 - the store is unreachable (`StoreUnavailable`): a tool error saying so
   (`STORE_UNAVAILABLE`); a keyed call may be sent again, its writes replay;
+- the store is full (`StoreFull`, Redis past `maxmemory`): a tool error
+  saying so (`STORE_FULL`); nothing was applied, nothing live was evicted;
 - another replica adopted the session while the call ran (`Fenced`): nothing
   was applied, the client is told to call again (`SESSION_MOVED`), and the
   session is marked stale here so the next request adopts it afresh;
 - the idempotency key was used for a different call (`OpReused`): a JSON-RPC
-  invalid-params error (`KEY_REUSED`).
+  invalid-params error (`KEY_REUSED`);
+- the write or new handle would pass one of the store's bounds
+  (`LimitExceeded`): a tool error naming the bound; nothing was applied.
 """
 
 from __future__ import annotations
@@ -21,17 +25,19 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
-from session_store import STORE_UNAVAILABLE, Conflict, Fenced, OpReused, StoreUnavailable
+from session_store import STORE_UNAVAILABLE, Conflict, Fenced, LimitExceeded, OpReused, StoreFull, StoreUnavailable
 
 from .adoption import SESSION_MOVED, Ownership
 from .idempotency import KEY_REUSED
 
 log = logging.getLogger(__name__)
 
+# Told when Redis refuses a write past its maxmemory: it evicts nothing live, so nothing is lost either.
+STORE_FULL = "Session store is full; nothing was applied. Try again later."
 # Told when an apply-once block kept meeting concurrent changes: nothing was applied.
 SESSION_BUSY = "This session changed while the call ran, again and again; nothing was applied. Call again."
 # The exceptions this module answers: expected, so their tracebacks are not logged (`logs.Expected`).
-ANSWERED = (StoreUnavailable, Fenced, OpReused, Conflict)
+ANSWERED = (StoreUnavailable, Fenced, OpReused, Conflict, LimitExceeded)
 
 
 class StoreErrors(Middleware):
@@ -44,6 +50,9 @@ class StoreErrors(Middleware):
         except (ToolError, *ANSWERED) as exc:
             # Raised in a tool, FastMCP has already wrapped it; the cause says why.
             cause = exc.__cause__ if isinstance(exc, ToolError) else exc
+            if isinstance(cause, StoreFull):
+                log.warning("store full during %s: %s", context.message.name, cause)
+                raise ToolError(STORE_FULL) from cause
             if isinstance(cause, StoreUnavailable):
                 log.warning("store unavailable during %s: %s", context.message.name, cause)
                 raise ToolError(STORE_UNAVAILABLE) from cause
@@ -56,4 +65,7 @@ class StoreErrors(Middleware):
                 raise MCPError(INVALID_PARAMS, KEY_REUSED) from cause
             if isinstance(cause, Conflict):
                 raise ToolError(SESSION_BUSY) from cause
+            if isinstance(cause, LimitExceeded):
+                # The client's doing, answered in its own words: logged below ERROR.
+                raise ToolError(f"Refused: {cause}. Nothing was applied.", log_level=logging.DEBUG) from cause
             raise

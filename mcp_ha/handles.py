@@ -51,6 +51,7 @@ from typing import Annotated, Any, get_args
 
 from fastmcp import Context
 from fastmcp.exceptions import ToolError
+from fastmcp.server.dependencies import get_http_request
 from fastmcp.server.sessions import SessionId, current_principal, session_storage_key
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
@@ -58,7 +59,7 @@ from session_store import OWNER, Conflict, Session, SessionStore, Transaction, i
 
 from . import _sdk
 from .idempotency import current_call
-from .principals import owned_by, owner
+from .principals import client_of, owned_by, owner
 
 # FastMCP's own marker, taken from its public `SessionId`: FastMCP describes an argument carrying it.
 _SESSION_ID_MARKER = get_args(SessionId)[1]
@@ -83,7 +84,12 @@ def _mistake(message: str) -> ToolError:
 async def create_handle(store: SessionStore) -> str:
     """Mint a handle and record it (with the caller's principal as its owner, when authenticated: `principals.py`)."""
     handle = uuid.uuid4().hex
-    await store.open_session(handle, {"kind": _KIND, **owned_by(owner())})
+    # Counted against the caller's sessions (MAX_SESSIONS_PER_CLIENT): past it, a tool error (errors.py).
+    try:
+        holder: str | None = client_of(get_http_request().scope)
+    except RuntimeError:  # not over HTTP: no client to count against
+        holder = None
+    await store.open_session(handle, {"kind": _KIND, **owned_by(owner())}, holder=holder)
     return handle
 
 

@@ -15,6 +15,12 @@ only when the calls it already took have answered: HAProxy cuts whatever is
 still open on a replica it takes out (`drain.py` has the same reason to do
 things in this order). A replica that has never reached its store has nothing
 to ride out, and fails from its first check.
+
+The body also carries the store's memory pressure (`store_memory`: bytes
+used, Redis `maxmemory`, and `pressure` past 90%), read at most every
+MEMORY_SECONDS: a full store refuses writes cleanly (`StoreFull`) and
+evicts nothing, so pressure is a warning for the operator, not a reason to
+take the replica out of rotation.
 """
 
 from __future__ import annotations
@@ -33,6 +39,10 @@ from .drain import BALANCER_CHECK_HEADER, Drain
 # Under HAProxy's 800 ms check timeout, so a hung store is answered (and
 # forgiven, for a while) before HAProxy counts the check failed.
 PING_SECONDS = 0.5
+# How often a health check also reads the store's memory (one INFO, not one per check).
+MEMORY_SECONDS = 5.0
+# The share of maxmemory past which the health detail says "pressure".
+PRESSURE_RATIO = 0.9
 
 STORE_GONE = JSONResponse(
     {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": STORE_UNAVAILABLE}},
@@ -50,6 +60,26 @@ class StoreHealth:
         self.grace_seconds = grace_seconds
         self.unreachable_since: float | None = None
         self.reached = False
+        self.memory: dict[str, object] | None = None
+        self._memory_read_at = -MEMORY_SECONDS
+
+    async def read_memory(self) -> dict[str, object] | None:
+        """The store's memory pressure, read again when the last read is MEMORY_SECONDS old."""
+        now = time.monotonic()
+        if now - self._memory_read_at >= MEMORY_SECONDS:
+            self._memory_read_at = now
+            try:
+                found = await asyncio.wait_for(self.store.memory(), PING_SECONDS)
+            except TimeoutError:
+                found = None
+            if found is not None:
+                used, most = found
+                self.memory = {
+                    "used_bytes": used,
+                    "max_bytes": most,
+                    "pressure": bool(most and used >= PRESSURE_RATIO * most),
+                }
+        return self.memory
 
     async def check(self) -> bool:
         try:
@@ -79,7 +109,9 @@ def health_endpoint(
         if not drain.health_checked(balancer=request.headers.get(BALANCER_CHECK_HEADER)):
             return JSONResponse({"status": "draining", "instance": instance}, status_code=503)
         if await store_health.check():
-            return JSONResponse({"status": "ok", "instance": instance})
+            memory = await store_health.read_memory()
+            detail = {} if memory is None else {"store_memory": memory}
+            return JSONResponse({"status": "ok", "instance": instance, **detail})
         return JSONResponse({"status": "degraded", "instance": instance, "store": "unreachable"}, status_code=503)
 
     return health

@@ -10,20 +10,50 @@ answered with a clear error when hit (docs/operations.md lists them).
   413 with a JSON-RPC error past the bound, before the SDK sees a byte. A
   body within it is read whole first (MCP messages are small, and HAProxy
   buffers them anyway), so the app gets it as it was sent.
+- `SessionLimits`: an `initialize` is refused before the SDK opens anything
+  for it (a refused initialize would otherwise leave a transport behind
+  until it idles out): 400 (JSON-RPC -32602) when its clientInfo and
+  capabilities, kept in the session's record for its life, take more than
+  MAX_SESSION_RECORD_BYTES; 429 when its client (principal, or address when
+  unauthenticated: `principals.client_of`) holds MAX_SESSIONS_PER_CLIENT
+  sessions and handles; 503 when the store holds MAX_SESSIONS. Both with
+  Retry-After. The store enforces the same two counts atomically when the
+  session is recorded, so a race past this check is refused there.
+
+Elsewhere, each where the resource is: the event log's bounds
+(`streams.SessionEvents`, the store's `max_log_bytes`), replays per session
+and per replica (`streams.CheckResumption`), a session's state
+(`max_state_bytes`) and a handle's count (`errors.py` answers both), listen
+streams (`subscriptions.py`), and idle transports (SESSION_IDLE_SECONDS).
 """
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from session_store import SessionStore, StoreUnavailable
+
+from .adoption import session_era
+from .principals import client_of, refused_by_auth
+
+# A client over a count waits for sessions to end or expire: a minute, not a hot loop.
+RETRY_AFTER_SECONDS = 60
+
+
+def refusal(status: int, message: str, *, code: int = -32600, id: Any = None, retry_after: int | None = None):
+    """A JSON-RPC error answering `id` with an HTTP status (and Retry-After, for a bound that frees up)."""
+    headers = None if retry_after is None else {"Retry-After": str(retry_after)}
+    body = {"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
 
 def _too_large(max_bytes: int) -> JSONResponse:
-    return JSONResponse(
-        {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": f"Request body over {max_bytes} bytes"}},
-        status_code=413,
-    )
+    return refusal(413, f"Request body over {max_bytes} bytes")
 
 
 class BodyLimit:
@@ -68,3 +98,85 @@ def _replay(messages: list[Message], *, then: Receive | None = None) -> Receive:
         return await then()
 
     return receive
+
+
+class SessionLimits:
+    """ASGI middleware: an initialize past a bound is refused before the SDK sees it (module docstring)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        store: SessionStore,
+        max_record_bytes: int,
+        max_sessions: int,
+        max_sessions_per_client: int,
+        path: str = "/mcp",
+    ) -> None:
+        self.app = app
+        self.store = store
+        self.max_record_bytes = max_record_bytes
+        self.max_sessions = max_sessions
+        self.max_sessions_per_client = max_sessions_per_client
+        self.path = path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["path"] != self.path
+            or scope["method"] != "POST"
+            or "mcp-session-id" in Headers(scope=scope)
+            or not session_era(scope)
+            or refused_by_auth(scope)
+        ):
+            return await self.app(scope, receive, send)
+        messages, body = await _read_body(receive)
+        replay = _replay(messages, then=receive)
+        try:
+            request = json.loads(body)
+        except ValueError:
+            request = None
+        if not isinstance(request, dict) or request.get("method") != "initialize":
+            return await self.app(scope, replay, send)
+        params = request.get("params")
+        params = params if isinstance(params, dict) else {}
+        size = sum(len(json.dumps(params.get(part), separators=(",", ":")).encode()) for part in _RECORDED)
+        if size > self.max_record_bytes:
+            message = (
+                f"clientInfo and capabilities take {size} bytes; this server keeps at most {self.max_record_bytes}"
+            )
+            return await refusal(400, message, code=-32602, id=request.get("id"))(scope, replay, send)
+        try:
+            mine = await self.store.count_sessions(holder=client_of(scope))
+            everyone = await self.store.count_sessions() if mine < self.max_sessions_per_client else 0
+        except StoreUnavailable:
+            return await refusal(503, "Session store unavailable", retry_after=1)(scope, replay, send)
+        if mine >= self.max_sessions_per_client:
+            message = (
+                f"You hold {self.max_sessions_per_client} open sessions, the most one client may: "
+                "end some (DELETE) or wait for them to expire"
+            )
+            return await refusal(429, message, id=request.get("id"), retry_after=RETRY_AFTER_SECONDS)(
+                scope, replay, send
+            )
+        if everyone >= self.max_sessions:
+            message = f"This server holds {self.max_sessions} sessions, the most it may; try again later"
+            return await refusal(503, message, id=request.get("id"), retry_after=RETRY_AFTER_SECONDS)(
+                scope, replay, send
+            )
+        await self.app(scope, replay, send)
+
+
+# What a session's record keeps of its initialize.
+_RECORDED = ("clientInfo", "capabilities")
+
+
+async def _read_body(receive: Receive) -> tuple[list[Message], bytes]:
+    """The request's messages up to its body's end (BodyLimit, outside, has bounded it), and the body."""
+    messages: list[Message] = []
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            break
+    return messages, b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")

@@ -77,7 +77,14 @@ TOOL_SECONDS = Histogram(
 SESSIONS_HELD = Gauge(
     "mcp_sessions_held",
     "MCP sessions this replica holds a transport for now (opened here or adopted; forgotten when "
-    "ended or idle for the session TTL).",
+    "ended or idle for SESSION_IDLE_SECONDS).",
+)
+STORE_MEMORY_USED = Gauge(
+    "mcp_store_memory_used_bytes", "Memory the session store (Redis) uses, as of the latest health check."
+)
+STORE_MEMORY_MAX = Gauge(
+    "mcp_store_memory_max_bytes",
+    "The most memory the session store may use (Redis maxmemory; 0: unbounded); past it, writes are refused.",
 )
 LISTEN_STREAMS = Gauge(
     "mcp_listen_streams",
@@ -231,6 +238,10 @@ class MeteredStore(SessionStore):
             op_ttl_seconds=store.op_ttl_seconds,
             event_ttl_seconds=store.event_ttl_seconds,
             max_events=store.max_events,
+            max_log_bytes=store.max_log_bytes,
+            max_state_bytes=store.max_state_bytes,
+            max_sessions=store.max_sessions,
+            max_sessions_per_holder=store.max_sessions_per_holder,
         )
         self.store = store
         s = _StoreSeries
@@ -259,9 +270,18 @@ class MeteredStore(SessionStore):
         return await _metered(self._incr, self.store.incr, session_id, key, by, epoch=epoch, op=op)
 
     async def append(
-        self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None
+        self,
+        session_id: str,
+        key: str,
+        value: Any,
+        *,
+        max_items: int | None = None,
+        epoch: int | None = None,
+        op: Op | None = None,
     ) -> int:
-        return await _metered(self._append, self.store.append, session_id, key, value, epoch=epoch, op=op)
+        return await _metered(
+            self._append, self.store.append, session_id, key, value, max_items=max_items, epoch=epoch, op=op
+        )
 
     async def delete(self, session_id: str, key: str, *, epoch: int | None = None, op: Op | None = None) -> bool:
         return await _metered(self._delete, self.store.delete, session_id, key, epoch=epoch, op=op)
@@ -295,11 +315,11 @@ class MeteredStore(SessionStore):
     async def touch(self, session_id: str) -> None:
         await _metered(self._touch, self.store.touch, session_id)
 
-    async def count_sessions(self) -> int:
-        return await _metered(self._count, self.store.count_sessions)
+    async def count_sessions(self, *, holder: str | None = None) -> int:
+        return await _metered(self._count, self.store.count_sessions, holder=holder)
 
-    async def open_session(self, session_id: str, record: dict[str, Any]) -> int:
-        return await _metered(self._open, self.store.open_session, session_id, record)
+    async def open_session(self, session_id: str, record: dict[str, Any], *, holder: str | None = None) -> int:
+        return await _metered(self._open, self.store.open_session, session_id, record, holder=holder)
 
     async def session_record(self, session_id: str) -> dict[str, Any] | None:
         return await _metered(self._record, self.store.session_record, session_id)
@@ -328,9 +348,16 @@ class MeteredStore(SessionStore):
     async def publish(self, message: str) -> None:
         await _metered(self._publish, self.store.publish, message)
 
-    def watch(self) -> AbstractAsyncContextManager[AsyncIterator[str]]:
+    def watch(self, *, events: bool = False) -> AbstractAsyncContextManager[AsyncIterator[str]]:
         # One long wait, not an operation to time.
-        return self.store.watch()
+        return self.store.watch(events=events)
+
+    async def memory(self) -> tuple[int, int] | None:
+        found = await self.store.memory()
+        if found is not None:
+            STORE_MEMORY_USED.set(found[0])
+            STORE_MEMORY_MAX.set(found[1])
+        return found
 
     async def ping(self) -> bool:
         # Health's own probe, every half second from HAProxy: its answer is the health check's.

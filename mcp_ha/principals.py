@@ -22,6 +22,7 @@ import json
 from fastmcp.server.sessions import current_principal
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import principal_components
+from starlette.datastructures import Headers
 from starlette.types import Scope
 
 from session_store import OWNER
@@ -58,3 +59,20 @@ def refused_by_auth(scope: Scope) -> bool:
     # The auth layer puts a user in the scope of every request when auth is
     # on; without auth there is none, and nothing is refused for it.
     return "user" in scope and not getattr(scope["user"], "is_authenticated", False)
+
+
+def client_of(scope: Scope) -> str:
+    """Who a session counts against (MAX_SESSIONS_PER_CLIENT): its principal, else the client's address.
+
+    Behind HAProxy the address is the one HAProxy saw, the X-Forwarded-For it
+    appends last (`option forwardfor`); anything a client put in that header
+    itself comes before it and is ignored.
+    """
+    principal = owner(scope)
+    if principal is not None:
+        return f"principal:{principal}"
+    forwarded = Headers(scope=scope).getlist("x-forwarded-for")
+    if forwarded:
+        return f"address:{forwarded[-1].rsplit(',', 1)[-1].strip()}"
+    client = scope.get("client")
+    return f"address:{client[0] if client else 'unknown'}"

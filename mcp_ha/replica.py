@@ -34,6 +34,7 @@ What each step owns:
 
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -59,12 +60,12 @@ from .errors import ANSWERED, StoreErrors
 from .handles import FastMCPSessions, create_handle, end_handle, session_id_for
 from .health import StoreHealth, health_endpoint
 from .idempotency import IdempotentCalls, current_call
-from .limits import BodyLimit
+from .limits import BodyLimit, SessionLimits
 from .logs import Expected, RequestIds, configure
 from .principals import owner
 from .request_state import NoteSealedState, RefuseReplays, request_state_security
 from .settings import Settings, SettingsError
-from .streams import CheckResumption
+from .streams import CheckResumption, EventFeed, SessionEvents
 from .subscriptions import StoreBus, Subscriptions
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,10 @@ def make_store(settings: Settings, *, on_replay: Callable[[Any], None] | None = 
         "ttl_seconds": settings.session_ttl_seconds,
         "event_ttl_seconds": settings.event_ttl_seconds,
         "op_ttl_seconds": settings.op_ttl_seconds,
+        "max_log_bytes": settings.max_log_bytes,
+        "max_state_bytes": settings.max_state_bytes,
+        "max_sessions": settings.max_sessions,
+        "max_sessions_per_holder": settings.max_sessions_per_client,
         "on_replay": on_replay,
     }
     if settings.uses_redis:
@@ -189,9 +194,9 @@ class HighAvailability:
         mcp.add_middleware(IdempotentCalls())
         mcp.add_middleware(RefuseReplays(self.store, ttl_seconds=self.settings.request_state_ttl_seconds))
         _sdk.add_outside_request_state_boundary(mcp, NoteSealedState())
-        mcp.add_middleware(
-            RecordSessions(self.store, self.ownership, path=path, max_record_bytes=self.settings.max_record_bytes)
-        )
+        feed = EventFeed(self.store)
+        events = functools.partial(SessionEvents, self.store, max_event_bytes=self.settings.max_event_bytes, feed=feed)
+        mcp.add_middleware(RecordSessions(self.store, self.ownership, path=path, events=events))
 
         @mcp.tool(name="create_session")
         async def create_session() -> dict:
@@ -237,6 +242,14 @@ class HighAvailability:
         app = mcp.http_app(
             path=path,
             middleware=[
+                StarletteMiddleware(
+                    SessionLimits,
+                    store=self.store,
+                    max_record_bytes=self.settings.max_record_bytes,
+                    max_sessions=self.settings.max_sessions,
+                    max_sessions_per_client=self.settings.max_sessions_per_client,
+                    path=path,
+                ),
                 # Outermost first: a bad Last-Event-ID is answered before any replica
                 # takes the session up just to serve it.
                 StarletteMiddleware(
@@ -244,6 +257,8 @@ class HighAvailability:
                     store=self.store,
                     path=path,
                     on_resume=metrics.STREAMS_RESUMED.inc if metrics else None,
+                    max_per_session=self.settings.max_replays_per_session,
+                    max_replays=self.settings.max_replays,
                 ),
                 StarletteMiddleware(
                     AdoptSessions,
@@ -252,11 +267,12 @@ class HighAvailability:
                     path=path,
                     on_adopt=metrics.SESSIONS_ADOPTED.inc if metrics else None,
                     on_serve=subscriptions.restore,
+                    events=events,
                 ),
             ],
-            # A replica forgets an idle session's transport when the store forgets its
-            # state; if the session comes back sooner, adoption serves it again.
-            session_idle_timeout=self.settings.session_ttl_seconds,
+            # An idle session costs a replica a transport (~40 KB) until it is forgotten, and
+            # adoption serves it again from the store when it comes back: forget it early.
+            session_idle_timeout=self.settings.session_idle_seconds,
             **options,
         )
         if metrics is not None:

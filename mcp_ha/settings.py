@@ -12,7 +12,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
-from session_store import DEFAULT_EVENT_TTL_SECONDS, DEFAULT_OP_TTL_SECONDS, DEFAULT_TTL_SECONDS
+from session_store import (
+    DEFAULT_EVENT_TTL_SECONDS,
+    DEFAULT_MAX_LOG_BYTES,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_MAX_SESSIONS_PER_HOLDER,
+    DEFAULT_MAX_STATE_BYTES,
+    DEFAULT_OP_TTL_SECONDS,
+    DEFAULT_TTL_SECONDS,
+)
 
 AUTH_MODES = ("none", "static", "jwt")
 LOG_FORMATS = ("json", "text")
@@ -62,6 +70,22 @@ class Settings:
     max_record_bytes: int = field(default=4096, metadata={"env": "MAX_SESSION_RECORD_BYTES"})
     # Open `subscriptions/listen` streams one replica serves at once.
     max_listen_streams: int = field(default=1024, metadata={"env": "MAX_LISTEN_STREAMS"})
+    # The largest event a session's event log keeps (a larger answer is kept as an error saying to call again).
+    max_event_bytes: int = field(default=64 * 1024, metadata={"env": "MAX_EVENT_BYTES"})
+    # What a session's event log keeps, in bytes: its latest events.
+    max_log_bytes: int = field(default=DEFAULT_MAX_LOG_BYTES, metadata={"env": "MAX_SESSION_LOG_BYTES"})
+    # A session's state, in bytes of JSON text: a write past it is a tool error.
+    max_state_bytes: int = field(default=DEFAULT_MAX_STATE_BYTES, metadata={"env": "MAX_SESSION_STATE_BYTES"})
+    # Live sessions and handles, in all and per client (its principal, or its address when unauthenticated).
+    max_sessions: int = field(default=DEFAULT_MAX_SESSIONS, metadata={"env": "MAX_SESSIONS"})
+    max_sessions_per_client: int = field(
+        default=DEFAULT_MAX_SESSIONS_PER_HOLDER, metadata={"env": "MAX_SESSIONS_PER_CLIENT"}
+    )
+    # A replica forgets an idle session's transport after this; adoption brings it back on its next request.
+    session_idle_seconds: float = field(default=60.0, metadata={"env": "SESSION_IDLE_SECONDS"})
+    # Streams being resumed (GET with Last-Event-ID) at once: per session, and on one replica.
+    max_replays_per_session: int = field(default=8, metadata={"env": "MAX_REPLAYS_PER_SESSION"})
+    max_replays: int = field(default=256, metadata={"env": "MAX_REPLAYS"})
 
     def __post_init__(self) -> None:
         if self.port <= 0 or self.port > 65535:
@@ -69,14 +93,21 @@ class Settings:
         for name in ("session_ttl_seconds", "event_ttl_seconds", "op_ttl_seconds"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{_env(name)}={getattr(self, name)}: expected a positive number of seconds")
-        if self.max_body_bytes <= 0:
-            raise SettingsError(f"MAX_BODY_BYTES={self.max_body_bytes}: expected a positive number of bytes")
-        if self.max_record_bytes <= 0:
-            raise SettingsError(
-                f"MAX_SESSION_RECORD_BYTES={self.max_record_bytes}: expected a positive number of bytes"
-            )
-        if self.max_listen_streams <= 0:
-            raise SettingsError(f"MAX_LISTEN_STREAMS={self.max_listen_streams}: expected a positive number")
+        for name in (
+            "max_body_bytes",
+            "max_record_bytes",
+            "max_listen_streams",
+            "max_event_bytes",
+            "max_log_bytes",
+            "max_state_bytes",
+            "max_sessions",
+            "max_sessions_per_client",
+            "session_idle_seconds",
+            "max_replays_per_session",
+            "max_replays",
+        ):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{_env(name)}={getattr(self, name)}: expected a positive number")
         if self.redis_wait_replicas < 0:
             raise SettingsError(f"REDIS_WAIT_REPLICAS={self.redis_wait_replicas}: expected 0 or more")
         if self.redis_retry_seconds < 0:

@@ -38,6 +38,19 @@ Here:
    principal opened gets that same 404, and a request the auth layer will
    refuse passes untouched to get its 401, having read nothing.
 
+Bounded (issue: nothing one client sends takes what all share):
+
+- an event over `max_event_bytes` (MAX_EVENT_BYTES) is sent live but not
+  kept: a call's answer is kept as a short error saying to call again, so a
+  resumed stream still ends; a stream whose id (the request's id) is over
+  `MAX_STREAM_ID_BYTES` is not kept at all. The store bounds each session's
+  log in bytes too (MAX_SESSION_LOG_BYTES);
+- a waiting replay does not poll: it sleeps until the store says an event
+  was added to its session's log (`EventFeed`, one subscription per replica
+  while any replay waits), with a slow poll only in case that word is lost;
+- `CheckResumption` lets at most `max_per_session` replays run per session
+  (429) and `max_replays` per replica (503), both with Retry-After.
+
 Resuming reads a stream and takes nothing over: a replica asked to replay a
 session it does not hold serves it without advancing the session's ownership
 epoch (`adoption.py`), so the call still running on its owner can
@@ -46,12 +59,14 @@ finish and write its result, and the resumed stream delivers that result.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable
 
 import anyio
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
-from mcp_types import JSONRPCError, JSONRPCMessage, JSONRPCResponse
+from mcp_types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCMessage, JSONRPCResponse
 from pydantic import TypeAdapter
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -72,6 +87,66 @@ UNKNOWN = (
     "resumed: send the request again (a tools/call with the same idempotency key is applied once)."
 )
 UNAVAILABLE = "Session store unavailable; try again shortly."
+# No client needs a request id this long; a stream under one is sent live but never kept.
+MAX_STREAM_ID_BYTES = 256
+# A waiting replay's check of the store when no word came: only in case the word was lost.
+FALLBACK_POLL_SECONDS = 5.0
+
+
+def _not_kept(size: int, max_bytes: int) -> str:
+    return (
+        f"The answer ({size} bytes) is over the {max_bytes} bytes kept for resuming a stream, so it cannot "
+        "be replayed: call again (a tools/call with the same idempotency key is applied once)."
+    )
+
+
+class EventFeed:
+    """Wakes the replays waiting on a session's log when an event is added to it, on any replica.
+
+    One subscription (`store.watch(events=True)`) while any replay waits, so a
+    thousand waiting replays cost the store nothing until their logs grow.
+    """
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        self._waiting: dict[str, set[asyncio.Event]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def register(self, session_id: str) -> asyncio.Event:
+        woken = asyncio.Event()
+        self._waiting.setdefault(session_id, set()).add(woken)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._listen())
+        return woken
+
+    def forget(self, session_id: str, woken: asyncio.Event) -> None:
+        waiting = self._waiting.get(session_id)
+        if waiting is not None:
+            waiting.discard(woken)
+            if not waiting:
+                del self._waiting[session_id]
+        if not self._waiting and self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    def _wake(self, session_ids: list[str]) -> None:
+        for session_id in session_ids:
+            for woken in self._waiting.get(session_id, ()):
+                woken.set()
+
+    async def _listen(self) -> None:
+        while self._waiting:
+            try:
+                async with self.store.watch(events=True) as added:
+                    # Whatever was added before the subscription began is read by the replays' next check.
+                    self._wake(list(self._waiting))
+                    async for session_id in added:
+                        self._wake([session_id])
+            except StoreUnavailable as exc:
+                log.warning("event feed lost (%s); replays poll until it is back", exc)
+                self._wake(list(self._waiting))
+                await asyncio.sleep(1.0)
+
 
 _messages: TypeAdapter[JSONRPCMessage] = TypeAdapter(JSONRPCMessage)
 
@@ -80,18 +155,37 @@ class SessionEvents(EventStore):
     """The SDK's EventStore over one session's event log in the shared store."""
 
     def __init__(
-        self, store: SessionStore, session_id: str, *, poll_seconds: float = 0.1, idle_seconds: float = 30.0
+        self,
+        store: SessionStore,
+        session_id: str,
+        *,
+        max_event_bytes: int = 64 * 1024,
+        feed: EventFeed | None = None,
+        poll_seconds: float = 0.1,
+        idle_seconds: float = 30.0,
     ) -> None:
+        """Without a `feed`, a waiting replay polls every `poll_seconds`."""
         self.store = store
         self.session_id = session_id
+        self.max_event_bytes = max_event_bytes
+        self.feed = feed
         self.poll_seconds = poll_seconds
         self.idle_seconds = idle_seconds
 
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
+        if len(stream_id.encode()) > MAX_STREAM_ID_BYTES:
+            return ""  # sent live, without an id: nothing to resume from
         # The SDK's own wire form (exclude_unset), so a replayed event reads
         # exactly like the live one. exclude_none would drop the `"id": null`
         # of an error answering no request, and the text would not parse back.
         text = None if message is None else message.model_dump_json(by_alias=True, exclude_unset=True)
+        if text is not None and len(text) > self.max_event_bytes // 4 and len(text.encode()) > self.max_event_bytes:
+            if not isinstance(message, JSONRPCResponse | JSONRPCError):
+                return ""  # a notification: sent live, not kept
+            error = ErrorData(code=INTERNAL_ERROR, message=_not_kept(len(text.encode()), self.max_event_bytes))
+            text = JSONRPCError(jsonrpc="2.0", id=message.id, error=error).model_dump_json(
+                by_alias=True, exclude_unset=True
+            )
         try:
             return await self.store.add_event(self.session_id, stream_id, text)
         except StoreUnavailable as exc:
@@ -108,9 +202,21 @@ class SessionEvents(EventStore):
         nothing new for `idle_seconds`, e.g. because the replica running the
         call died: the client may resume again from the last event it got.
         """
+        woken = None if self.feed is None else self.feed.register(self.session_id)
+        try:
+            return await self._follow(last_event_id, send_callback, woken)
+        finally:
+            if woken is not None and self.feed is not None:
+                self.feed.forget(self.session_id, woken)
+
+    async def _follow(
+        self, last_event_id: EventId, send_callback: EventCallback, woken: asyncio.Event | None
+    ) -> StreamId | None:
         cursor = last_event_id
         quiet_since = anyio.current_time()
         while True:
+            if woken is not None:
+                woken.clear()  # before the read: an event added after it wakes the wait below
             try:
                 found = await self.store.events_after(self.session_id, cursor)
             except StoreUnavailable as exc:
@@ -131,7 +237,12 @@ class SessionEvents(EventStore):
                 quiet_since = anyio.current_time()
             elif anyio.current_time() - quiet_since >= self.idle_seconds:
                 return None
-            await anyio.sleep(self.poll_seconds)
+            if woken is None:
+                await anyio.sleep(self.poll_seconds)
+                continue
+            left = self.idle_seconds - (anyio.current_time() - quiet_since)
+            with anyio.move_on_after(max(0.0, min(FALLBACK_POLL_SECONDS, left))):
+                await woken.wait()
 
 
 def resumes_stream(scope: Scope) -> bool:
@@ -139,9 +250,12 @@ def resumes_stream(scope: Scope) -> bool:
     return scope["method"] == "GET" and bool(Headers(scope=scope).get("last-event-id"))
 
 
-def _error(status: int, message: str) -> JSONResponse:
+def _error(status: int, message: str, *, retry_after: int | None = None) -> JSONResponse:
+    headers = None if retry_after is None else {"Retry-After": str(retry_after)}
     return JSONResponse(
-        {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}, status_code=status
+        {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}},
+        status_code=status,
+        headers=headers,
     )
 
 
@@ -154,12 +268,24 @@ class CheckResumption:
     """
 
     def __init__(
-        self, app: ASGIApp, *, store: SessionStore, path: str = "/mcp", on_resume: Callable[[], None] | None = None
+        self,
+        app: ASGIApp,
+        *,
+        store: SessionStore,
+        path: str = "/mcp",
+        on_resume: Callable[[], None] | None = None,
+        max_per_session: int = 8,
+        max_replays: int = 256,
     ) -> None:
         self.app = app
         self.store = store
         self.path = path
         self.on_resume = on_resume
+        self.max_per_session = max_per_session
+        self.max_replays = max_replays
+        # Replays running here, per session (a Counter drops none by itself: `_done` does).
+        self._running: Counter[str] = Counter()
+        self._total = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
@@ -175,6 +301,11 @@ class CheckResumption:
                 last_event_id = headers.get("last-event-id")
                 if not is_event_id(last_event_id):
                     return await _error(400, MALFORMED)(scope, receive, send)
+                if self._total >= self.max_replays:  # before any read: a flood costs the store nothing
+                    message = (
+                        f"This replica is resuming {self.max_replays} streams, the most it may; try again shortly."
+                    )
+                    return await _error(503, message, retry_after=1)(scope, receive, send)
                 try:
                     # The owner first, for everyone: a stranger's answer takes as long as an unknown id's.
                     found = None
@@ -184,6 +315,26 @@ class CheckResumption:
                     return await _error(503, UNAVAILABLE)(scope, receive, send)
                 if found is None:
                     return await _error(404, UNKNOWN)(scope, receive, send)
+                if self._total >= self.max_replays:
+                    message = (
+                        f"This replica is resuming {self.max_replays} streams, the most it may; try again shortly."
+                    )
+                    return await _error(503, message, retry_after=1)(scope, receive, send)
+                if self._running[session_id] >= self.max_per_session:
+                    message = (
+                        f"This session has {self.max_per_session} streams being resumed, the most it may; "
+                        "close one, or try again shortly."
+                    )
+                    return await _error(429, message, retry_after=1)(scope, receive, send)
                 if self.on_resume is not None:
                     self.on_resume()
+                self._running[session_id] += 1
+                self._total += 1
+                try:
+                    return await self.app(scope, receive, send)
+                finally:
+                    self._total -= 1
+                    self._running[session_id] -= 1
+                    if not self._running[session_id]:
+                        del self._running[session_id]
         await self.app(scope, receive, send)

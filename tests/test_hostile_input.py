@@ -34,8 +34,8 @@ from tools.mcp_wire import ACCEPT, PROTOCOL, RawSession, jsonrpc_messages, last_
 
 # No answer within this long is a hang, and fails the test.
 TIMEOUT = 20.0
-# The documented bound on a note (server.MAX_NOTE_CHARS), stated here as the contract clients see.
-MAX_NOTE_CHARS = 10_000
+# The documented bound on a note (server.MAX_NOTE_BYTES, in UTF-8), stated here as the contract clients see.
+MAX_NOTE_BYTES = 10_000
 MODERN = "2026-07-28"
 MODERN_META = {
     "io.modelcontextprotocol/protocolVersion": MODERN,
@@ -589,21 +589,24 @@ async def test_a_session_initialized_with_deeply_nested_capabilities_is_adopted_
     assert (await session.call("get_counter"))["counter"] == 3
 
 
-async def test_notes_over_max_note_chars_are_tool_errors_and_nothing_is_kept(
+async def test_notes_over_max_note_bytes_are_tool_errors_and_nothing_is_kept(
     unharmed: Guard, attacker: RawSession
 ) -> None:
-    assert (await attacker.call("add_note", {"note": "é" * MAX_NOTE_CHARS}))["notes_count"] == 1
+    # "é" takes two bytes of UTF-8, an emoji four: the bound counts bytes, what the store keeps.
+    assert (await attacker.call("add_note", {"note": "é" * (MAX_NOTE_BYTES // 2)}))["notes_count"] == 1
     # ~900 KB passes HAProxy's 1 MB body limit: the tool's own bound refuses it, on every replica.
     # (A NUL is 6 bytes of JSON: 150,000 of them stay within the replica's 1 MiB body bound.)
-    for i, note in enumerate(["é" * (MAX_NOTE_CHARS + 1), "x" * 100_000, "x" * 900_000, "\x00" * 150_000]):
+    for i, note in enumerate(
+        ["é" * (MAX_NOTE_BYTES // 2 + 1), "😀" * 2_501, "x" * 100_000, "x" * 900_000, "\x00" * 150_000]
+    ):
         response = await attacker.http.post(
             targets(unharmed.stack)[i % 4], headers=attacker.headers(), json=tool_call("add_note", {"note": note})
         )
         result = last_jsonrpc_message(response)["result"]
         assert result["isError"] is True
-        assert f"at most {MAX_NOTE_CHARS} characters" in result["content"][0]["text"]
+        assert f"at most {MAX_NOTE_BYTES}" in result["content"][0]["text"]
         tried("huge note")
-    assert (await attacker.call("list_notes"))["notes"] == ["é" * MAX_NOTE_CHARS]
+    assert (await attacker.call("list_notes"))["notes"] == ["é" * (MAX_NOTE_BYTES // 2)]
 
 
 async def test_a_huge_note_is_refused_before_it_reaches_the_store(raw: RawSession) -> None:

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import secrets
+import time
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import httpx2
 import pytest
+from conftest import replica_on
 
 from stack import Stack
-from tools.mcp_wire import ACCEPT, PROTOCOL, final_message
+from tools.mcp_wire import ACCEPT, PROTOCOL, RawSession, final_message
 
 pytestmark = pytest.mark.timeout(60)
 MAX_BODY_BYTES = 1_048_576
@@ -64,3 +72,103 @@ def test_an_initialize_with_a_padded_client_info_is_refused_and_records_nothing(
             timeout=30,
         )
     )
+
+
+# -- a replica with small bounds, against the shared Redis: each test's clients are principals of its own --
+
+
+@contextmanager
+def bounded_replica(redis_stack: Stack, tmp_path: Path, **env: str) -> Iterator[tuple[str, list[str]]]:
+    """A replica with static auth for three fresh principals (counted apart from every other test's);
+    its MCP URL and their tokens."""
+    tokens = [secrets.token_hex(16) for _ in range(3)]
+    names = ",".join(f"p{uuid.uuid4().hex[:12]}:{token}" for token in tokens)
+    with replica_on(redis_stack, tmp_path, "bounded", MCP_AUTH="static", MCP_AUTH_TOKENS=names, **env) as r:
+        yield r.url, tokens
+
+
+async def test_sessions_past_max_sessions_per_client_get_429_until_one_ends(redis_stack: Stack, tmp_path: Path) -> None:
+    with bounded_replica(redis_stack, tmp_path, MAX_SESSIONS_PER_CLIENT="3") as (url, (alice, bob, _)):
+        async with httpx2.AsyncClient(timeout=30) as http:
+            sessions = [RawSession(http, url, token=alice) for _ in range(3)]
+            for session in sessions:
+                await session.initialize()
+            extra = RawSession(http, url, token=alice)
+            response = await extra.post(
+                "initialize",
+                {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "x", "version": "1"}},
+            )
+            assert response.status_code == 429, response.text
+            assert int(response.headers["retry-after"]) > 0
+            assert "3 open sessions" in response.json()["error"]["message"]
+            # Handles count too: a tool error, nothing minted.
+            result = final_message(await sessions[0].post("tools/call", {"name": "create_session", "arguments": {}}))
+            assert result["result"]["isError"] is True and "3 open sessions" in result["result"]["content"][0]["text"]
+            # Another principal is not held back; ending a session frees its place.
+            await RawSession(http, url, token=bob).initialize()
+            await sessions[0].close()
+            await extra.initialize()
+            assert (await extra.call("increment_counter"))["counter"] == 1
+
+
+async def test_an_answer_over_max_event_bytes_is_resumed_as_an_error_saying_to_call_again(
+    redis_stack: Stack, tmp_path: Path
+) -> None:
+    with bounded_replica(redis_stack, tmp_path, MAX_EVENT_BYTES="4000") as (url, (alice, _, _)):
+        async with httpx2.AsyncClient(timeout=30) as http:
+            session = RawSession(http, url, token=alice)
+            await session.initialize()
+            for n in range(3):
+                await session.call("add_note", {"note": f"{n}" * 2000})
+            async with session.stream("tools/call", {"name": "list_notes", "arguments": {}}) as stream:
+                events = [event async for event in stream]
+            # Sent live whole...
+            answer = events[-1].message
+            assert answer is not None and len(answer["result"]["structuredContent"]["notes"]) == 3
+            # ...but kept, for resuming, as an error for that request that says to call again.
+            assert events[0].id is not None
+            async with session.resume(events[0].id) as resumed:
+                replayed = [event.message async for event in resumed if event.message]
+            assert replayed[-1]["id"] == answer["id"]
+            assert "call again" in replayed[-1]["error"]["message"]
+
+
+async def test_replays_past_max_replays_per_session_get_429(redis_stack: Stack, tmp_path: Path) -> None:
+    with bounded_replica(redis_stack, tmp_path, MAX_REPLAYS_PER_SESSION="2") as (url, (alice, _, _)):
+        async with httpx2.AsyncClient(timeout=30) as http:
+            session = RawSession(http, url, token=alice)
+            await session.initialize()
+            async with contextlib.AsyncExitStack() as held:
+                # A long call's stream, cut after its priming event: resuming it waits for more.
+                stream = await held.enter_async_context(
+                    session.stream("tools/call", {"name": "analyze_data", "arguments": {"num_items": 100}})
+                )
+                priming = await anext(aiter(stream))
+                assert priming.id is not None
+                for _ in range(2):
+                    resumed = await held.enter_async_context(session.resume(priming.id))
+                    assert resumed.response.status_code == 200
+                async with session.resume(priming.id) as refused:
+                    assert refused.response.status_code == 429
+                    assert int(refused.response.headers["retry-after"]) > 0
+                    await refused.response.aread()
+                    assert "2 streams being resumed" in refused.response.json()["error"]["message"]
+
+
+async def test_an_idle_sessions_transport_is_dropped_and_adopted_back(redis_stack: Stack, tmp_path: Path) -> None:
+    with bounded_replica(redis_stack, tmp_path, SESSION_IDLE_SECONDS="0.5", METRICS="on") as (url, (alice, _, _)):
+        async with httpx2.AsyncClient(timeout=30) as http:
+            session = RawSession(http, url, token=alice)
+            await session.initialize()
+            assert (await session.call("increment_counter"))["counter"] == 1
+            metrics_url = url.removesuffix("/mcp") + "/metrics"
+            deadline = time.monotonic() + 20
+            while held_sessions((await http.get(metrics_url)).text) != 0:
+                assert time.monotonic() < deadline, "the idle session's transport was never dropped"
+                await asyncio.sleep(0.2)
+            # Nothing was lost: the next call adopts the session again, state and all.
+            assert (await session.call("increment_counter"))["counter"] == 2
+
+
+def held_sessions(metrics: str) -> float:
+    return next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("mcp_sessions_held"))
