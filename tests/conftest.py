@@ -17,7 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -28,7 +28,7 @@ from fastmcp import Client
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 from jwt.algorithms import RSAAlgorithm
 
-from stack import Stack, StackConfig, free_ports
+from stack import Service, Stack, StackConfig, free_ports
 from tools.mcp_wire import RawSession
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +38,16 @@ ROOT = Path(__file__).resolve().parent.parent
 HOSTILE_INPUTS: Counter[str] = Counter()
 
 
+# What tests/test_abuse.py measured for each class of attack (Redis memory added, the bystander's p99 ratio),
+# printed after the run.
+ABUSE_FIGURES: list[str] = []
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if ABUSE_FIGURES:
+        terminalreporter.section("abuse classes: Redis memory added, bystander p99 under attack / baseline")
+        for line in ABUSE_FIGURES:
+            terminalreporter.write_line(line)
     if HOSTILE_INPUTS:
         terminalreporter.section("hostile inputs tried, by class")
         for kind, count in sorted(HOSTILE_INPUTS.items()):
@@ -107,6 +116,48 @@ def redis_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s = Stack(stack_config(tmp_path_factory.mktemp("redis"), replicas=1))
     try:
         s.start("redis")
+        yield s
+    finally:
+        s.down()
+
+
+class ReplicaEnvStack(Stack):
+    """A Stack whose replicas get `replica_env` on top of what stack.py gives them: bounds set low for a test."""
+
+    def __init__(self, config: StackConfig, replica_env: dict[str, str]) -> None:
+        super().__init__(config)
+        self.replica_env = replica_env
+
+    def services(self) -> list[Service]:
+        names = set(self.config.replica_names())
+        return [
+            replace(svc, env={**svc.env, **self.replica_env}) if svc.name in names else svc
+            for svc in super().services()
+        ]
+
+
+# The bounds tests/test_abuse.py's stack runs with where the defaults would take minutes to reach.
+ABUSE_BOUNDS = {"MAX_SESSIONS_PER_CLIENT": "50", "SESSION_IDLE_SECONDS": "2", "MAX_REPLAYS": "24"}
+# Its principals (static tokens): the bystander, and one per kind of attacker.
+ABUSE_PRINCIPALS = ("bystander", "attacker", "flooder", "other", "idler", "replayer")
+
+
+@pytest.fixture(scope="module")
+def abuse_tokens() -> dict[str, str]:
+    return {name: secrets.token_urlsafe(24) for name in ABUSE_PRINCIPALS}
+
+
+@pytest.fixture(scope="module")
+def abuse_stack(tmp_path_factory: pytest.TempPathFactory, abuse_tokens: dict[str, str]) -> Iterator[Stack]:
+    """Redis, two replicas and HAProxy for the abuse suite: static-token authentication for ABUSE_PRINCIPALS,
+    and the replicas started with ABUSE_BOUNDS."""
+    tokens = ",".join(f"{name}:{token}" for name, token in abuse_tokens.items())
+    config = stack_config(
+        tmp_path_factory.mktemp("abuse"), replicas=2, auth={"MCP_AUTH": "static", "MCP_AUTH_TOKENS": tokens}
+    )
+    s = ReplicaEnvStack(config, ABUSE_BOUNDS)
+    try:
+        s.up()
         yield s
     finally:
         s.down()
