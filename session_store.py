@@ -69,7 +69,7 @@ DEFAULT_MAX_EVENTS = 1000
 # A session's event log, in bytes: resuming needs the last few events, not a history.
 DEFAULT_MAX_LOG_BYTES = 256 * 1024
 # A session's state, in bytes of JSON text.
-DEFAULT_MAX_STATE_BYTES = 1024 * 1024
+DEFAULT_MAX_STATE_BYTES = 256 * 1024
 # Live sessions (and handles): in all, and per holder (a principal, or a client address).
 DEFAULT_MAX_SESSIONS = 200_000
 DEFAULT_MAX_SESSIONS_PER_HOLDER = 5_000
@@ -355,8 +355,10 @@ class SessionStore(ABC):
         """Take over a recorded session: its record and its new, higher epoch; None if unknown."""
 
     @abstractmethod
-    async def end_session(self, session_id: str) -> bool:
+    async def end_session(self, session_id: str, *, holder: str | None = None) -> bool:
         """Forget the session's record, so nobody adopts it again; whether there was one.
+
+        With the `holder` it was opened for, it no longer counts against that holder.
 
         The record's `owner` entry stays while the state lives.
         """

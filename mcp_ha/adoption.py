@@ -108,28 +108,39 @@ class RecordSessions(Middleware):
         self.events = events or functools.partial(SessionEvents, store)
 
     async def on_initialize(self, context: MiddlewareContext, call_next):
-        result = await call_next(context)
         session_id = context.fastmcp_context.session_id if context.fastmcp_context else None
-        if result is not None and is_session_id(session_id):
-            params = context.message.params
-            # Entry by entry, each small: the store keeps them beside the session's state.
-            record = {
-                "version": result.protocol_version,
-                "client": params.client_info.model_dump(mode="json", by_alias=True, exclude_none=True),
-                "capabilities": params.capabilities.model_dump(mode="json", by_alias=True, exclude_none=True),
-                **owned_by(owner()),
-            }
-            scope = get_http_request().scope
-            try:
-                # Bounds checked before the SDK opened the session (limits.SessionLimits); this
-                # refuses only a race past them.
-                epoch = await self.store.open_session(session_id, record, holder=client_of(scope))
-            except LimitExceeded as exc:
-                raise MCPError(INVALID_REQUEST, f"Refused: {exc}") from exc
-            self.ownership.epochs[session_id] = epoch
-            # Before the answer is routed, so it is the first event of the session's log.
-            manager = _sdk.running_session_manager(scope["app"], self.path)
-            _sdk.bind_event_store(manager, session_id, self.events(session_id))
+        if not is_session_id(session_id):
+            return await call_next(context)
+        params = context.message.params
+        scope = get_http_request().scope
+        holder = client_of(scope)
+        # Recorded before the SDK answers, so a session past a bound is refused on the wire:
+        # FastMCP only logs what a middleware raises once the answer exists. (SessionLimits
+        # refused most before the SDK saw them; this refuses the races past it, atomically.)
+        # Entry by entry, each small: the store keeps them beside the session's state.
+        record = {
+            "client": params.client_info.model_dump(mode="json", by_alias=True, exclude_none=True),
+            "capabilities": params.capabilities.model_dump(mode="json", by_alias=True, exclude_none=True),
+            **owned_by(owner()),
+        }
+        try:
+            epoch = await self.store.open_session(session_id, record, holder=holder)
+        except LimitExceeded as exc:
+            raise MCPError(INVALID_REQUEST, f"Refused: {exc}") from exc
+        try:
+            result = await call_next(context)
+        except BaseException:
+            await self.store.end_session(session_id, holder=holder)
+            raise
+        if result is None:
+            await self.store.end_session(session_id, holder=holder)
+            return result
+        # The version last: a record without one is adopted by nobody.
+        await self.store.update_record(session_id, {"version": result.protocol_version})
+        self.ownership.epochs[session_id] = epoch
+        # Before the answer is routed, so it is the first event of the session's log.
+        manager = _sdk.running_session_manager(scope["app"], self.path)
+        _sdk.bind_event_store(manager, session_id, self.events(session_id))
         return result
 
 
@@ -197,7 +208,9 @@ class AdoptSessions:
             self._prune_at = 2 * (len(self.ownership.epochs) + len(self.ownership.stale)) + 1000
         try:
             if scope["method"] == "DELETE":
-                if await self.store.owner(session_id) != owner(scope) or not await self._end(manager, session_id):
+                if await self.store.owner(session_id) != owner(scope) or not await self._end(
+                    manager, session_id, scope
+                ):
                     return await SESSION_NOT_FOUND(scope, receive, send)
                 if not _sdk.holds(manager, session_id):
                     return await Response(status_code=200)(scope, receive, send)
@@ -280,14 +293,14 @@ class AdoptSessions:
                 self.on_adopt()
             return True
 
-    async def _end(self, manager: Any, session_id: str) -> bool:
+    async def _end(self, manager: Any, session_id: str, scope: Scope) -> bool:
         # A handle (handles.py) has an id of the same form and a record under the same key, but
         # it is no MCP session, and a DELETE naming one must not end it: only a session's record names
         # a protocol version (_adopt's test too).
         record = await self.store.session_record(session_id)
         if record is not None and record.get("version") not in HANDSHAKE_PROTOCOL_VERSIONS:
             return False
-        ended = await self.store.end_session(session_id)
+        ended = await self.store.end_session(session_id, holder=client_of(scope))
         self.ownership.epochs.pop(session_id, None)
         self.ownership.stale.discard(session_id)
         return ended or _sdk.holds(manager, session_id)

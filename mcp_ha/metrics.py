@@ -330,8 +330,8 @@ class MeteredStore(SessionStore):
     async def adopt_session(self, session_id: str) -> tuple[dict[str, Any], int] | None:
         return await _metered(self._adopt, self.store.adopt_session, session_id)
 
-    async def end_session(self, session_id: str) -> bool:
-        return await _metered(self._end, self.store.end_session, session_id)
+    async def end_session(self, session_id: str, *, holder: str | None = None) -> bool:
+        return await _metered(self._end, self.store.end_session, session_id, holder=holder)
 
     async def owner(self, session_id: str) -> str | None:
         return await _metered(self._owner, self.store.owner, session_id)

@@ -326,9 +326,10 @@ class InMemorySessionStore(SessionStore):
         self._records[session_id] = (record, epoch + 1)
         return copy.deepcopy(record), epoch + 1
 
-    async def end_session(self, session_id: str) -> bool:
+    async def end_session(self, session_id: str, *, holder: str | None = None) -> bool:
         self._expire()
-        self._release(session_id)
+        if holder is not None and self._holders.get(session_id) == holder:
+            self._release(session_id)
         return self._records.pop(session_id, None) is not None
 
     async def owner(self, session_id: str) -> str | None:

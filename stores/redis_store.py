@@ -7,9 +7,10 @@ Layout, with the default prefix `mcp`:
   is always the same text), and beside them the session's record for adoption (a
   field per record entry, named ".<entry>", and ".epoch", the ownership
   epoch), and the store's own bookkeeping in fields named "..<name>":
-  `..bytes`, the bytes of the state's JSON texts (`max_state_bytes`), and
-  `..n:<entry>`, the length of a list appends keep, so an append never
-  decodes the list. One small key per session: Redis keeps a hash of short fields in
+  `..b`, the bytes of the state's JSON texts (`max_state_bytes`; a state
+  under 4 KB is measured instead, so a small session keeps no more), and
+  `..#<entry>`, the length of a list over 1 KB that appends keep, so an
+  append never decodes more than 1 KB. One small key per session: Redis keeps a hash of short fields in
   its compact listpack encoding, and one command reads, copies or expires
   the whole session.
 - `mcp:sessions`: a sorted set of session ids scored by last-seen time (the
@@ -27,7 +28,7 @@ Layout, with the default prefix `mcp`:
   what a short call's events take.
 - `mcp:holder:<sha256 of the holder>`: a sorted set of the sessions and
   handles a holder (a principal, or a client address) opened, scored by when,
-  for `max_sessions_per_holder`; a session's hash names it in `..holder`.
+  for `max_sessions_per_holder`; ending one with its holder removes it.
 - `mcp:claim:<sha256 of the name>`: a hash whose `holder` field says who
   claimed the name (`claim`), expiring with the claim.
 - `mcp:events`: a pub/sub channel: each event added publishes its session's
@@ -227,13 +228,37 @@ local function value(field)
   if staged and staged[field] ~= nil then return staged[field] end
   return redis.call('HGET', KEYS[1], field)
 end
--- The state's size: '..bytes' holds the bytes of every entry's text, and
--- '..n:<entry>' the length of a list that appends keep, so neither a size
--- check nor an append ever reads the whole state or list.
-local size = nil
+-- The state's size: '..b' holds the bytes of every entry's text, and
+-- '..#<entry>' the length of a list over 1 KB that appends keep, so neither
+-- a size check nor an append ever decodes more than 1 KB. A small state
+-- (at most SMALL bytes in at most 64 entries) keeps no '..b' and is measured
+-- entry by entry instead, cheap at that size: a small session stays as small
+-- as it was.
+local SMALL = 4096
+local size, keep_size = nil, false
 local function state_size()
-  if not size then size = tonumber(redis.call('HGET', KEYS[1], '..bytes') or '0') end
+  if size then return size end
+  local stored = redis.call('HGET', KEYS[1], '..b')
+  if stored then
+    size, keep_size = tonumber(stored), true
+    return size
+  end
+  local entries = 0
+  size = 0
+  for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if string.sub(name, 1, 1) ~= '.' then
+      size, entries = size + redis.call('HSTRLEN', KEYS[1], name), entries + 1
+    end
+  end
+  keep_size = size > SMALL or entries > 64
   return size
+end
+local function record_size(new_size)
+  size = new_size
+  if keep_size or new_size > SMALL then
+    keep_size = true
+    redis.call('HSET', KEYS[1], '..b', new_size)
+  end
 end
 local function too_large(new_size)
   return redis.error_reply("LIMIT this session's state would take " .. string.format('%.0f', new_size)
@@ -245,19 +270,18 @@ end
 -- Changes an entry (text false: removes it), and its list length (count nil: unknown).
 local function put(field, text, count)
   if staged then
-    for _, name in ipairs({field, '..n:' .. field}) do
+    for _, name in ipairs({field, '..#' .. field}) do
       if staged[name] == nil then staged_order[#staged_order + 1] = name end
     end
     staged[field] = text
-    staged['..n:' .. field] = count and tostring(count) or false
+    staged['..#' .. field] = count and tostring(count) or false
     return nil
   end
   local new_size = state_size() - redis.call('HSTRLEN', KEYS[1], field) + (text and #text or 0)
   if max_bytes and new_size > max_bytes and new_size > state_size() then return too_large(new_size) end
   set_field(field, text)
-  set_field('..n:' .. field, count and tostring(count) or false)
-  size = new_size
-  redis.call('HSET', KEYS[1], '..bytes', size)
+  set_field('..#' .. field, count and tostring(count) or false)
+  record_size(new_size)
   return nil
 end
 -- Each answers its result as JSON text, or nil and the error.
@@ -293,7 +317,7 @@ function write.append(field, item)
     updated = string.sub(current, 1, -2) .. ',' .. item .. ']'
     -- Decoded once for a list no append has counted yet (set whole, or
     -- stored before lengths were kept); counted from then on.
-    count = tonumber(value('..n:' .. field) or '') or #cjson.decode(current)
+    count = tonumber(value('..#' .. field) or '') or #cjson.decode(current)
     count = count + 1
   else
     return nil, redis.error_reply('WRONGTYPE entry does not hold a list')
@@ -301,7 +325,7 @@ function write.append(field, item)
   if max_items and count > max_items then
     return nil, redis.error_reply('LIMIT this list holds ' .. (count - 1) .. ' items, the most it may')
   end
-  local refused = put(field, updated, count)
+  local refused = put(field, updated, #updated > 1024 and count or nil)
   if refused then return nil, refused end
   return tostring(count)
 end
@@ -348,30 +372,30 @@ elseif op == 'apply' then
   end
   if max_bytes and new_size > max_bytes and new_size > state_size() then return too_large(new_size) end
   for _, field in ipairs(staged_order) do set_field(field, staged[field]) end
-  redis.call('HSET', KEYS[1], '..bytes', new_size)
+  record_size(new_size)
   result = ARGV[10]
 elseif op == 'copy' then
   -- State only (the source's record stays its own), in chunks, so unpack()
   -- stays far below Lua's stack limit.
-  -- Lists' lengths go along ('..n:' fields), and a target's stale ones go.
+  -- Lists' lengths go along ('..#' fields), and a target's stale ones go.
   local flat, state, new_size, entries = redis.call('HGETALL', KEYS[4]), {}, state_size(), 0
   for i = 1, #flat, 2 do
     local name = flat[i]
-    if string.sub(name, 1, 1) ~= '.' or string.sub(name, 1, 4) == '..n:' then
+    if string.sub(name, 1, 1) ~= '.' or string.sub(name, 1, 3) == '..#' then
       state[#state + 1] = name
       state[#state + 1] = flat[i + 1]
     end
     if string.sub(name, 1, 1) ~= '.' then
       entries = entries + 1
       new_size = new_size - redis.call('HSTRLEN', KEYS[1], name) + #flat[i + 1]
-      redis.call('HDEL', KEYS[1], '..n:' .. name)
+      redis.call('HDEL', KEYS[1], '..#' .. name)
     end
   end
   if max_bytes and new_size > max_bytes and new_size > state_size() then return too_large(new_size) end
   for i = 1, #state, 200 do
     redis.call('HSET', KEYS[1], unpack(state, i, math.min(i + 199, #state)))
   end
-  redis.call('HSET', KEYS[1], '..bytes', new_size)
+  record_size(new_size)
   result = tostring(entries)
 else
   return redis.error_reply('ERR unknown operation ' .. op)
@@ -411,9 +435,8 @@ end
 """
 
 # Refused past ARGV[3] live sessions in all (KEYS[2], the index), or past
-# ARGV[4] for the holder (KEYS[3], the sessions it opened, scored by when,
-# ARGV[5] its name, '' for none, kept in '..holder' for _END).
-# ARGV[6..]: the record, flattened as field, value, ...
+# ARGV[4] for the holder (KEYS[3], the sessions it opened, scored by when;
+# ARGV[5] '' for no holder). ARGV[6..]: the record, flattened as field, value, ...
 _OPEN = (
     _TOUCH
     + """
@@ -432,7 +455,6 @@ if ARGV[5] ~= '' then
   end
   redis.call('ZADD', KEYS[3], now, ARGV[1])
   redis.call('EXPIRE', KEYS[3], ARGV[2])
-  redis.call('HSET', KEYS[1], '..holder', ARGV[5])
 end
 redis.call('HSET', KEYS[1], '.epoch', 1, unpack(ARGV, 6))
 touch()
@@ -467,16 +489,12 @@ return {epoch, record()}
 """
 )
 
-# The owner stays: it guards the state, which stays too. The holder's count
-# drops. ARGV[1] the session's id.
+# The owner stays: it guards the state, which stays too. The session leaves
+# its holder's count (KEYS[2]). ARGV[1] the session's id.
 _END = (
     _RECORD
     + """
-local holder = redis.call('HGET', KEYS[1], '..holder')
-if holder then
-  redis.call('ZREM', holder, ARGV[1])
-  redis.call('HDEL', KEYS[1], '..holder')
-end
+redis.call('ZREM', KEYS[2], ARGV[1])
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
 local names = {'.epoch'}
 for _, name in ipairs(record_fields()) do
@@ -886,7 +904,7 @@ class RedisSessionStore(SessionStore):
 
     async def open_session(self, session_id: str, record: dict[str, Any], *, holder: str | None = None) -> int:
         holder_key = "" if holder is None else self._holder_key(holder)
-        keys = [*self._keys(session_id), holder_key or self._index]
+        keys = [*self._keys(session_id), holder_key or self._keys(session_id)[0]]
         args = [
             session_id,
             self.ttl_seconds,
@@ -915,8 +933,10 @@ class RedisSessionStore(SessionStore):
         found = await self._call(lambda: self._durable(self._adopt, self._keys(session_id), args))
         return None if found is None else (_record_of(found[1]), int(found[0]))
 
-    async def end_session(self, session_id: str) -> bool:
-        return bool(await self._read(lambda: self._end(keys=self._keys(session_id)[:1], args=[session_id])))
+    async def end_session(self, session_id: str, *, holder: str | None = None) -> bool:
+        keys = [self._keys(session_id)[0], self._holder_key(holder) if holder is not None else self._index]
+        # Without a holder, ZREM from the index: the session's state (and its place there) lives on.
+        return bool(await self._read(lambda: self._end(keys=keys, args=[session_id if holder is not None else ""])))
 
     async def owner(self, session_id: str) -> str | None:
         raw = await self._read(lambda: self._redis.hget(self._keys(session_id)[0], ".owner"))

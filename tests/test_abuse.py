@@ -49,7 +49,7 @@ T = TypeVar("T")
 MAX_BODY_BYTES = 1_048_576
 MAX_SESSION_RECORD_BYTES = 4096
 MAX_SESSION_LOG_BYTES = 262_144
-MAX_SESSION_STATE_BYTES = 1_048_576
+MAX_SESSION_STATE_BYTES = 262_144
 MAX_NOTE_BYTES = 10_000
 MAX_NOTES = 100
 MAX_SESSIONS_PER_CLIENT = int(ABUSE_BOUNDS["MAX_SESSIONS_PER_CLIENT"])
@@ -563,7 +563,8 @@ async def test_notes_are_bounded_in_bytes_and_count_and_append_in_constant_time(
     append at the cap costs at most 3x the append on an empty session (p50s); a list_notes answer over
     MAX_EVENT_BYTES, asked for again and again, is not kept in Redis."""
     token = abuse.tokens["attacker"]
-    note = "n" * 9_000
+    # 100 of them within MAX_SESSION_STATE_BYTES, so the count's bound is the one met.
+    note = "n" * 2_000
     early: list[float] = []
     late: list[float] = []
     memory_by_answers: list[int] = []
@@ -594,7 +595,7 @@ async def test_notes_are_bounded_in_bytes_and_count_and_append_in_constant_time(
                 error = tool_error_text(await call(s, "add_note", {"note": "one too many"}))
                 assert error is not None and str(MAX_NOTES) in error, error
                 assert len((await s.call("list_notes"))["notes"]) == MAX_NOTES
-            # Answers of ~900 KB, each one SSE event past MAX_EVENT_BYTES: sent whole, not kept.
+            # Answers of ~200 KB, each one SSE event past MAX_EVENT_BYTES: sent whole, not kept.
             before = used_memory(abuse.stack)
             for i in range(12):
                 assert (await sessions[i % 3].call("list_notes"))["notes"] == [note] * MAX_NOTES
@@ -602,11 +603,11 @@ async def test_notes_are_bounded_in_bytes_and_count_and_append_in_constant_time(
             for s in sessions:
                 await s.close()
 
-    await abuse.under_attack("add_note to MAX_NOTES, 9 KB each, x3", attack, memory_bound=8 * MiB)
+    await abuse.under_attack("add_note to MAX_NOTES, 2 KB each, x3", attack, memory_bound=8 * MiB)
     ratio = percentile(late, 0.5) / percentile(early, 0.5)
     ABUSE_FIGURES.append(
         f"{'  add_note p50 at the cap / on an empty session':<44} {ratio:5.2f}   "
-        f"12 list_notes answers of 900 KB added {memory_by_answers[0] / MiB:.2f} MiB"
+        f"12 list_notes answers of 200 KB added {memory_by_answers[0] / MiB:.2f} MiB"
     )
     assert ratio <= 3, f"add_note at {MAX_NOTES - 10}..{MAX_NOTES} notes: {ratio:.2f}x the p50 on an empty session"
     assert memory_by_answers[0] <= 2 * MiB, f"large answers grew Redis by {memory_by_answers[0]} bytes"
@@ -826,7 +827,8 @@ async def test_replay_floods_are_refused_past_the_per_session_and_per_replica_bo
         clients = [attacker_http(source, connections=300, timeout=30) for source in sources]
         try:
             session = await open_session(clients[0], abuse.url, token, name="replayer")
-            async with long_call(session, 4) as (event_id, _):
+            # The call outlasts the launch window by far, so every replay served is one waiting on it.
+            async with long_call(session, 8) as (event_id, _):
                 launch_until = time.monotonic() + 2
 
                 async def one(i: int) -> None:
@@ -935,11 +937,12 @@ async def test_a_full_redis_refuses_writes_clearly_and_loses_nothing(abuse: Abus
         stack.redis_command("redis", "CONFIG", "SET", "maxmemory", str(used_memory(stack) + 4 * MiB))
         try:
             async with attacker_http("127.0.0.2") as http:
-                sessions = [await open_session(http, abuse.url, token) for _ in range(8)]
+                # 25 notes a session stay within MAX_SESSION_STATE_BYTES; 24 sessions of them overflow 4 MiB.
+                sessions = [await open_session(http, abuse.url, token) for _ in range(24)]
                 acked = [0] * len(sessions)
                 deadline = time.monotonic() + 20
                 refusal = None
-                for i in range(len(sessions) * (MAX_NOTES - 1)):
+                for i in range(len(sessions) * 25):
                     assert time.monotonic() < deadline, "Redis never refused a write"
                     k = i % len(sessions)
                     response = await sessions[k].post("tools/call", {"name": "add_note", "arguments": {"note": note}})

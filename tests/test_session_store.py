@@ -1392,7 +1392,7 @@ async def test_sessions_are_bounded_per_holder_and_in_all(bounded_store: Session
     assert await bounded_store.session_record(a3) is None
     assert await bounded_store.count_sessions(holder="alice") == 2
     # Ending one frees its place; another holder has places of its own.
-    await bounded_store.end_session(a1)
+    await bounded_store.end_session(a1, holder="alice")
     await bounded_store.open_session(a3, {"v": 1}, holder="alice")
     for _ in range(2):
         await bounded_store.open_session(new_id(), {"v": 1}, holder="bob")

@@ -172,3 +172,14 @@ async def test_an_idle_sessions_transport_is_dropped_and_adopted_back(redis_stac
 
 def held_sessions(metrics: str) -> float:
     return next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("mcp_sessions_held"))
+
+
+async def test_concurrent_initializes_never_open_more_than_max_sessions_per_client(
+    redis_stack: Stack, tmp_path: Path
+) -> None:
+    with bounded_replica(redis_stack, tmp_path, MAX_SESSIONS_PER_CLIENT="3") as (url, (alice, _, _)):
+        async with httpx2.AsyncClient(timeout=30) as http:
+            sessions = [RawSession(http, url, token=alice) for _ in range(12)]
+            outcomes = await asyncio.gather(*(session.open() for session in sessions), return_exceptions=True)
+            opened = [outcome for outcome in outcomes if isinstance(outcome, str)]
+            assert len(opened) == 3, outcomes
