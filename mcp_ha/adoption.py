@@ -109,9 +109,9 @@ class RecordSessions(Middleware):
 
     async def on_initialize(self, context: MiddlewareContext, call_next):
         session_id = context.fastmcp_context.session_id if context.fastmcp_context else None
-        if not is_session_id(session_id):
-            return await call_next(context)
-        params = context.message.params
+        params = getattr(context.message, "params", None)
+        if not is_session_id(session_id) or params is None:
+            return await call_next(context)  # nothing to record: the SDK answers what it is
         scope = get_http_request().scope
         holder = client_of(scope)
         # Recorded before the SDK answers, so a session past a bound is refused on the wire:

@@ -20,6 +20,14 @@ answered with a clear error when hit (docs/operations.md lists them).
   Retry-After. The store enforces the same two counts atomically when the
   session is recorded, so a race past this check is refused there.
 
+- `OneAnswerPerId`: a request whose JSON-RPC id is still in flight on its
+  session gets 409 with a JSON-RPC error, instead of the SDK keying both
+  calls' answers by that id and one of them never answering. An id is in
+  flight from its request until its answer is on its way: released when the
+  event log takes the answer (an SSE answer; before it is sent), when a JSON
+  answer starts, or when the request ends however it ends, so a client that
+  reuses an id after reading its answer is never refused.
+
 Elsewhere, each where the resource is: the event log's bounds
 (`streams.SessionEvents`, the store's `max_log_bytes`), replays per session
 and per replica (`streams.CheckResumption`), a session's state
@@ -134,13 +142,15 @@ class SessionLimits:
         replay = _replay(messages, then=receive)
         try:
             request = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # the SDK answers it with its own parse error
             request = None
         if not isinstance(request, dict) or request.get("method") != "initialize":
             return await self.app(scope, replay, send)
         params = request.get("params")
         params = params if isinstance(params, dict) else {}
-        size = sum(len(json.dumps(params.get(part), separators=(",", ":")).encode()) for part in _RECORDED)
+        size = sum(
+            len(json.dumps(params.get(part), separators=(",", ":"), ensure_ascii=False).encode()) for part in _RECORDED
+        )
         if size > self.max_record_bytes:
             message = (
                 f"clientInfo and capabilities take {size} bytes; this server keeps at most {self.max_record_bytes}"
@@ -180,3 +190,66 @@ async def _read_body(receive: Receive) -> tuple[list[Message], bytes]:
         if message["type"] != "http.request" or not message.get("more_body", False):
             break
     return messages, b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
+
+
+class InFlight:
+    """The JSON-RPC ids in flight on each session, on this replica."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, set[str]] = {}
+
+    def take(self, session_id: str, request_id: str) -> bool:
+        """Mark `request_id` in flight on `session_id`; False if it already is."""
+        ids = self._ids.setdefault(session_id, set())
+        if request_id in ids:
+            return False
+        ids.add(request_id)
+        return True
+
+    def release(self, session_id: str, request_id: str) -> None:
+        ids = self._ids.get(session_id)
+        if ids is not None:
+            ids.discard(request_id)
+            if not ids:
+                del self._ids[session_id]
+
+
+class OneAnswerPerId:
+    """ASGI middleware: a request id still in flight on its session gets 409 (module docstring)."""
+
+    def __init__(self, app: ASGIApp, *, in_flight: InFlight, path: str = "/mcp") -> None:
+        self.app = app
+        self.in_flight = in_flight
+        self.path = path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        session_id = Headers(scope=scope).get("mcp-session-id") if scope["type"] == "http" else None
+        if session_id is None or scope["path"] != self.path or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        messages, body = await _read_body(receive)
+        replay = _replay(messages, then=receive)
+        try:
+            request = json.loads(body)
+        except (ValueError, RecursionError):  # the SDK answers it with its own parse error
+            request = None
+        request_id = request.get("id") if isinstance(request, dict) and "method" in request else None
+        if request_id is None or isinstance(request_id, bool | dict | list):
+            return await self.app(scope, replay, send)
+        key = str(request_id)  # as the SDK keys a request's stream
+        if not self.in_flight.take(session_id, key):
+            message = (
+                f"A request with id {json.dumps(request_id)[:64]} is still in flight on this session; use another id"
+            )
+            return await refusal(409, message, id=request_id)(scope, replay, send)
+
+        async def send_answer(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                content_type = Headers(raw=message.get("headers", [])).get("content-type", "")
+                if not content_type.startswith("text/event-stream"):
+                    self.in_flight.release(session_id, key)  # a whole answer, before a byte of it is sent
+            await send(message)
+
+        try:
+            await self.app(scope, replay, send_answer)
+        finally:
+            self.in_flight.release(session_id, key)

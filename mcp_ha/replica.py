@@ -60,7 +60,7 @@ from .errors import ANSWERED, StoreErrors
 from .handles import FastMCPSessions, create_handle, end_handle, session_id_for
 from .health import StoreHealth, health_endpoint
 from .idempotency import IdempotentCalls, current_call
-from .limits import BodyLimit, SessionLimits
+from .limits import BodyLimit, InFlight, OneAnswerPerId, SessionLimits
 from .logs import Expected, RequestIds, configure
 from .principals import owner
 from .request_state import NoteSealedState, RefuseReplays, request_state_security
@@ -195,7 +195,14 @@ class HighAvailability:
         mcp.add_middleware(RefuseReplays(self.store, ttl_seconds=self.settings.request_state_ttl_seconds))
         _sdk.add_outside_request_state_boundary(mcp, NoteSealedState())
         feed = EventFeed(self.store)
-        events = functools.partial(SessionEvents, self.store, max_event_bytes=self.settings.max_event_bytes, feed=feed)
+        in_flight = InFlight()
+        events = functools.partial(
+            SessionEvents,
+            self.store,
+            max_event_bytes=self.settings.max_event_bytes,
+            feed=feed,
+            on_answer=in_flight.release,
+        )
         mcp.add_middleware(RecordSessions(self.store, self.ownership, path=path, events=events))
 
         @mcp.tool(name="create_session")
@@ -294,8 +301,9 @@ class HighAvailability:
                     await self.store.aclose()
 
         app.router.lifespan_context = lifespan
+        guarded = OneAnswerPerId(app, in_flight=in_flight, path=path)
         return RequestIds(
-            self.drain.middleware(BodyLimit(app, max_bytes=self.settings.max_body_bytes, path=path), path=path)
+            self.drain.middleware(BodyLimit(guarded, max_bytes=self.settings.max_body_bytes, path=path), path=path)
         )
 
     def run(self, app: ASGIApp) -> None:

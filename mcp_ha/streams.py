@@ -161,18 +161,23 @@ class SessionEvents(EventStore):
         *,
         max_event_bytes: int = 64 * 1024,
         feed: EventFeed | None = None,
+        on_answer: Callable[[str, str], None] | None = None,
         poll_seconds: float = 0.1,
         idle_seconds: float = 30.0,
     ) -> None:
-        """Without a `feed`, a waiting replay polls every `poll_seconds`."""
+        """Without a `feed`, a waiting replay polls every `poll_seconds`. `on_answer(session_id,
+        request_id)` is told of each request's answer as it is stored, before it is sent."""
         self.store = store
         self.session_id = session_id
         self.max_event_bytes = max_event_bytes
         self.feed = feed
+        self.on_answer = on_answer
         self.poll_seconds = poll_seconds
         self.idle_seconds = idle_seconds
 
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
+        if self.on_answer is not None and isinstance(message, JSONRPCResponse | JSONRPCError):
+            self.on_answer(self.session_id, str(message.id))
         if len(stream_id.encode()) > MAX_STREAM_ID_BYTES:
             return ""  # sent live, without an id: nothing to resume from
         # The SDK's own wire form (exclude_unset), so a replayed event reads

@@ -973,11 +973,6 @@ async def test_a_full_redis_refuses_writes_clearly_and_loses_nothing(abuse: Abus
 # -- duplicate request ids -------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not bounded yet: the SDK keys a session's response streams by JSON-RPC id, so a second call reusing "
-    "an id in flight takes the first's stream and one of them never gets its answer (c16d146 reverted the refusal)",
-)
 async def test_a_request_id_reused_while_in_flight_does_not_take_the_first_calls_answer(abuse: Abuse) -> None:
     """Two tools/call with the same JSON-RPC id at once on one session: the first gets its own answer, the
     second its own or a JSON-RPC error, both in time; the session goes on."""

@@ -183,3 +183,28 @@ async def test_concurrent_initializes_never_open_more_than_max_sessions_per_clie
             outcomes = await asyncio.gather(*(session.open() for session in sessions), return_exceptions=True)
             opened = [outcome for outcome in outcomes if isinstance(outcome, str)]
             assert len(opened) == 3, outcomes
+
+
+async def test_a_request_id_in_flight_on_its_session_is_refused_and_free_again_once_answered(stack: Stack) -> None:
+    async with httpx2.AsyncClient(timeout=30) as http:
+        session = RawSession(http, stack.config.mcp_url)
+        await session.initialize()
+
+        def call(tool: str, arguments: dict) -> dict:
+            return {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}
+
+        long = asyncio.create_task(
+            http.post(session.url, headers=session.headers(), json=call("analyze_data", {"num_items": 30}))
+        )
+        await asyncio.sleep(0.5)
+        duplicate = await http.post(session.url, headers=session.headers(), json=call("increment_counter", {}))
+        assert duplicate.status_code == 409, duplicate.text
+        assert duplicate.json()["id"] == 7 and "still in flight" in duplicate.json()["error"]["message"]
+        # The first call gets its own answer, not another tool's.
+        answer = final_message(await long)
+        assert answer["id"] == 7 and answer["result"]["structuredContent"]["items_processed"] == 30, answer
+        # Answered, the id is free again at once, and nothing was applied by the refused call.
+        again = final_message(
+            await http.post(session.url, headers=session.headers(), json=call("increment_counter", {}))
+        )
+        assert again["result"]["structuredContent"]["counter"] == 1
