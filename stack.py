@@ -54,7 +54,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent
 # HAProxy's per-address limits (haproxy/haproxy.cfg has the same defaults): requests per 10 s, and
 # open connections. Both well above what the tests and benchmarks send from their one address.
-DEFAULT_RATE_LIMIT = 100_000
+DEFAULT_RATE_LIMIT = 30_000
 DEFAULT_MAX_CONN_PER_SOURCE = 500
 # Redis's maxmemory in the local stack and compose.
 DEFAULT_REDIS_MAXMEMORY = "256mb"

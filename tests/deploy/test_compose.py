@@ -318,8 +318,18 @@ def test_compose_ships_no_stats_password_and_refuses_to_start_without_one(compos
             environment(haproxy, unset)
     env = environment(haproxy)
     assert env["HAPROXY_STATS_PASSWORD"] == HOST_ENV["HAPROXY_STATS_PASSWORD"]
-    # The other settings have safe defaults: limits on, no Origin allowed.
-    assert int(env["HAPROXY_MAX_BODY_BYTES"]) > 0 and int(env["HAPROXY_RATE_LIMIT"]) > 0
+    # The other settings have safe defaults: limits on (the local stack's), no Origin allowed.
+    from stack import DEFAULT_MAX_CONN_PER_SOURCE, DEFAULT_RATE_LIMIT
+
+    assert int(env["HAPROXY_MAX_BODY_BYTES"]) > 0
+    assert (int(env["HAPROXY_RATE_LIMIT"]), int(env["HAPROXY_MAX_CONN_PER_SOURCE"])) == (
+        DEFAULT_RATE_LIMIT,
+        DEFAULT_MAX_CONN_PER_SOURCE,
+    )
+    # The replicas hold a chunked body, which HAProxy cannot measure, to the same bound.
+    assert {environment(service(compose, name))["MAX_BODY_BYTES"] for name in REPLICAS} == {
+        env["HAPROXY_MAX_BODY_BYTES"]
+    }
     assert env["HAPROXY_ALLOWED_ORIGINS"] == ""
 
 

@@ -153,6 +153,9 @@ async def test_a_body_over_the_limit_is_refused_by_haproxy(raw: RawSession) -> N
     response = await raw.post("tools/call", {"name": "add_note", "arguments": {"note": "x" * (2 * 1024 * 1024)}})
     assert response.status_code == 413
     assert "mcp-session-id" not in {k.lower() for k in response.headers}
+    # The replica's answer for a chunked body it refuses itself (mcp_ha/limits.py), so a client gets one kind.
+    assert response.headers["content-type"] == "application/json"
+    assert response.json()["error"] == {"code": -32600, "message": "Request body over 1048576 bytes"}
     # Under the limit, a large body reaches a replica. (Not a note: add_note keeps at most 10,000 characters.)
     assert (await raw.call("resume_session", {"old_session_id": "x" * 100_000}))["keys_copied"] == 0
 

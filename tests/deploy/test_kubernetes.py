@@ -453,6 +453,13 @@ def test_haproxy_listens_where_its_service_points(objects, haproxy_env):
     assert haproxy_env["HAPROXY_STATS_PASSWORD"] == SECRETS["HAPROXY_STATS_PASSWORD"]
 
 
+def test_haproxys_per_address_limits_are_the_local_stacks(haproxy_env):
+    from stack import DEFAULT_MAX_CONN_PER_SOURCE, DEFAULT_RATE_LIMIT
+
+    assert int(haproxy_env["HAPROXY_RATE_LIMIT"]) == DEFAULT_RATE_LIMIT
+    assert int(haproxy_env["HAPROXY_MAX_CONN_PER_SOURCE"]) == DEFAULT_MAX_CONN_PER_SOURCE
+
+
 # -- Redis -----------------------------------------------------------------------------------------
 
 
