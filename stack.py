@@ -73,9 +73,10 @@ HEALTH_TIMEOUT_SECONDS = 30.0
 REDIS_KIT_USER = "mcp"
 # +info: the replicas read INFO memory to report how near Redis is to its maxmemory.
 REDIS_KIT_ACL = (
-    "resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +info +evalsha +script|load +wait "
+    "resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +info +fcall +wait "
     "+time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget "
-    "+hexists +hdel +lindex +rpush +ltrim +lrange +publish +subscribe +unsubscribe"
+    "+hexists +hdel +hstrlen +exists +zscore +zrem +get +set +lindex +rpush +lpop +lrange "
+    "+publish +subscribe +unsubscribe"
 )
 # Sentinel's connections to the servers (`sentinel auth-user`): what Sentinel
 # needs to watch the servers, announce itself and reconfigure them in a failover.
@@ -921,6 +922,19 @@ class Stack:
         self._write(state)
         if wait:
             self.wait_healthy(name)
+            if name in self.config.redis_names()[:2]:
+                self.load_functions(name)
+
+    def load_functions(self, name: str) -> None:
+        """Load the kit's Redis functions into `name` as its admin, if it is a primary (replicas get them
+        from it): the kit's own user may only call them (REDIS_KIT_ACL)."""
+        from stores.redis_store import functions_library
+
+        if self.redis_info(name, "replication").get("role") != "master":
+            return
+        loaded = self.redis_command(name, "FUNCTION", "LOAD", "REPLACE", functions_library())
+        if isinstance(loaded, Exception) or loaded is None:
+            raise StackError(f"{name} refused the kit's Redis functions: {loaded}")
 
     def _rejoin_args(self, name: str) -> list[str]:
         """A Redis server the sentinels no longer name as the primary starts as the new primary's replica.

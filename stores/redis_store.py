@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -94,9 +95,8 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
-from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
+from redis.exceptions import NoPermissionError, OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from session_store import (
@@ -575,6 +575,68 @@ return {found, events}
 """
 
 
+# Every script above as one Redis Functions library, so the kit's Redis user
+# needs FCALL only, never EVAL or SCRIPT LOAD: it cannot run Lua of its own.
+# Named by a digest of its code, so replicas of two kit versions call each
+# their own during a rolling upgrade. Functions are kept by Redis (RDB, AOF)
+# and replicated, so a replica promoted by Sentinel has them too.
+_FUNCTIONS = {
+    "get": _GET,
+    "items": _ITEMS,
+    "touch": _TOUCH_ONLY,
+    "write": _WRITE,
+    "count": _COUNT,
+    "claim": _CLAIM,
+    "open": _OPEN,
+    "read_record": _READ_RECORD,
+    "update_record": _UPDATE_RECORD,
+    "adopt": _ADOPT,
+    "end": _END,
+    "add_event": _ADD_EVENT,
+    "events_after": _EVENTS_AFTER,
+}
+LIBRARY = "mcp_ha_" + hashlib.sha256("".join(_FUNCTIONS.values()).encode()).hexdigest()[:12]
+
+
+def functions_library() -> str:
+    """The library's code, for `FUNCTION LOAD REPLACE` by an admin (stack.py, compose, Kubernetes)."""
+    # Each script's body becomes a function whose parameters are named KEYS and ARGV, so it runs unchanged.
+    parts = [f"#!lua name={LIBRARY}"]
+    parts += [
+        f"redis.register_function('{LIBRARY}_{name}', function(KEYS, ARGV)\n{body}\nend)"
+        for name, body in _FUNCTIONS.items()
+    ]
+    return "\n".join(parts) + "\n"
+
+
+NOT_LOADED = (
+    f"the kit's Redis functions ({LIBRARY}) are not loaded, and this Redis user may not load them: "
+    "load them as an admin with `python -m stores.redis_store --functions | redis-cli -x FUNCTION LOAD REPLACE` "
+    "(stack.py, docker compose and the Kubernetes manifests do)"
+)
+
+
+class _Function:
+    """One function of the library, called like a registered script: `f(keys=..., args=...)`."""
+
+    def __init__(self, store: RedisSessionStore, name: str) -> None:
+        self.store = store
+        self.name = f"{LIBRARY}_{name}"
+
+    async def __call__(self, *, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
+        try:
+            return await self.store._redis.fcall(self.name, len(keys), *keys, *args)
+        except ResponseError as exc:
+            if not _missing(exc):
+                raise
+        await self.store.load_functions()
+        return await self.store._redis.fcall(self.name, len(keys), *keys, *args)
+
+
+def _missing(result: object) -> bool:
+    return isinstance(result, ResponseError) and "function not found" in str(result).lower()
+
+
 def _json(value: Any) -> str:
     """The JSON text the store keeps: compact, and always the same for the same value (key order kept),
     so an apply's expected value compares with a stored one as text."""
@@ -674,13 +736,20 @@ class RedisSessionStore(SessionStore):
             self._redis = redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **options))
         else:  # ruled out above
             raise ValueError("give exactly one of a Redis url and sentinels")
-        register = self._redis.register_script
-        self._get, self._items, self._touch = register(_GET), register(_ITEMS), register(_TOUCH_ONLY)
-        self._write_script, self._count, self._claim = register(_WRITE), register(_COUNT), register(_CLAIM)
-        self._open, self._read_record = register(_OPEN), register(_READ_RECORD)
-        self._update_record = register(_UPDATE_RECORD)
-        self._adopt, self._end = register(_ADOPT), register(_END)
-        self._add_event, self._events_after = register(_ADD_EVENT), register(_EVENTS_AFTER)
+        f = functools.partial(_Function, self)
+        self._get, self._items, self._touch = f("get"), f("items"), f("touch")
+        self._write_script, self._count, self._claim = f("write"), f("count"), f("claim")
+        self._open, self._read_record = f("open"), f("read_record")
+        self._update_record = f("update_record")
+        self._adopt, self._end = f("adopt"), f("end")
+        self._add_event, self._events_after = f("add_event"), f("events_after")
+
+    async def load_functions(self) -> None:
+        """Load the library (a user with `+function|load` may; the kit's own may not): NOT_LOADED otherwise."""
+        try:
+            await self._redis.function_load(functions_library(), replace=True)
+        except NoPermissionError as exc:
+            raise StoreUnavailable(NOT_LOADED) from exc
 
     def _keys(self, session_id: str) -> list[str]:
         return [f"{self._prefix}:session:{session_id}", self._index]
@@ -788,26 +857,24 @@ class RedisSessionStore(SessionStore):
     def _op_key(self, session_id: str, op: Op) -> str:
         return f"{self._prefix}:op:{session_id}:{op.call}"
 
-    def _durable(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Awaitable[Any]:
-        """A script that changes what a failover must not lose: waited for when wait_replicas is set."""
+    def _durable(self, function: _Function, keys: list[str], args: list[Any]) -> Awaitable[Any]:
+        """A function that changes what a failover must not lose: waited for when wait_replicas is set."""
         if self._wait_replicas:
-            return self._waited(script, keys, args)
-        return script(keys=keys, args=args)
+            return self._waited(function, keys, args)
+        return function(keys=keys, args=args)
 
-    async def _waited(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
-        """The script and WAIT on one connection, so WAIT covers this write."""
+    async def _waited(self, function: _Function, keys: list[str], args: list[Any]) -> Any:
+        """The function and WAIT on one connection, so WAIT covers this write."""
         for attempt in range(2):
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                pipe.fcall(function.name, len(keys), *keys, *args)
                 pipe.wait(self._wait_replicas, self._wait_timeout_ms)
                 result, acknowledged = await pipe.execute(raise_on_error=False)
-            if not isinstance(result, NoScriptError):
+            if not _missing(result):
                 break
             if attempt:
-                # Loaded on one server, run on another: a failover under way. Retried like one.
-                raise RedisConnectionError("redis: the script vanished again; the primary is changing")
-            # A primary that was a replica until a failover has no scripts cached.
-            await self._redis.script_load(script.script)
+                raise StoreUnavailable(NOT_LOADED)
+            await self.load_functions()
         if isinstance(result, Exception):
             raise result  # FENCED, OPREUSED, ...: mapped by _call
         if isinstance(acknowledged, Exception):
@@ -1037,3 +1104,11 @@ class RedisSessionStore(SessionStore):
         await self._redis.aclose()
         if self._sentinel is not None:
             await self._sentinel.aclose()
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--functions"]:
+        sys.exit("usage: python -m stores.redis_store --functions   (prints the library for FUNCTION LOAD REPLACE)")
+    sys.stdout.write(functions_library())

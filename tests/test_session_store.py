@@ -36,7 +36,7 @@ from session_store import (
 )
 from stack import Stack
 from stores.memory_store import InMemorySessionStore
-from stores.redis_store import RedisSessionStore
+from stores.redis_store import LIBRARY, RedisSessionStore
 
 
 def new_id() -> str:
@@ -1440,3 +1440,24 @@ async def test_a_write_past_redis_maxmemory_is_store_full_and_evicts_nothing(red
             await admin("CONFIG", "SET", name, value)
     assert await store.get(sid, "kept") == "value"
     await store.aclose()
+
+
+async def test_the_kits_user_calls_functions_an_admin_loaded_and_says_so_when_none_are(redis_stack: Stack) -> None:
+    """The kit's Redis user may only FCALL (docs/security.md): with the library missing it gets a clear
+    StoreUnavailable saying how to load it; a user allowed to load it (the admin) loads it itself."""
+    prefix = f"mcp:t{new_id()[:8]}"
+    kit = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=prefix)
+    admin = RedisSessionStore(
+        redis_stack.config.redis_url, password=redis_stack.config.redis_admin_password, prefix=prefix
+    )
+    sid = new_id()
+    try:
+        assert redis_stack.redis_command("redis", "FUNCTION", "DELETE", LIBRARY) == "OK"
+        with pytest.raises(StoreUnavailable, match="FUNCTION LOAD"):
+            await kit.set(sid, "a", 1)
+        await admin.set(sid, "a", 1)  # loads the library, then writes
+        assert await kit.get(sid, "a") == 1
+    finally:
+        redis_stack.load_functions("redis")
+        await kit.aclose()
+        await admin.aclose()

@@ -2,7 +2,7 @@
 
 One route, `POST /incr` with `{"session_id": "..."}`, does exactly the store
 operation `increment_counter` does (`RedisSessionStore.incr` on the session's
-`counter`: one EVALSHA round trip, carrying HAProxy's `X-Request-Id` as its op
+`counter`: one FCALL round trip, carrying HAProxy's `X-Request-Id` as its op
 id like the real tool does) and answers `{"counter": n, "instance": ...}`.
 No MCP, no FastMCP, no middleware: what is left is HTTP, JSON and Redis.
 `GET /health` answers 200 while Redis answers, so the kit's own

@@ -18,7 +18,7 @@ hash() { printf %s "$1" | sha256sum | cut -d' ' -f1; }
   cat <<CONF
 port ${me##*:}
 user default on #$(hash "$REDIS_ADMIN_PASSWORD") ~* &* +@all
-user mcp on #$(hash "$REDIS_PASSWORD") resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +info +evalsha +script|load +wait +time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget +hexists +hdel +lindex +rpush +ltrim +lrange +publish +subscribe +unsubscribe
+user mcp on #$(hash "$REDIS_PASSWORD") resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +info +fcall +wait +time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget +hexists +hdel +hstrlen +exists +zscore +zrem +get +set +lindex +rpush +lpop +lrange +publish +subscribe +unsubscribe
 user sentinel on #$(hash "$REDIS_SENTINEL_AUTH_PASSWORD") resetkeys resetchannels &__sentinel__:hello -@all +multi +exec +slaveof +ping +info +role +config|rewrite +client|setname +client|kill +script|kill +publish +subscribe
 user replication on #$(hash "$REDIS_REPLICATION_PASSWORD") resetkeys resetchannels -@all +psync +replconf +ping
 masteruser replication
@@ -36,4 +36,15 @@ CONF
     echo "replicaof ${primary%:*} ${primary##*:}"
   fi
 } > redis.conf
+# The kit's functions (deploy/redis, mounted at /functions beside /scripts), loaded by the admin into
+# a primary once it answers (its replicas get them from it), for at most a minute. In the
+# background: Redis is still PID 1.
+functions="$(dirname "$0")/../functions/functions.lua"
+(for _ in $(seq 300); do
+  if redis-cli -p "${me##*:}" ping 2>/dev/null | grep -q PONG; then
+    redis-cli -p "${me##*:}" info replication | grep -q role:master || exit 0
+    exec redis-cli -p "${me##*:}" -x FUNCTION LOAD REPLACE < "$functions" > /dev/null
+  fi
+  sleep 0.2
+done) &
 exec redis-server redis.conf "$@"

@@ -225,6 +225,7 @@ def test_the_kustomization_builds_the_whole_kit(objects):
         ("Deployment", "haproxy"),
         ("Service", "haproxy"),
         ("ConfigMap", "haproxy-config"),
+        ("ConfigMap", "redis-functions"),
         ("ConfigMap", "mcp-settings"),
         ("Secret", "mcp-ha-kit-secrets"),
     }

@@ -229,9 +229,10 @@ class LoopbackPods:
         self.ports = dict(zip(self.names, ports, strict=True))
         listed = lambda workload: ",".join(self.address(pod) for pod in self.names if pod.startswith(f"{workload}-"))  # noqa: E731
         self.topology = {**topology(kit), "REDIS_SERVERS": listed("redis"), "REDIS_SENTINELS": listed("sentinel")}
-        (tmp / "scripts").mkdir()
-        for name, text in find(kit, "ConfigMap", "redis-scripts")["data"].items():
-            (tmp / "scripts" / name).write_text(text)
+        for directory, config_map in (("scripts", "redis-scripts"), ("functions", "redis-functions")):
+            (tmp / directory).mkdir()
+            for name, text in find(kit, "ConfigMap", config_map)["data"].items():
+                (tmp / directory / name).write_text(text)
         self.hosts = tmp / "hosts"
         self.hosts.write_text(f"127.0.0.1 localhost {' '.join(self.names.values())}\n")
         self.procs: dict[str, subprocess.Popen] = {}
