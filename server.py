@@ -42,7 +42,7 @@ WATCH_MAX_SECONDS = 30
 # sent back whole by list_notes: without bounds, one call under HAProxy's body
 # limit stores ~1 MB, and a session grows without end.
 MAX_NOTE_BYTES = 10_000
-MAX_NOTES = 100
+MAX_NOTES = 250
 started_at = time.monotonic()
 log = logging.getLogger("mcp-ha")
 

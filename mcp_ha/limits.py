@@ -138,12 +138,7 @@ class SessionLimits:
             or refused_by_auth(scope)
         ):
             return await self.app(scope, receive, send)
-        messages, body = await _read_body(receive)
-        replay = _replay(messages, then=receive)
-        try:
-            request = json.loads(body)
-        except (ValueError, RecursionError):  # the SDK answers it with its own parse error
-            request = None
+        request, replay = await _peek_json(receive)
         if not isinstance(request, dict) or request.get("method") != "initialize":
             return await self.app(scope, replay, send)
         params = request.get("params")
@@ -181,15 +176,20 @@ class SessionLimits:
 _RECORDED = ("clientInfo", "capabilities")
 
 
-async def _read_body(receive: Receive) -> tuple[list[Message], bytes]:
-    """The request's messages up to its body's end (BodyLimit, outside, has bounded it), and the body."""
+async def _peek_json(receive: Receive) -> tuple[Any, Receive]:
+    """The request's body as JSON (None if it is not JSON: the SDK answers that itself), and a receive
+    that gives the app the body again. BodyLimit, outside, has bounded it."""
     messages: list[Message] = []
     while True:
         message = await receive()
         messages.append(message)
         if message["type"] != "http.request" or not message.get("more_body", False):
             break
-    return messages, b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
+    try:
+        request = json.loads(b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request"))
+    except (ValueError, RecursionError):
+        request = None
+    return request, _replay(messages, then=receive)
 
 
 class InFlight:
@@ -226,12 +226,7 @@ class OneAnswerPerId:
         session_id = Headers(scope=scope).get("mcp-session-id") if scope["type"] == "http" else None
         if session_id is None or scope["path"] != self.path or scope["method"] != "POST":
             return await self.app(scope, receive, send)
-        messages, body = await _read_body(receive)
-        replay = _replay(messages, then=receive)
-        try:
-            request = json.loads(body)
-        except (ValueError, RecursionError):  # the SDK answers it with its own parse error
-            request = None
+        request, replay = await _peek_json(receive)
         request_id = request.get("id") if isinstance(request, dict) and "method" in request else None
         if request_id is None or isinstance(request_id, bool | dict | list):
             return await self.app(scope, replay, send)
