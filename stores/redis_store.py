@@ -595,17 +595,22 @@ _FUNCTIONS = {
     "add_event": _ADD_EVENT,
     "events_after": _EVENTS_AFTER,
 }
-LIBRARY = "mcp_ha_" + hashlib.sha256("".join(_FUNCTIONS.values()).encode()).hexdigest()[:12]
+# Run even past maxmemory: reads (whose TTL touch changes nothing's size), counting and ending
+# sessions (which free memory). Every other function is refused there before it starts: StoreFull.
+_ALLOW_OOM = ("get", "items", "touch", "count", "read_record", "end", "events_after")
+LIBRARY = "mcp_ha_" + hashlib.sha256("".join(_FUNCTIONS.values()).encode() + repr(_ALLOW_OOM).encode()).hexdigest()[:12]
 
 
 def functions_library() -> str:
     """The library's code, for `FUNCTION LOAD REPLACE` by an admin (stack.py, compose, Kubernetes)."""
     # Each script's body becomes a function whose parameters are named KEYS and ARGV, so it runs unchanged.
     parts = [f"#!lua name={LIBRARY}"]
-    parts += [
-        f"redis.register_function('{LIBRARY}_{name}', function(KEYS, ARGV)\n{body}\nend)"
-        for name, body in _FUNCTIONS.items()
-    ]
+    for name, body in _FUNCTIONS.items():
+        flags = ", flags={'allow-oom'}" if name in _ALLOW_OOM else ""
+        parts.append(
+            f"redis.register_function{{function_name='{LIBRARY}_{name}', "
+            f"callback=function(KEYS, ARGV)\n{body}\nend{flags}}}"
+        )
     return "\n".join(parts) + "\n"
 
 

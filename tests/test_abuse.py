@@ -60,7 +60,9 @@ MAX_CONN_PER_SOURCE = 500  # HAProxy's default (stack.DEFAULT_MAX_CONN_PER_SOURC
 
 # The bystander's p99 under attack, over its p99 just before: at most this.
 P99_RATIO = 3.0
-BASELINE_SECONDS = 1.5
+# Long enough for a p99 of a few hundred calls: a shorter one is a maximum, and one hiccup moves it.
+BASELINE_SECONDS = 3.0
+MIN_ATTACK_SECONDS = 2.0
 # The bystander calls at most once per this many seconds (so it measures, and does not load, the stack).
 BYSTANDER_PERIOD = 0.01
 MiB = 1 << 20
@@ -321,6 +323,7 @@ class Abuse:
         (a clear refusal, say, while Redis is full); its counter must still equal its acknowledged calls.
         """
         memory_before = used_memory(self.stack)
+        _, failed_before = await self.bystander.pause()  # its count runs over the whole module: this class's part
         self.bystander.run()
         await asyncio.sleep(BASELINE_SECONDS)
         with Rotation(self.stack) as rotation:
@@ -329,11 +332,16 @@ class Abuse:
                 result = await attack()
             finally:
                 ended = time.monotonic()
+                await asyncio.sleep(max(0.0, started + MIN_ATTACK_SECONDS - ended))
                 acked, failed = await self.bystander.pause()
         await asyncio.sleep(0.2)
         memory_added = used_memory(self.stack) - memory_before
+        failed -= failed_before
         baseline = [s for s in self.bystander.samples if started - BASELINE_SECONDS + 0.2 <= s.start < started]
-        during = [s for s in self.bystander.samples if started <= s.start < ended]
+        # The attack, or its first MIN_ATTACK_SECONDS if it was shorter: a p99 of a dozen calls is their
+        # maximum, which one scheduler hiccup sets. The bystander calls on after the attack for that long.
+        until = max(ended, started + MIN_ATTACK_SECONDS)
+        during = [s for s in self.bystander.samples if started <= s.start < until]
         failures = [s.error for s in baseline + during if not s.ok]
         baseline_p99 = percentile([s.seconds for s in baseline], 0.99)
         # A call still in flight when the attack ended counts: its time is what the attack cost it.
@@ -636,7 +644,7 @@ async def test_session_flood_stops_at_max_sessions_per_client(abuse: Abuse) -> N
                 else:
                     refused.append(response)
 
-            await bounded(MAX_SESSIONS_PER_CLIENT * 2, 15, one, concurrency=6)
+            await bounded(MAX_SESSIONS_PER_CLIENT * 2, 15, one, concurrency=3)
 
     try:
         # A session's record and bookkeeping, at ~4 KB of record each: far within 20 KB a session.
@@ -646,9 +654,7 @@ async def test_session_flood_stops_at_max_sessions_per_client(abuse: Abuse) -> N
         assert len(opened) == MAX_SESSIONS_PER_CLIENT, (len(opened), [r.status_code for r in refused][:5])
         assert refused, "no initialize was refused"
         for response in refused:
-            assert response.status_code == 429, (response.status_code, response.text[:300])
-            assert_retry_after(response)
-            assert_json_rpc_error(response)
+            assert_refused(response, 429)
         async with httpx2.AsyncClient(timeout=20) as http:
             flooder = RawSession(http, abuse.url, token=token)
             flooder.session_id = opened[0]
@@ -716,10 +722,21 @@ async def test_sessions_past_max_sessions_in_all_get_503(abuse: Abuse, tmp_path:
     assert len(opened) == 10, (len(opened), [r.status_code for r in refused][:5])
     assert refused
     for response in refused:
-        assert response.status_code == 503, (response.status_code, response.text[:300])
+        assert_refused(response, 503)
+    assert error is not None, "create_session past MAX_SESSIONS gave a handle"
+
+
+def assert_refused(response: httpx2.Response, status: int) -> None:
+    """An initialize refused for a count: `status` with Retry-After and a JSON-RPC error, before the SDK saw
+    it; or, for one that raced others past that check, the store's own atomic refusal, a JSON-RPC error in
+    the SDK's answer (FastMCP can only answer an initialize's refusal that way)."""
+    if response.status_code == status:
         assert_retry_after(response)
         assert_json_rpc_error(response)
-    assert error is not None, "create_session past MAX_SESSIONS gave a handle"
+        return
+    assert response.status_code == 200, (response.status_code, response.text[:300])
+    error = final_message(response).get("error") or {}
+    assert str(error.get("message", "")).startswith("Refused:"), response.text[:300]
 
 
 # -- idle transports ----------------------------------------------------------------------------------

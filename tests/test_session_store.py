@@ -1435,6 +1435,10 @@ async def test_a_write_past_redis_maxmemory_is_store_full_and_evicts_nothing(red
                 break
         assert refused
         assert (await store.memory() or (0, 0))[1] == used
+        # Full, it still reads, and ends sessions (which frees memory).
+        assert await store.get(sid, "kept") == "value"
+        assert await store.items(sid) == {"kept": "value"}
+        assert await store.end_session(new_id()) is False
     finally:
         for name, value in was.items():
             await admin("CONFIG", "SET", name, value)

@@ -1,5 +1,5 @@
-#!lua name=mcp_ha_e38410eb87de
-redis.register_function('mcp_ha_e38410eb87de_get', function(KEYS, ARGV)
+#!lua name=mcp_ha_8550065d99af
+redis.register_function{function_name='mcp_ha_8550065d99af_get', callback=function(KEYS, ARGV)
 
 local function touch()
   local now = redis.call('TIME')[1]
@@ -11,8 +11,8 @@ end
 touch()
 return redis.call('HGET', KEYS[1], ARGV[3])
 
-end)
-redis.register_function('mcp_ha_e38410eb87de_items', function(KEYS, ARGV)
+end, flags={'allow-oom'}}
+redis.register_function{function_name='mcp_ha_8550065d99af_items', callback=function(KEYS, ARGV)
 
 local function touch()
   local now = redis.call('TIME')[1]
@@ -24,8 +24,8 @@ end
 touch()
 return redis.call('HGETALL', KEYS[1])
 
-end)
-redis.register_function('mcp_ha_e38410eb87de_touch', function(KEYS, ARGV)
+end, flags={'allow-oom'}}
+redis.register_function{function_name='mcp_ha_8550065d99af_touch', callback=function(KEYS, ARGV)
 
 local function touch()
   local now = redis.call('TIME')[1]
@@ -36,8 +36,8 @@ end
 
 touch()
 
-end)
-redis.register_function('mcp_ha_e38410eb87de_write', function(KEYS, ARGV)
+end, flags={'allow-oom'}}
+redis.register_function{function_name='mcp_ha_8550065d99af_write', callback=function(KEYS, ARGV)
 
 local function touch()
   local now = redis.call('TIME')[1]
@@ -260,15 +260,15 @@ touch()
 redis.call('PUBLISH', KEYS[5], ARGV[1])
 return {result, 0}
 
-end)
-redis.register_function('mcp_ha_e38410eb87de_count', function(KEYS, ARGV)
+end}
+redis.register_function{function_name='mcp_ha_8550065d99af_count', callback=function(KEYS, ARGV)
 
 local horizon = tonumber(redis.call('TIME')[1]) - tonumber(ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', horizon)
 return redis.call('ZCARD', KEYS[1])
 
-end)
-redis.register_function('mcp_ha_e38410eb87de_claim', function(KEYS, ARGV)
+end, flags={'allow-oom'}}
+redis.register_function{function_name='mcp_ha_8550065d99af_claim', callback=function(KEYS, ARGV)
 
 local held = redis.call('HGET', KEYS[1], 'holder')
 if held then return held end
@@ -276,8 +276,8 @@ redis.call('HSET', KEYS[1], 'holder', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 return ARGV[1]
 
-end)
-redis.register_function('mcp_ha_e38410eb87de_open', function(KEYS, ARGV)
+end}
+redis.register_function{function_name='mcp_ha_8550065d99af_open', callback=function(KEYS, ARGV)
 
 local function touch()
   local now = redis.call('TIME')[1]
@@ -306,8 +306,8 @@ redis.call('HSET', KEYS[1], '.epoch', 1, unpack(ARGV, 6))
 touch()
 return 1
 
-end)
-redis.register_function('mcp_ha_e38410eb87de_read_record', function(KEYS, ARGV)
+end}
+redis.register_function{function_name='mcp_ha_8550065d99af_read_record', callback=function(KEYS, ARGV)
 
 local function record_fields()
   local names = {}
@@ -332,15 +332,15 @@ end
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return nil end
 return record()
 
-end)
-redis.register_function('mcp_ha_e38410eb87de_update_record', function(KEYS, ARGV)
+end, flags={'allow-oom'}}
+redis.register_function{function_name='mcp_ha_8550065d99af_update_record', callback=function(KEYS, ARGV)
 
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 
-end)
-redis.register_function('mcp_ha_e38410eb87de_adopt', function(KEYS, ARGV)
+end}
+redis.register_function{function_name='mcp_ha_8550065d99af_adopt', callback=function(KEYS, ARGV)
 
 local function touch()
   local now = redis.call('TIME')[1]
@@ -374,8 +374,8 @@ local epoch = redis.call('HINCRBY', KEYS[1], '.epoch', 1)
 touch()
 return {epoch, record()}
 
-end)
-redis.register_function('mcp_ha_e38410eb87de_end', function(KEYS, ARGV)
+end}
+redis.register_function{function_name='mcp_ha_8550065d99af_end', callback=function(KEYS, ARGV)
 
 local function record_fields()
   local names = {}
@@ -406,8 +406,8 @@ end
 redis.call('HDEL', KEYS[1], unpack(names))
 return 1
 
-end)
-redis.register_function('mcp_ha_e38410eb87de_add_event', function(KEYS, ARGV)
+end, flags={'allow-oom'}}
+redis.register_function{function_name='mcp_ha_8550065d99af_add_event', callback=function(KEYS, ARGV)
 
 local t = redis.call('TIME')
 local ms, n = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), 0
@@ -430,8 +430,8 @@ redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('PUBLISH', KEYS[3], ARGV[6])
 return position
 
-end)
-redis.register_function('mcp_ha_e38410eb87de_events_after', function(KEYS, ARGV)
+end}
+redis.register_function{function_name='mcp_ha_8550065d99af_events_after', callback=function(KEYS, ARGV)
 
 local found, events = nil, {}
 for _, entry in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
@@ -450,4 +450,4 @@ end
 if not found then return false end
 return {found, events}
 
-end)
+end, flags={'allow-oom'}}
