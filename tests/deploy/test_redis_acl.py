@@ -244,3 +244,11 @@ def test_the_functions_file_the_deployments_load_is_the_stores_own() -> None:
     assert shipped == functions_library(), (
         "deploy/redis/functions.lua is stale: python -m stores.redis_store --functions > deploy/redis/functions.lua"
     )
+
+
+def test_the_readiness_checks_find_the_loaded_functions(redis_stack: Stack) -> None:
+    """compose's and Kubernetes' Redis checks wait for the library: their pattern must match it (a glob)."""
+    found = redis_stack.redis_command("redis", "FUNCTION", "LIST", "LIBRARYNAME", "mcp_ha_*")
+    assert isinstance(found, list) and LIBRARY in str(found), found
+    for path in ("docker-compose.yaml", "docker-compose.ci.yaml", "deploy/kubernetes/redis.yaml"):
+        assert "FUNCTION LIST LIBRARYNAME 'mcp_ha_*'" in (ROOT / path).read_text(), path
