@@ -292,6 +292,17 @@ class CheckResumption:
         self._running: Counter[str] = Counter()
         self._total = 0
 
+    def _busy(self) -> JSONResponse:
+        message = f"This replica is resuming {self.max_replays} streams, the most it may; try again shortly."
+        return _error(503, message, retry_after=1)
+
+    def _crowded(self) -> JSONResponse:
+        message = (
+            f"This session has {self.max_per_session} streams being resumed, the most it may; "
+            "close one, or try again shortly."
+        )
+        return _error(429, message, retry_after=1)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
             scope["type"] == "http"
@@ -306,26 +317,15 @@ class CheckResumption:
                 last_event_id = headers.get("last-event-id")
                 if not is_event_id(last_event_id):
                     return await _error(400, MALFORMED)(scope, receive, send)
-                busy = _error(
-                    503,
-                    f"This replica is resuming {self.max_replays} streams, the most it may; try again shortly.",
-                    retry_after=1,
-                )
                 if self._total >= self.max_replays:  # before any read: a flood costs the store nothing
-                    return await busy(scope, receive, send)
-                crowded = _error(
-                    429,
-                    f"This session has {self.max_per_session} streams being resumed, the most it may; "
-                    "close one, or try again shortly.",
-                    retry_after=1,
-                )
+                    return await self._busy()(scope, receive, send)
                 try:
                     # The owner first, for everyone: a stranger's answer takes as long as an unknown id's.
                     found = None
                     if await self.store.owner(session_id) == owner(scope):
                         # Past the owner, so a stranger learns nothing from it; before the log is read.
                         if self._running[session_id] >= self.max_per_session:
-                            return await crowded(scope, receive, send)
+                            return await self._crowded()(scope, receive, send)
                         found = await self.store.events_after(session_id, last_event_id)
                 except StoreUnavailable:
                     return await _error(503, UNAVAILABLE)(scope, receive, send)
@@ -333,9 +333,9 @@ class CheckResumption:
                     return await _error(404, UNKNOWN)(scope, receive, send)
                 # Again: others may have started while the store answered.
                 if self._total >= self.max_replays:
-                    return await busy(scope, receive, send)
+                    return await self._busy()(scope, receive, send)
                 if self._running[session_id] >= self.max_per_session:
-                    return await crowded(scope, receive, send)
+                    return await self._crowded()(scope, receive, send)
                 if self.on_resume is not None:
                     self.on_resume()
                 self._running[session_id] += 1

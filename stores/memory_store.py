@@ -147,11 +147,11 @@ class InMemorySessionStore(SessionStore):
             if record is None or record[1] != epoch:
                 raise Fenced(session_id)
         data = self._live(session_id)
-        before = _state_bytes(data)
         work = copy.deepcopy(data)  # all or none: applied to a copy, swapped in once within the bound
         result = apply(work)
         after = _state_bytes(work)
-        if after > self.max_state_bytes and after > before:
+        # Past the bound, a write may still shrink the state (or leave it as large as it was).
+        if after > self.max_state_bytes and after > _state_bytes(data):
             raise LimitExceeded(
                 f"this session's state would take {after} bytes; the store keeps at most {self.max_state_bytes}"
             )
@@ -231,25 +231,23 @@ class InMemorySessionStore(SessionStore):
         def apply(data: dict[str, Any]) -> Any:
             if any(data.get(check_key(key)) != value for key, value in expect.items()):
                 raise Conflict(session_id)
-            work = dict(data)  # all or none: applied to a copy, swapped in at the end
+            # Straight onto `data`: it is _write's copy, dropped whole if a write here fails.
             for operation, key, value in staged:
-                current = work.get(key)
+                current = data.get(key)
                 if operation == "set":
-                    work[key] = value
+                    data[key] = value
                 elif operation == "delete":
-                    work.pop(key, None)
+                    data.pop(key, None)
                 elif operation == "incr":
                     if not (current is None or isinstance(current, int)):
                         raise TypeError(f"{key!r} does not hold an integer")
-                    work[key] = (current or 0) + value
+                    data[key] = (current or 0) + value
                 elif operation == "append":
                     if not (current is None or isinstance(current, list)):
                         raise TypeError(f"{key!r} does not hold a list")
-                    work[key] = [*(current or []), value]
+                    data[key] = [*(current or []), value]
                 else:
                     raise ValueError(f"unknown write operation {operation!r}")
-            data.clear()
-            data.update(work)
             return result
 
         return self._write(session_id, epoch, op, apply)
