@@ -4,6 +4,9 @@
     python -m tools.bench --quick --own-stack --json out.json under a minute, for CI
     python -m tools.bench --mix increment_counter=3,get_counter=1 --sessions 16 --duration 30
     python -m tools.bench --compare http://127.0.0.1:9000/mcp  another MCP endpoint, side by side
+    python -m tools.bench --own-stack --reference ~/src/mcp-high-availability
+                                                              the reference kit, run as local processes
+                                                              (tools/reference.py), side by side
     python -m tools.bench --own-stack --markdown docs/benchmarks.md
                                                               the figures into the document, between
                                                               <!-- bench:start --> and <!-- bench:end -->
@@ -14,8 +17,13 @@ Sections, each in one run:
                  as soon as the last returns) calling the `--mix` of tools,
                  through HAProxy, directly against one replica, against the
                  floor (tools/bench_floor.py behind its own HAProxy) and, with
-                 `--compare`, against another endpoint. The setups take turns
-                 in short rounds, so drift in the machine's load hits each alike.
+                 `--compare`, against another endpoint, and with `--reference
+                 PATH`, against the reference kit (a checkout of
+                 vikrantjain/mcp-high-availability at PATH, run by
+                 tools/reference.py: its pinned venv outside this repository,
+                 its redis-server, three `fastmcp run` replicas, its
+                 haproxy.cfg on loopback ports). The setups take turns in short
+                 rounds, so drift in the machine's load hits each alike.
     proxy hop    one session, through HAProxy and directly, interleaved: the
                  difference of the medians is what the hop costs.
     scale        one session's latency with 0, 10,000 and 100,000 sessions in
@@ -38,13 +46,17 @@ Client, so the client's own overhead stays small. `--generation session` speaks
 session-era MCP (initialize, mcp-session-id); `sessionless` speaks 2026-07-28
 (no initialize, `create_session` once, its handle passed as `session_id`). The
 floor and `--compare` are driven the same way whatever the generation (the
-floor always does increment_counter's store operation; `--compare` is
-session-era).
+floor always does increment_counter's store operation; `--compare` and
+`--reference` are session-era, so `--reference` takes `--generation session`).
 
 `--markdown FILE` rewrites only what lies between the markers, with markdown
 tables of the figures and a line saying when, on what and with which command
-line they were measured; a FILE without both markers is refused before
-anything starts, and a run in which calls failed leaves FILE as it was.
+line they were measured: <!-- bench:start --> and <!-- bench:end -->, and with
+`--reference`, also <!-- reference:start --> and <!-- reference:end --> (this
+kit against the reference: calls/s and p50/p99 of each, their ratio, and this
+kit's calls/s as a fraction of the floor's). A FILE without the markers it
+needs is refused before anything starts, and a run in which calls failed
+leaves FILE as it was.
 
 Exit status: 0 when every call succeeded (targets are printed, and only
 checked with `--check-targets`: 1 when one is missed), 1 when any measured call
@@ -89,6 +101,7 @@ from session_store import Op, StoreUnavailable
 from stack import ROOT, Stack, StackConfig, StackError, free_ports, http_status, read_stats_csv, running_stack
 from stores.redis_store import RedisSessionStore
 from tools.mcp_wire import CallFailed, RawSession, SessionlessSession
+from tools.reference import Checkout, ReferenceKit, ReferenceKitError, ensure_venv
 
 # Tools that keep state per session: a sessionless client passes its handle to these.
 STATEFUL = {
@@ -113,6 +126,8 @@ CALL_TIMEOUT = 10.0
 MAX_CALLS_PER_ROUND = 100_000
 # `--markdown FILE` writes between <!-- bench:start --> and <!-- bench:end -->.
 MARKDOWN_MARKERS = "bench"
+# ... and with --reference, also between <!-- reference:start --> and <!-- reference:end -->.
+REFERENCE_MARKERS = "reference"
 # Under the kit's key pattern (the ACL lets its user reach no other keys), apart from its sessions.
 FLOOR_PREFIX = "mcp:benchfloor"
 
@@ -120,6 +135,9 @@ TARGET_FLOOR_FRACTION = 0.5
 TARGET_SCALE_RATIO = 1.5
 TARGET_BYTES_PER_SESSION = 288
 TARGET_HOP_MS = 1.0
+# Against the reference kit, through each one's HAProxy: at least this many times its calls/s, a p99 no worse.
+TARGET_REFERENCE_THROUGHPUT = 1.3
+TARGET_REFERENCE_P99 = 1.0
 
 # Sessions shaped like real ones (a counter and three notes), made inside Redis
 # in one call (tests/test_scale.py uses them too).
@@ -595,7 +613,9 @@ def replica_url(stack: Stack, index: int = 0) -> str:
     return f"http://{stack.config.host}:{stack.config.replica_ports[index]}/mcp"
 
 
-async def section_throughput(stack: Stack, floor: Floor, plan: Plan, progress: Progress, task) -> dict:
+async def section_throughput(
+    stack: Stack, floor: Floor, plan: Plan, progress: Progress, task, reference_url: str | None = None
+) -> dict:
     kind = SessionClient if plan.generation == "session" else SessionlessClient
     setups: list[Setup] = []
     try:
@@ -605,6 +625,9 @@ async def section_throughput(stack: Stack, floor: Floor, plan: Plan, progress: P
         setups.append(await open_setup("floor", floor.url, FloorClient, plan.sessions))
         if plan.compare:
             setups.append(await open_setup("compare", plan.compare, SessionClient, plan.sessions))
+            await probe_tools(setups[-1], plan.mix)
+        if reference_url:
+            setups.append(await open_setup("reference", reference_url, SessionClient, plan.sessions))
             await probe_tools(setups[-1], plan.mix)
         await interleave(setups, plan.mix, plan.rounds, plan.round_seconds, progress, task, "throughput")
     finally:
@@ -622,6 +645,12 @@ async def section_throughput(stack: Stack, floor: Floor, plan: Plan, progress: P
     if "compare" in out:
         ratios["compare_vs_haproxy_throughput"] = _ratio(out["compare"]["calls_per_s"], h["calls_per_s"])
         ratios["compare_vs_haproxy_p50"] = _ratio(out["compare"]["p50_ms"], h["p50_ms"])
+    if "reference" in out:
+        r = out["reference"]
+        ratios["haproxy_vs_reference_throughput"] = _ratio(h["calls_per_s"], r["calls_per_s"])
+        ratios["haproxy_vs_reference_p50"] = _ratio(h["p50_ms"], r["p50_ms"])
+        ratios["haproxy_vs_reference_p99"] = _ratio(h["p99_ms"], r["p99_ms"])
+        ratios["reference_vs_floor_throughput"] = _ratio(r["calls_per_s"], f["calls_per_s"])
     return {"setups": out, "ratios": ratios, "_latencies": latencies}
 
 
@@ -856,10 +885,55 @@ def targets(report: dict) -> list[dict]:
             "higher_is_better": False,
         },
     ]
+    if "haproxy_vs_reference_throughput" in t:
+        rows += [
+            {
+                "target": f"MCP throughput through HAProxy >= {TARGET_REFERENCE_THROUGHPUT:g}x the reference kit's",
+                "value": t["haproxy_vs_reference_throughput"],
+                "bound": TARGET_REFERENCE_THROUGHPUT,
+                "higher_is_better": True,
+            },
+            {
+                "target": "p99 through HAProxy <= the reference kit's (ratio)",
+                "value": t["haproxy_vs_reference_p99"],
+                "bound": TARGET_REFERENCE_P99,
+                "higher_is_better": False,
+            },
+        ]
     for row in rows:
         v = row["value"]
         row["holds"] = v is not None and (v >= row["bound"] if row["higher_is_better"] else v <= row["bound"])
     return rows
+
+
+def against_reference(report: dict) -> dict:
+    """This kit against the reference kit, from the throughput section's one interleaved run: what ran, the
+    calls/s and p50/p99 of each, their ratios, and each one's calls/s as a fraction of the floor's."""
+    setups, ratios = report["throughput"]["setups"], report["throughput"]["ratios"]
+
+    def figures(stats: dict) -> dict:
+        return {k: stats[k] for k in ("url", "calls", "errors", "calls_per_s", "p50_ms", "p95_ms", "p99_ms")}
+
+    return {
+        **report["reference"],
+        "sessions": report["config"]["sessions"],
+        "mix": report["config"]["mix"],
+        "generation": report["config"]["generation"],
+        "kit": figures(setups["haproxy"]),
+        "reference": figures(setups["reference"]),
+        "floor_calls_per_s": setups["floor"]["calls_per_s"],
+        "throughput_ratio": ratios["haproxy_vs_reference_throughput"],
+        "p50_ratio": ratios["haproxy_vs_reference_p50"],
+        "p99_ratio": ratios["haproxy_vs_reference_p99"],
+        "kit_vs_floor_throughput": ratios["haproxy_vs_floor_throughput"],
+        "reference_vs_floor_throughput": ratios["reference_vs_floor_throughput"],
+        "targets": {
+            "throughput_ratio_at_least": TARGET_REFERENCE_THROUGHPUT,
+            "p99_ratio_at_most": TARGET_REFERENCE_P99,
+        },
+        "note": "the throughput section's haproxy and reference setups, interleaved in one run: "
+        "throughput_ratio and p50/p99_ratio are this kit's over the reference kit's",
+    }
 
 
 def measured_errors(report: dict) -> list[str]:
@@ -1020,6 +1094,50 @@ def sections(report: dict) -> list[Section]:
     return out
 
 
+def _ratio_text(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def reference_section(ref: dict) -> Section:
+    """report["reference"] as one table: each kit's calls/s and latency, then the ratios, then what ran."""
+    rows = [
+        [
+            label,
+            str(s["calls"]),
+            str(s["errors"]),
+            f"{s['calls_per_s']:.0f}",
+            _ms(s["p50_ms"]),
+            _ms(s["p99_ms"]),
+            _ratio_text(share, 3),
+        ]
+        for label, s, share in (
+            ("this kit", ref["kit"], ref["kit_vs_floor_throughput"]),
+            ("reference kit", ref["reference"], ref["reference_vs_floor_throughput"]),
+        )
+    ]
+    t, p99 = ref["throughput_ratio"], ref["p99_ratio"]
+    holds_t = t is not None and t >= TARGET_REFERENCE_THROUGHPUT
+    holds_p99 = p99 is not None and p99 <= TARGET_REFERENCE_P99
+    pinned = ", ".join(f"{k} {v}" for k, v in ref["pinned"].items())
+    where = f"commit {ref['commit'][:12]}" if ref.get("commit") else f"requirements digest {ref['requirements_digest']}"
+    caption = (
+        f"this kit / reference: throughput {_ratio_text(t)}x (target >= {TARGET_REFERENCE_THROUGHPUT:g}x: "
+        f"{'holds' if holds_t else 'missed'}), p50 {_ratio_text(ref['p50_ratio'])}x, p99 {_ratio_text(p99)}x "
+        f"(target <= {TARGET_REFERENCE_P99:g}x: {'holds' if holds_p99 else 'missed'}); this kit's throughput is "
+        f"{_ratio_text(ref['kit_vs_floor_throughput'], 3)} of the floor's ({ref['floor_calls_per_s']:.0f} calls/s). "
+        f"Reference: vikrantjain/mcp-high-availability ({where}; {pinned}), {ref['replicas']} replicas, "
+        f"its redis-server, its haproxy.cfg on loopback ports."
+    )
+    return Section(
+        f"Against the reference kit: {ref['sessions']} sessions, mix {ref['mix']}, {ref['generation']} clients, "
+        "through each kit's HAProxy, interleaved",
+        ["kit", "calls", "errors", "calls/s", "p50 ms", "p99 ms", "calls/s / floor"],
+        rows,
+        caption,
+        left=("kit",),
+    )
+
+
 def _styled(column: str, value: str) -> str:
     """A cell for rich: errors above 0 and missed targets in red, targets that hold in green."""
     if column in ("errors", "failed") and value not in ("0", ""):
@@ -1043,7 +1161,8 @@ def rich_table(section: Section, *, show_lines: bool = False) -> Table:
 
 
 def results_tables(report: dict) -> list[Table]:
-    return [rich_table(s) for s in sections(report)]
+    extra = [reference_section(report["reference"])] if "reference" in report else []
+    return [rich_table(s) for s in [*sections(report), *extra]]
 
 
 # -- figures into a markdown document (shared with tools.failover_bench) -----------------
@@ -1087,12 +1206,20 @@ def check_markers(path: Path, name: str) -> None:
 
 def write_between_markers(path: Path, name: str, body: str) -> None:
     """Replace what lies between `name`'s markers in `path` with `body`; every byte outside them stays."""
+    write_blocks(path, {name: body})
+
+
+def write_blocks(path: Path, bodies: dict[str, str]) -> None:
+    """Replace what lies between each name's markers in `path` with its body, all in one write; every byte
+    outside them stays."""
     text = _read(path)
-    begin, end = _region(text, path, name)
-    # The figures' lines end as the start marker's line does.
-    newline = "\r\n" if text.startswith("\r\n", begin) else "\n"
-    inner = newline + newline.join(body.strip("\n").split("\n")) + newline
-    data = (text[:begin] + inner + text[end:]).encode("utf-8")
+    for name, body in bodies.items():
+        begin, end = _region(text, path, name)
+        # The figures' lines end as the start marker's line does.
+        newline = "\r\n" if text.startswith("\r\n", begin) else "\n"
+        inner = newline + newline.join(body.strip("\n").split("\n")) + newline
+        text = text[:begin] + inner + text[end:]
+    data = text.encode("utf-8")
     # Written aside and moved over the document: an interrupted run never leaves it half written.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -1169,6 +1296,11 @@ def markdown_report(report: dict) -> str:
     return "\n\n".join([provenance("tools.bench"), *(md_table(s) for s in [*sections(report), targets_table])])
 
 
+def markdown_reference(ref: dict) -> str:
+    """The block between the reference markers: when and how it was measured, and the one table."""
+    return "\n\n".join([provenance("tools.bench"), md_table(reference_section(ref))])
+
+
 # -- the chart ----------------------------------------------------------------------------
 
 
@@ -1206,7 +1338,7 @@ def draw_chart(report: dict, path: Path) -> None:
     left.grid(True, which="both", alpha=0.3)
     left.legend()
     names = list(setups)
-    bars = right.bar(names, [setups[n]["calls_per_s"] for n in names], color=["C0", "C1", "C2", "C3"][: len(names)])
+    bars = right.bar(names, [setups[n]["calls_per_s"] for n in names], color=[f"C{i}" for i in range(len(names))])
     right.bar_label(bars, fmt="%.0f")
     right.set_ylabel("calls / s")
     right.set_title(f"Throughput per setup, mix {report['config']['mix']}")
@@ -1238,13 +1370,20 @@ async def check_compare(url: str) -> None:
     await close_setup(setup)
 
 
-async def run(stack: Stack, plan: Plan, log_dir: Path, state_dir: Path) -> dict:
+async def run(stack: Stack, plan: Plan, log_dir: Path, state_dir: Path, reference: ReferenceKit | None = None) -> dict:
+    """Every section; `reference`, not yet started, runs for the throughput section only."""
     floor = Floor(stack, len(stack.config.replica_ports), log_dir)
-    setups = 4 if plan.compare else 3
+    setups = 3 + bool(plan.compare) + bool(reference)
+    reference_up = False
     try:
         # Inside the try: a floor that fails half-way is stopped too.
         with console.status("starting the floor (tools.bench_floor behind its own HAProxy)"):
             await asyncio.to_thread(floor.start)
+        if reference is not None:
+            with console.status("starting the reference kit (redis-server, 3 fastmcp run replicas, its HAProxy)"):
+                # A start that fails half-way stops what it started itself, and keeps its logs.
+                await asyncio.to_thread(reference.start)
+                reference_up = True
         with Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -1254,8 +1393,14 @@ async def run(stack: Stack, plan: Plan, log_dir: Path, state_dir: Path) -> dict:
             transient=not console.is_terminal,
         ) as progress:
             task = progress.add_task("starting", total=plan.planned_seconds(setups) + 1)
-            throughput = await section_throughput(stack, floor, plan, progress, task)
+            throughput = await section_throughput(
+                stack, floor, plan, progress, task, reference.url if reference is not None else None
+            )
             latencies = throughput.pop("_latencies")  # for the chart only, kept out of the JSON
+            if reference is not None:
+                # Only the throughput section needs it: its processes leave the machine to the rest.
+                reference_up = False
+                await asyncio.to_thread(reference.stop)
             hop = await section_hop(stack, plan, progress, task)
             # Before scale: Redis shrinks its keyspace table lazily after the
             # 100,000 filled sessions go, which would show up here as negative bytes.
@@ -1266,9 +1411,12 @@ async def run(stack: Stack, plan: Plan, log_dir: Path, state_dir: Path) -> dict:
             )
             progress.update(task, description="done", completed=progress.tasks[0].total)
     finally:
+        if reference is not None and reference_up:
+            await asyncio.to_thread(reference.stop)
         await asyncio.to_thread(floor.stop)
         await asyncio.to_thread(forget_floor_keys, stack.config)
     return {
+        **({"reference": reference.describe()} if reference is not None else {}),
         "throughput": throughput,
         "proxy_hop": hop,
         "scale": scale,
@@ -1311,6 +1459,14 @@ async def run(stack: Stack, plan: Plan, log_dir: Path, state_dir: Path) -> dict:
     metavar="URL",
     help="Another MCP endpoint (session-era, the kit's tool contract) measured beside ours.",
 )
+@click.option(
+    "--reference",
+    "reference_path",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    metavar="PATH",
+    help="A checkout of the reference kit (vikrantjain/mcp-high-availability), run as local processes "
+    "(tools/reference.py) and measured beside ours in the throughput section; session-era clients only.",
+)
 @click.option("--quick", is_flag=True, help="Short rounds and fewer sessions made: under a minute, for CI.")
 @click.option("--own-stack", is_flag=True, help="Start a stack of its own on free loopback ports, stop it at the end.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the results here.")
@@ -1328,6 +1484,7 @@ def main(
     duration: float | None,
     generation: str,
     compare: str | None,
+    reference_path: Path | None,
     quick: bool,
     own_stack: bool,
     json_path: Path | None,
@@ -1337,8 +1494,25 @@ def main(
 ) -> None:
     """Measure calls/s and latency through HAProxy, directly and against a bare floor; scale; memory."""
     duration = duration or (3.0 if quick else 15.0)
+    checkout: Checkout | None = None
+    if reference_path is not None:
+        if generation != "session":
+            raise click.BadParameter(
+                "the reference kit speaks session-era MCP only; --reference takes --generation session",
+                param_hint="'--reference'",
+            )
+        try:
+            checkout = Checkout.at(reference_path)
+        except ReferenceKitError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--reference'") from None
+        if markdown_path is not None:
+            try:
+                check_markers(markdown_path, REFERENCE_MARKERS)
+            except MarkdownError as exc:
+                raise click.BadParameter(str(exc), param_hint="'--markdown'") from None
     plan = Plan(parse_mix(mix), sessions, duration, generation, quick, compare)
     stack: Stack | None = None
+    reference: ReferenceKit | None = None
     state_dir = Path(tempfile.mkdtemp(prefix="bench-"))
     started = time.monotonic()
     try:
@@ -1347,14 +1521,18 @@ def main(
         if compare:
             require_loopback(compare, "--compare")
             asyncio.run(check_compare(compare))
+        if checkout is not None:
+            # Before anything starts: made once (minutes), then reused while its lock is unchanged.
+            with console.status("the reference kit's venv, from its uv.lock (made once, outside this repository)"):
+                reference = ReferenceKit(checkout, ensure_venv(checkout))
         if own_stack:
             stack = Stack(StackConfig.on_free_ports(state_dir / "stack"))
             with console.status(f"starting a stack of its own in {state_dir}"):
                 stack.up()
         else:
             stack = running_stack()
-        report = asyncio.run(run(stack, plan, state_dir / "floor-logs", state_dir / "durability"))
-    except (BenchError, StackError) as exc:
+        report = asyncio.run(run(stack, plan, state_dir / "floor-logs", state_dir / "durability", reference))
+    except (BenchError, StackError, ReferenceKitError) as exc:
         click.echo(f"error: {exc}", err=True)
         if own_stack and stack is not None:
             stack.down()
@@ -1382,10 +1560,13 @@ def main(
         "quick": quick,
         "own_stack": own_stack,
         "compare": compare,
+        "reference": None if checkout is None else str(checkout.path),
         "replicas": len(stack.config.replica_ports),
         "cpus": os.cpu_count(),
     }
     report["targets"] = targets(report)
+    if "reference" in report:
+        report["reference"] = against_reference(report)
     errors = measured_errors(report)
     report["errors"] = errors
     report["ok"] = not errors
@@ -1402,8 +1583,10 @@ def main(
             "scale",
             "memory",
             "durability",
+            "reference",
             "seconds",
         )
+        if k in report
     }
 
     for table in results_tables(report):
@@ -1426,12 +1609,16 @@ def main(
         click.echo(f"logs are kept in {state_dir}", err=True)
         sys.exit(1)
     if markdown_path is not None:
+        blocks = {MARKDOWN_MARKERS: markdown_report(report)}
+        if "reference" in report:
+            blocks[REFERENCE_MARKERS] = markdown_reference(report["reference"])
         try:
-            write_between_markers(markdown_path, MARKDOWN_MARKERS, markdown_report(report))
+            write_blocks(markdown_path, blocks)
         except MarkdownError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
-        console.print(f"figures written into {markdown_path}, between {' and '.join(markers(MARKDOWN_MARKERS))}")
+        for name in blocks:
+            console.print(f"figures written into {markdown_path}, between {' and '.join(markers(name))}")
     shutil.rmtree(state_dir, ignore_errors=True)
     if check_targets and not all(r["holds"] for r in report["targets"]):
         sys.exit(1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -184,3 +185,203 @@ def test_a_chart_without_matplotlib_says_what_to_install() -> None:
     assert done.returncode == 2, done.stdout + done.stderr
     assert "matplotlib" in done.stderr and "uv sync --group bench" in done.stderr
     assert "Traceback" not in done.stderr and "starting a stack" not in done.stdout
+
+
+# -- against the reference kit (tools/reference.py, --reference) ----------------------------------------------
+
+REF_START, REF_END = "<!-- reference:start -->", "<!-- reference:end -->"
+
+# A haproxy.cfg shaped like the reference kit's (made up here, not its text): Docker names and wildcard binds,
+# comments, CRLF line ends.
+MADE_UP_CFG = (
+    "global\r\n    maxconn 100\r\n\r\n"
+    "frontend web  # the one clients use\r\n    bind *:8080\r\n    default_backend app\r\n\r\n"
+    "frontend stats\r\n    bind 0.0.0.0:8404 # stats page\r\n    stats enable\r\n    stats uri /stats\r\n\r\n"
+    "backend app\r\n    balance leastconn\r\n    # server commented-out 10.0.0.9:1 check\r\n"
+    "    server app-1 app-1:8000 check inter 5s\r\n    server app-2 app-2:8000 check inter 5s  # second\r\n"
+)
+
+
+@pytest.mark.quick
+def test_the_reference_runner_rewrites_binds_and_servers_to_loopback_and_nothing_else() -> None:
+    from tools.reference import count_binds, rewrite_haproxy_cfg
+
+    assert count_binds(MADE_UP_CFG) == 2
+    cfg = rewrite_haproxy_cfg(MADE_UP_CFG, [41001, 41002], ["127.0.0.1:42001", "127.0.0.1:42002"])
+    assert cfg.binds == {"web": 41001, "stats": 41002}
+    assert cfg.servers == {"app-1": "127.0.0.1:42001", "app-2": "127.0.0.1:42002"}
+    assert cfg.stats == ("stats", "/stats")
+    assert cfg.text == (
+        MADE_UP_CFG.replace("bind *:8080", "bind 127.0.0.1:41001")
+        .replace("bind 0.0.0.0:8404", "bind 127.0.0.1:41002")
+        .replace("app-1 app-1:8000", "app-1 127.0.0.1:42001")
+        .replace("app-2 app-2:8000", "app-2 127.0.0.1:42002")
+    )
+    # Every address left in it is loopback (the commented-out server stays a comment).
+    for line in cfg.text.splitlines():
+        code = line.split("#", 1)[0].split()
+        if code[:1] in (["bind"], ["server"]):
+            assert code[-1 if code[0] == "bind" else 2].startswith("127.0.0.1:"), line
+
+
+@pytest.mark.quick
+def test_the_reference_runner_refuses_a_config_of_another_shape() -> None:
+    from tools.reference import rewrite_haproxy_cfg
+
+    with pytest.raises(ValueError, match="2 server line"):
+        rewrite_haproxy_cfg(MADE_UP_CFG, [1, 2], ["127.0.0.1:3"])
+    with pytest.raises(ValueError, match="2 bind line"):
+        rewrite_haproxy_cfg(MADE_UP_CFG, [1], ["127.0.0.1:3", "127.0.0.1:4"])
+
+
+def made_up_reference_figures(kit_calls_per_s: float, kit_p99: float) -> dict:
+    def stats(calls_per_s: float, p50: float, p99: float) -> dict:
+        return {
+            "url": "http://127.0.0.1:1/mcp",
+            "calls": 1000,
+            "errors": 0,
+            "calls_per_s": calls_per_s,
+            "p50_ms": p50,
+            "p95_ms": p99 - 1,
+            "p99_ms": p99,
+        }
+
+    return {
+        "checkout": "/somewhere/mcp-high-availability",
+        "commit": "9ce5254aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        "requirements_digest": "0123456789abcdef",
+        "pinned": {"fastmcp": "2.14.5", "mcp": "1.26.0"},
+        "python": "3.12",
+        "venv": "/cache/reference-venv-0123456789abcdef",
+        "replicas": 3,
+        "haproxy_cfg": "rewritten",
+        "sessions": 8,
+        "mix": "increment_counter",
+        "generation": "session",
+        "kit": stats(kit_calls_per_s, 15.5, kit_p99),
+        "reference": stats(350.0, 20.25, 40.0),
+        "floor_calls_per_s": 1300.0,
+        "throughput_ratio": round(kit_calls_per_s / 350.0, 3),
+        "p50_ratio": round(15.5 / 20.25, 3),
+        "p99_ratio": round(kit_p99 / 40.0, 3),
+        "kit_vs_floor_throughput": round(kit_calls_per_s / 1300.0, 3),
+        "reference_vs_floor_throughput": round(350.0 / 1300.0, 3),
+    }
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    ("kit_calls_per_s", "kit_p99", "throughput", "p99"),
+    [(525.0, 30.0, "holds", "holds"), (420.0, 44.0, "missed", "missed")],
+)
+def test_the_reference_block_renders_each_kit_the_ratios_and_the_floor_fraction(
+    kit_calls_per_s: float, kit_p99: float, throughput: str, p99: str
+) -> None:
+    from tools.bench import markdown_reference
+
+    lines = markdown_reference(made_up_reference_figures(kit_calls_per_s, kit_p99)).split("\n")
+    assert lines[0].startswith("Measured ") and "`python -m tools.bench" in lines[0]
+    assert "| kit | calls | errors | calls/s | p50 ms | p99 ms | calls/s / floor |" in lines
+    kit_share = f"{kit_calls_per_s / 1300:.3f}"
+    assert f"| this kit | 1000 | 0 | {kit_calls_per_s:.0f} | 15.50 | {kit_p99:.2f} | {kit_share} |" in lines
+    assert "| reference kit | 1000 | 0 | 350 | 20.25 | 40.00 | 0.269 |" in lines
+    caption = lines[-1]
+    assert f"throughput {kit_calls_per_s / 350:.2f}x (target >= 1.3x: {throughput})" in caption
+    assert f"p99 {kit_p99 / 40:.2f}x (target \\<= 1x: {p99})" in caption
+    assert f"this kit's throughput is {kit_share} of the floor's (1300 calls/s)" in caption
+    assert "commit 9ce5254aaaaa" in caption and "fastmcp 2.14.5" in caption
+
+
+@pytest.mark.quick
+def test_both_blocks_are_written_in_one_go_and_nothing_else_changes(tmp_path: Path) -> None:
+    from tools.bench import write_blocks
+
+    doc = tmp_path / "doc.md"
+    doc.write_bytes(
+        BEFORE
+        + f"{START}\nold bench\n{END}\n\nbetween, by hand\r\n\n{REF_START}\nold reference\n{REF_END}".encode()
+        + AFTER
+    )
+    write_blocks(doc, {"bench": "new bench", "reference": "| a |\n| b |"})
+    assert doc.read_bytes() == (
+        BEFORE
+        + f"{START}\nnew bench\n{END}\n\nbetween, by hand\r\n\n{REF_START}\n| a |\n| b |\n{REF_END}".encode()
+        + AFTER
+    )
+
+
+def made_up_checkout(root: Path) -> Path:
+    """A directory with the files the runner looks for (empty): enough to pass the checks made before
+    anything starts, nothing that could run."""
+    for name in ("pyproject.toml", "uv.lock", "server.py", "haproxy/haproxy.cfg"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("")
+    return root
+
+
+@pytest.mark.quick
+def test_reference_without_its_markers_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    text = f"{START}\nbench figures\n{END}\nno reference markers\n"
+    doc.write_text(text)
+    checkout = made_up_checkout(tmp_path / "reference")
+    done = run_bench("--quick", "--own-stack", "--reference", str(checkout), "--markdown", str(doc), timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    stderr = done.stderr.replace("\n", "")
+    assert REF_START in stderr and REF_END in stderr and str(doc) in stderr
+    assert "Traceback" not in done.stderr and "starting a stack" not in done.stdout
+    assert doc.read_text() == text
+
+
+@pytest.mark.quick
+def test_reference_refuses_what_is_not_a_checkout_and_sessionless_clients(tmp_path: Path) -> None:
+    done = run_bench("--quick", "--own-stack", "--reference", str(tmp_path), timeout=60)
+    assert done.returncode == 2 and "is not a checkout of the reference kit" in done.stderr.replace("\n", " ")
+    assert "Traceback" not in done.stderr and "starting a stack" not in done.stdout
+    checkout = made_up_checkout(tmp_path / "reference")
+    done = run_bench("--quick", "--reference", str(checkout), "--generation", "sessionless", timeout=60)
+    assert done.returncode == 2 and "session-era MCP only" in done.stderr.replace("\n", " ")
+
+
+# A checkout of github.com/vikrantjain/mcp-high-availability; CI has none (no network), so it is skipped there.
+REFERENCE_CHECKOUT = os.environ.get("MCP_HA_REFERENCE_CHECKOUT", "")
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.skipif(
+    not REFERENCE_CHECKOUT or not (Path(REFERENCE_CHECKOUT) / "haproxy" / "haproxy.cfg").is_file(),
+    reason="no reference kit checkout (set MCP_HA_REFERENCE_CHECKOUT to a clone of vikrantjain/mcp-high-availability)",
+)
+def test_against_the_real_reference_kit(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = run_bench("--quick", "--own-stack", "--reference", REFERENCE_CHECKOUT, "--json", str(out), timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    ref = report["reference"]
+    sane(report["throughput"]["setups"]["reference"])
+    # Its three replicas answered, through its own HAProxy.
+    assert set(report["throughput"]["setups"]["reference"]["instances"]) == {f"mcp-server-{i}" for i in (1, 2, 3)}
+    assert ref["sessions"] == 8 and ref["mix"] == "increment_counter" and ref["pinned"]["fastmcp"]
+    assert ref["throughput_ratio"] > 0 and ref["p99_ratio"] > 0 and 0 < ref["kit_vs_floor_throughput"]
+    assert not Path(ref["venv"]).resolve().is_relative_to(ROOT)
+    assert len(report["targets"]) == 6
+
+
+@pytest.mark.timeout(60)
+def test_a_replica_that_does_not_start_is_named_with_its_log_and_everything_started_is_stopped(tmp_path: Path) -> None:
+    from stack import redis_command
+    from tools.reference import Checkout, ReferenceKit, ReferenceKitError
+
+    checkout = made_up_checkout(tmp_path / "reference")
+    (checkout / "haproxy" / "haproxy.cfg").write_text(MADE_UP_CFG)
+    fastmcp = tmp_path / "venv" / "bin" / "fastmcp"
+    fastmcp.parent.mkdir(parents=True)
+    fastmcp.write_text("#!/bin/sh\necho 'no app here' >&2\nexit 3\n")
+    fastmcp.chmod(0o755)
+    kit = ReferenceKit(Checkout.at(checkout), tmp_path / "venv", replicas=2, timeout=20)
+    with pytest.raises(ReferenceKitError, match=r"exited 3 before it would answer 200") as failed:
+        kit.start()
+    log = kit.work_dir / "mcp-server-1.log" if kit.work_dir else None
+    assert log is not None and str(log) in str(failed.value) and "no app here" in log.read_text()
+    assert kit.procs == [] and redis_command("127.0.0.1", kit.redis_port, "PING") is None
+    shutil.rmtree(log.parent)  # kept by the runner for its logs
