@@ -64,7 +64,7 @@ async def test_new_sessions_spread_across_replicas(http: httpx2.AsyncClient, mcp
     sessions = [RawSession(http, mcp_url) for _ in range(12)]
     for session in sessions:
         await session.initialize()
-    # Concurrent calls keep connections open, which is what leastconn balances on.
+    # Each new session goes to the next replica in turn.
     results = await asyncio.gather(*(s.call("analyze_data", {"num_items": 2}) for s in sessions))
     instances = {r["instance"] for r in results}
     assert len(instances) >= 2, instances
