@@ -395,8 +395,13 @@ class SessionStore(ABC):
         """Atomically take `name` for `holder` for `ttl_seconds`, unless another holder has it.
 
         True when `holder` holds it now (it was free, or already theirs: a retry of the
-        same holder is not refused); False when another holder does. Names are data.
+        same holder is not refused, and renews it for `ttl_seconds`); False when another
+        holder does. Names are data.
         """
+
+    @abstractmethod
+    async def claimed(self, name: str) -> str | None:
+        """Who holds `name` now (`claim`); None when nobody does."""
 
     # -- changes, for subscriptions -------------------------------------------------------
 

@@ -252,6 +252,7 @@ class MeteredStore(SessionStore):
         self._add_event, self._events_after = s("add_event"), s("events_after")
         self._delete, self._apply, self._recall = s("delete"), s("apply"), s("recall")
         self._publish, self._claim, self._update = s("publish"), s("claim"), s("update_record")
+        self._claimed = s("claimed")
 
     def replayed(self, op: Op) -> None:
         self.store.replayed(op)
@@ -344,6 +345,9 @@ class MeteredStore(SessionStore):
 
     async def claim(self, name: str, holder: str, ttl_seconds: int) -> bool:
         return await _metered(self._claim, self.store.claim, name, holder, ttl_seconds)
+
+    async def claimed(self, name: str) -> str | None:
+        return await _metered(self._claimed, self.store.claimed, name)
 
     async def publish(self, message: str) -> None:
         await _metered(self._publish, self.store.publish, message)

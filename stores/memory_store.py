@@ -339,7 +339,13 @@ class InMemorySessionStore(SessionStore):
         for expired in [n for n, (_, until) in self._claims.items() if until <= now]:
             del self._claims[expired]
         held = self._claims.setdefault(name, (holder, now + ttl_seconds))
+        if held[0] == holder:
+            self._claims[name] = (holder, now + ttl_seconds)  # its holder renews it
         return held[0] == holder
+
+    async def claimed(self, name: str) -> str | None:
+        held = self._claims.get(name)
+        return held[0] if held is not None and held[1] > self._clock() else None
 
     def _send(self, message: str, *, events: bool = False) -> None:
         for watcher in self._event_watchers if events else self._watchers:

@@ -509,7 +509,7 @@ return 1
 # Take KEYS[1] for ARGV[1] for ARGV[2] seconds unless someone else holds it; the holder after.
 _CLAIM = """
 local held = redis.call('HGET', KEYS[1], 'holder')
-if held then return held end
+if held and held ~= ARGV[1] then return held end
 redis.call('HSET', KEYS[1], 'holder', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 return ARGV[1]
@@ -1040,6 +1040,11 @@ class RedisSessionStore(SessionStore):
         # Replayed safely: a retry by the same holder finds its own claim.
         held = await self._read(lambda: self._durable(self._claim, [key], [holder, ttl_seconds]))
         return bool(held == holder)
+
+    async def claimed(self, name: str) -> str | None:
+        key = f"{self._prefix}:claim:{hashlib.sha256(name.encode()).hexdigest()}"
+        held = await self._read(lambda: self._redis.hget(key, "holder"))
+        return None if held is None else held.decode() if isinstance(held, bytes) else str(held)
 
     async def publish(self, message: str) -> None:
         await self._call(lambda: self._redis.publish(self._changes, message))

@@ -1,5 +1,5 @@
-#!lua name=mcp_ha_8550065d99af
-redis.register_function{function_name='mcp_ha_8550065d99af_get', callback=function(KEYS, ARGV)
+#!lua name=mcp_ha_6f569ec3995f
+redis.register_function{function_name='mcp_ha_6f569ec3995f_get', callback=function(KEYS, ARGV)
 
 local function touch()
   local now = redis.call('TIME')[1]
@@ -12,7 +12,7 @@ touch()
 return redis.call('HGET', KEYS[1], ARGV[3])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_8550065d99af_items', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_6f569ec3995f_items', callback=function(KEYS, ARGV)
 
 local function touch()
   local now = redis.call('TIME')[1]
@@ -25,7 +25,7 @@ touch()
 return redis.call('HGETALL', KEYS[1])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_8550065d99af_touch', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_6f569ec3995f_touch', callback=function(KEYS, ARGV)
 
 local function touch()
   local now = redis.call('TIME')[1]
@@ -37,7 +37,7 @@ end
 touch()
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_8550065d99af_write', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_6f569ec3995f_write', callback=function(KEYS, ARGV)
 
 local function touch()
   local now = redis.call('TIME')[1]
@@ -261,23 +261,23 @@ redis.call('PUBLISH', KEYS[5], ARGV[1])
 return {result, 0}
 
 end}
-redis.register_function{function_name='mcp_ha_8550065d99af_count', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_6f569ec3995f_count', callback=function(KEYS, ARGV)
 
 local horizon = tonumber(redis.call('TIME')[1]) - tonumber(ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', horizon)
 return redis.call('ZCARD', KEYS[1])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_8550065d99af_claim', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_6f569ec3995f_claim', callback=function(KEYS, ARGV)
 
 local held = redis.call('HGET', KEYS[1], 'holder')
-if held then return held end
+if held and held ~= ARGV[1] then return held end
 redis.call('HSET', KEYS[1], 'holder', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 return ARGV[1]
 
 end}
-redis.register_function{function_name='mcp_ha_8550065d99af_open', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_6f569ec3995f_open', callback=function(KEYS, ARGV)
 
 local function touch()
   local now = redis.call('TIME')[1]
@@ -307,7 +307,7 @@ touch()
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_8550065d99af_read_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_6f569ec3995f_read_record', callback=function(KEYS, ARGV)
 
 local function record_fields()
   local names = {}
@@ -333,14 +333,14 @@ if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return nil end
 return record()
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_8550065d99af_update_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_6f569ec3995f_update_record', callback=function(KEYS, ARGV)
 
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_8550065d99af_adopt', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_6f569ec3995f_adopt', callback=function(KEYS, ARGV)
 
 local function touch()
   local now = redis.call('TIME')[1]
@@ -375,7 +375,7 @@ touch()
 return {epoch, record()}
 
 end}
-redis.register_function{function_name='mcp_ha_8550065d99af_end', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_6f569ec3995f_end', callback=function(KEYS, ARGV)
 
 local function record_fields()
   local names = {}
@@ -407,7 +407,7 @@ redis.call('HDEL', KEYS[1], unpack(names))
 return 1
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_8550065d99af_add_event', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_6f569ec3995f_add_event', callback=function(KEYS, ARGV)
 
 local t = redis.call('TIME')
 local ms, n = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), 0
@@ -431,7 +431,7 @@ redis.call('PUBLISH', KEYS[3], ARGV[6])
 return position
 
 end}
-redis.register_function{function_name='mcp_ha_8550065d99af_events_after', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_6f569ec3995f_events_after', callback=function(KEYS, ARGV)
 
 local found, events = nil, {}
 for _, entry in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
