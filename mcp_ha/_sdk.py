@@ -23,6 +23,20 @@ a random prefix per transport, which no other replica can know), so the
 session's own store is set on its transport (`_event_store`) instead: at
 `initialize`, before the answer is sent, and when a session is adopted.
 
+Answers as JSON until there is something to stream (`JsonFirstTransport`):
+the SDK picks JSON or SSE once per transport (`json_response`), and its
+SSE path opens a stream, stores a priming event and the answer in the event
+log before the call has anything to stream. The kit's transports take a
+request's first message first: the call's answer goes out as one JSON
+response, never stored (nothing can resume a response that has not
+started, and until it starts HAProxy re-sends the request elsewhere when its
+replica dies, under the same idempotency key); a notification or a request
+of the server's first turns the response into the SDK's own SSE stream,
+that message first, with the SSE `retry:` field. Its POST handling
+(`_handle_post_request`) is the SDK's, validation included, for everything
+else. The event log is told which streams have not started
+(`_unstreamed`), so their answers cost no write.
+
 Subscriptions (`subscriptions.py`) need the server to answer
 `subscriptions/listen`, `resources/subscribe` and `resources/unsubscribe`.
 FastMCP registers none of them and has no public way to add a request
@@ -47,6 +61,8 @@ Every private attribute touched here, and nowhere else in the kit:
 | `_task_group` | the session manager | running an adopted session's connection beside the SDK's own |
 | `_lifespan_state` | the session manager | the server's lifespan state, for that connection |
 | `_event_store` | a transport | the session's own event store |
+| `_handle_post_request` | a transport | answering as JSON until there is something to stream (`JsonFirstTransport`) |
+| `_unstreamed` | a transport | the kit's own mark, on the SDK's transport, of the responses that have not started |
 | `_MARKER_KEY` | `fastmcp.server.sessions` | the creation mark in a FastMCP session's stored value |
 | `_STATE_KEY` | `fastmcp.server.sessions` | where that value holds the session's state |
 | `_mcp_server` | a FastMCP server | its low-level server, to add request handlers and a middleware to |
@@ -57,23 +73,53 @@ if an upgrade moves them, that test fails first and says which.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from functools import partial
+from http import HTTPStatus
 from typing import Any
 
 import anyio
 import fastmcp.server.sessions as fastmcp_sessions
+import pydantic_core
 from anyio.abc import TaskStatus
 from fastmcp import FastMCP
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, authorization_context
 from mcp.server.connection import Connection
 from mcp.server.request_state import RequestStateBoundary
 from mcp.server.runner import serve_connection
-from mcp.server.streamable_http import EventStore, StreamableHTTPServerTransport
+from mcp.server.streamable_http import (
+    CONTENT_TYPE_SSE,
+    MCP_PROTOCOL_VERSION_HEADER,
+    MCP_SESSION_ID_HEADER,
+    REQUEST_STREAM_BUFFER_SIZE,
+    EventCallback,
+    EventId,
+    EventMessage,
+    EventStore,
+    StreamableHTTPServerTransport,
+    StreamId,
+    check_accept_headers,
+)
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
-from mcp_types import InitializeRequestParams
+from mcp_types import (
+    DEFAULT_NEGOTIATED_VERSION,
+    INTERNAL_ERROR,
+    InitializeRequestParams,
+    JSONRPCError,
+    JSONRPCMessage,
+    JSONRPCRequest,
+    JSONRPCResponse,
+    jsonrpc_message_adapter,
+)
+from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
+from starlette.requests import Request
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+log = logging.getLogger(__name__)
 
 
 def session_manager(app: Starlette, path: str) -> StreamableHTTPSessionManager | None:
@@ -112,11 +158,124 @@ def held_count(manager: StreamableHTTPSessionManager) -> int:
     return len(manager._server_instances)
 
 
+# Set on an ASGI scope by the kit (streams.py) to re-run a call into the stream it names: the request is
+# answered over that stream, every message stored, as the call's first run would have been.
+STREAM_SCOPE_KEY = "mcp_ha.stream"
+
+
+class _Unstreamed(EventStore):
+    """A session's event store, except for the answers of responses that have not started: nothing
+    can resume those (they go out as JSON), so they are not stored. The first other message of such a
+    response starts its stream: the event store is told (its `start_stream(stream_id, request,
+    http_request, stream=None)`, if it has one) before that message is stored, and the transport sees
+    that message first too."""
+
+    def __init__(self, events: EventStore, unstreamed: dict[str, tuple[JSONRPCRequest, Request]]) -> None:
+        self.events = events
+        self.unstreamed = unstreamed
+
+    async def start(self, stream_id: str, message: JSONRPCRequest, request: Request, stream: str | None) -> None:
+        start = getattr(self.events, "start_stream", None)
+        if start is not None:
+            await start(stream_id, message, request, stream=stream)
+
+    async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
+        if message is not None and stream_id in self.unstreamed:
+            if isinstance(message, JSONRPCResponse | JSONRPCError):
+                return ""  # an answer as JSON: nothing to resume
+            await self.start(stream_id, *self.unstreamed.pop(stream_id), None)
+        return await self.events.store_event(stream_id, message)
+
+    async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
+        return await self.events.replay_events_after(last_event_id, send_callback)
+
+
+class JsonFirstTransport(StreamableHTTPServerTransport):
+    """The SDK's transport, answering a request as JSON unless it has something to stream first."""
+
+    _unstreamed: dict[str, tuple[JSONRPCRequest, Request]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._unstreamed = {}
+        if self._event_store is not None:
+            self._event_store = _Unstreamed(self._event_store, self._unstreamed)
+
+    async def _handle_post_request(self, scope: Scope, request: Request, receive: Receive, send: Send) -> None:
+        message = None
+        writer = self._read_stream_writer
+        if not self.is_json_response_enabled and writer is not None and all(check_accept_headers(request)):
+            if self._check_content_type(request):
+                try:
+                    message = jsonrpc_message_adapter.validate_python(
+                        pydantic_core.from_json(await request.body()), by_name=False
+                    )
+                except ValueError:  # not JSON-RPC (pydantic's ValidationError is one): the SDK answers it
+                    message = None
+        if not isinstance(message, JSONRPCRequest) or message.method == "initialize" or writer is None:
+            return await super()._handle_post_request(scope, request, receive, send)
+        if not await self._validate_request_headers(request, send):
+            return
+        request_id = str(message.id)
+        version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER, DEFAULT_NEGOTIATED_VERSION)
+        streams = anyio.create_memory_object_stream[EventMessage](REQUEST_STREAM_BUFFER_SIZE)
+        self._request_streams[request_id] = streams
+        rerun = request.scope.get(STREAM_SCOPE_KEY)
+        try:
+            if rerun is None:
+                self._unstreamed[request_id] = (message, request)
+            elif isinstance(self._event_store, _Unstreamed):
+                await self._event_store.start(request_id, message, request, rerun)
+            await writer.send(self._create_session_message(message, request, request_id, version))
+            first = await streams[1].receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            await self._clean_up_memory_streams(request_id)
+            response = self._create_error_response(
+                "Session terminated before the request completed", HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR
+            )
+            return await response(scope, receive, send)
+        finally:
+            self._unstreamed.pop(request_id, None)
+        if isinstance(first.message, JSONRPCResponse | JSONRPCError):
+            await self._clean_up_memory_streams(request_id)
+            return await self._create_json_response(first.message)(scope, receive, send)
+        # Something to stream: from here on, the SDK's own SSE response, that message first.
+        event = self._create_event_data(first)
+        if self._event_store is not None and self._retry_interval is not None:
+            event["retry"] = self._retry_interval
+        sse_writer, sse_reader = anyio.create_memory_object_stream[Any](0)
+        self._sse_stream_writers[request_id] = sse_writer
+        headers = {
+            "Cache-Control": "no-cache, no-transform",
+            "Connection": "keep-alive",
+            "Content-Type": CONTENT_TYPE_SSE,
+            **({MCP_SESSION_ID_HEADER: self.mcp_session_id} if self.mcp_session_id else {}),
+        }
+        response = EventSourceResponse(
+            content=sse_reader,
+            data_sender_callable=partial(self._run_sse_writer, request_id, sse_writer, streams[1], event),
+            headers=headers,
+        )
+        try:
+            await response(scope, receive, send)
+        except Exception:
+            log.exception("SSE response error")
+            await sse_writer.aclose()
+            await self._clean_up_memory_streams(request_id)
+        finally:
+            await sse_reader.aclose()
+
+
 def bind_event_store(manager: StreamableHTTPSessionManager, session_id: str, event_store: EventStore) -> None:
-    """From now on the transport of `session_id` stores what it sends in `event_store`, and replays from it."""
+    """From now on the transport of `session_id` (the SDK's, opened at initialize) stores what it sends in
+    `event_store`, replays from it, and answers as JSON first (`JsonFirstTransport`)."""
     # The transport reads the attribute for each message, so setting it before
-    # a message is routed is enough for that message to be stored.
-    manager._server_instances[session_id]._event_store = event_store
+    # a message is routed is enough for that message to be stored. Its class only
+    # adds a method and `_unstreamed`, so it can change under a live transport.
+    transport = manager._server_instances[session_id]
+    transport.__class__ = JsonFirstTransport
+    transport._unstreamed = {}
+    transport._event_store = _Unstreamed(event_store, transport._unstreamed)
 
 
 async def adopt(
@@ -136,7 +295,7 @@ async def adopt(
     given the session's connection once it serves (to send it notifications).
     """
     params = InitializeRequestParams.model_validate(client_params)
-    transport = StreamableHTTPServerTransport(
+    transport = JsonFirstTransport(
         mcp_session_id=session_id,
         is_json_response_enabled=manager.json_response,
         event_store=event_store,

@@ -34,6 +34,7 @@ What each step owns:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import weakref
@@ -65,7 +66,7 @@ from .logs import Expected, RequestIds, configure
 from .principals import owner
 from .request_state import NoteSealedState, RefuseReplays, request_state_security
 from .settings import Settings, SettingsError
-from .streams import CheckResumption, EventFeed, SessionEvents
+from .streams import CheckResumption, EventFeed, Runs, SessionEvents
 from .subscriptions import StoreBus, Subscriptions
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,8 @@ class HighAvailability:
         self.ownership = Ownership()
         self.drain = Drain()
         self.bus = StoreBus(self.store)
+        # This replica's lease: a call it streams is run again elsewhere once the lease lapses (streams.py).
+        self.runs = Runs(self.store, settings.instance_id)
         self.auth: TokenVerifier | None = None
         if settings.auth != "none":
             from .auth import make_verifier
@@ -202,6 +205,8 @@ class HighAvailability:
             max_event_bytes=self.settings.max_event_bytes,
             feed=feed,
             on_answer=in_flight.release,
+            runs=self.runs,
+            call_ttl_seconds=int(self.settings.event_ttl_seconds),
         )
         mcp.add_middleware(RecordSessions(self.store, self.ownership, path=path, events=events))
 
@@ -280,7 +285,7 @@ class HighAvailability:
             # An idle session costs a replica a transport (~40 KB) until it is forgotten, and
             # adoption serves it again from the store when it comes back: forget it early.
             session_idle_timeout=self.settings.session_idle_seconds,
-            **options,
+            **{"retry_interval": self.settings.sse_retry_ms, **options},
         )
         if metrics is not None:
             metrics.watch_sessions(app, path)
@@ -291,12 +296,14 @@ class HighAvailability:
         async def lifespan(starlette: Any) -> AsyncIterator[Any]:
             async with inner(starlette) as state:
                 drain_on_sigterm(self.drain)
+                lease = asyncio.get_running_loop().create_task(self.runs.keep_alive())
                 # A template with {session_id} shows that session's state: its subscribers hear of each change.
                 templates = await mcp.list_resource_templates(run_middleware=False)
                 self.bus.session_templates = [t.uri_template for t in templates if "{session_id}" in t.uri_template]
                 try:
                     yield state
                 finally:
+                    lease.cancel()
                     await self.bus.aclose()
                     await self.store.aclose()
 

@@ -86,6 +86,8 @@ class Settings:
     # Streams being resumed (GET with Last-Event-ID) at once: per session, and on one replica.
     max_replays_per_session: int = field(default=8, metadata={"env": "MAX_REPLAYS_PER_SESSION"})
     max_replays: int = field(default=256, metadata={"env": "MAX_REPLAYS"})
+    # The SSE `retry:` field: how soon a client whose stream broke reconnects to resume it, in ms.
+    sse_retry_ms: int = field(default=1000, metadata={"env": "SSE_RETRY_MS"})
 
     def __post_init__(self) -> None:
         if self.port <= 0 or self.port > 65535:
@@ -105,6 +107,7 @@ class Settings:
             "session_idle_seconds",
             "max_replays_per_session",
             "max_replays",
+            "sse_retry_ms",
         ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{_env(name)}={getattr(self, name)}: expected a positive number")

@@ -60,20 +60,27 @@ finish and write its result, and the resumed stream delivers that result.
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import logging
+import secrets
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from typing import Any
 
 import anyio
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
-from mcp_types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCMessage, JSONRPCResponse
+from mcp_types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCMessage, JSONRPCRequest, JSONRPCResponse
 from pydantic import TypeAdapter
 from starlette.datastructures import Headers
+from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from session_store import SessionStore, StoreUnavailable, is_event_id, is_session_id
 
+from ._sdk import STREAM_SCOPE_KEY
 from .principals import owner, refused_by_auth
 
 log = logging.getLogger(__name__)
@@ -91,6 +98,64 @@ UNAVAILABLE = "Session store unavailable; try again shortly."
 MAX_STREAM_ID_BYTES = 256
 # A waiting replay's check of the store when no word came: only in case the word was lost.
 FALLBACK_POLL_SECONDS = 5.0
+# How often a replay with nothing new asks whether the replica running its call still lives.
+RUNNER_CHECK_SECONDS = 0.5
+# A call's stream in the log is "<request id>~<token>": one per run, however its client reuses ids.
+STREAM_MARK = "~"
+# The largest request kept to re-run a call whose replica died (a larger one ends in an error instead).
+MAX_RERUN_REQUEST_BYTES = 16 * 1024
+NOT_COMPLETED = (
+    "The replica running this call stopped before it answered, and the call cannot be run again here "
+    "{why}. Retrying it is safe: send it again (a tools/call with the same idempotency key is applied once)."
+)
+# How a replay re-runs a call, set by CheckResumption for the request it serves: (stream, request, key).
+_rerun: ContextVar[Callable[[str, dict[str, Any], str | None], Awaitable[None]] | None] = ContextVar(
+    "rerun", default=None
+)
+
+
+class Runs:
+    """This replica's lease in the store, renewed while it runs: a lapsed one means the replica is gone.
+
+    The calls it streams are recorded under its run id (`SessionEvents.start_stream`), so a replay on
+    another replica knows, within `ttl_seconds`, that nobody will finish them, and runs them again.
+    """
+
+    def __init__(self, store: SessionStore, instance: str, *, ttl_seconds: int = 2, renew_seconds: float = 0.5):
+        self.store = store
+        # A restarted replica is another run: the calls of the one before are not its to finish.
+        self.run_id = f"{instance}/{secrets.token_hex(6)}"
+        self.ttl_seconds = ttl_seconds
+        self.renew_seconds = renew_seconds
+
+    async def keep_alive(self) -> None:
+        while True:
+            try:
+                await self.store.claim(f"alive:{self.run_id}", self.run_id, self.ttl_seconds)
+            except StoreUnavailable as exc:
+                log.debug("lease not renewed: %s", exc)
+            await asyncio.sleep(self.renew_seconds)
+
+    async def alive(self, run_id: str) -> bool:
+        return run_id == self.run_id or await self.store.claimed(f"alive:{run_id}") == run_id
+
+    async def runner_of(self, call: str, first: str) -> str:
+        """The latest run of a call that `first` ran first: each re-run is claimed by the one who runs it."""
+        runner = first
+        for _ in range(64):  # each link is a replica that died; far fewer in practice
+            after = await self.store.claimed(f"rerun:{call}:{runner}")
+            if after is None:
+                return runner
+            runner = after
+        return runner
+
+
+def _answers(message: JSONRPCMessage, stream_id: str) -> bool:
+    """Whether `message` is the answer that ends the stream `stream_id` (a request's id, or a call's run)."""
+    if not isinstance(message, JSONRPCResponse | JSONRPCError):
+        return False
+    request_id = str(message.id)
+    return stream_id == request_id or stream_id.rpartition(STREAM_MARK)[0] == request_id
 
 
 def _not_kept(size: int, max_bytes: int) -> str:
@@ -162,24 +227,60 @@ class SessionEvents(EventStore):
         max_event_bytes: int = 64 * 1024,
         feed: EventFeed | None = None,
         on_answer: Callable[[str, str], None] | None = None,
+        runs: Runs | None = None,
+        call_ttl_seconds: int = 300,
         poll_seconds: float = 0.1,
         idle_seconds: float = 30.0,
     ) -> None:
         """Without a `feed`, a waiting replay polls every `poll_seconds`. `on_answer(session_id,
-        request_id)` is told of each request's answer as it is stored, before it is sent."""
+        request_id)` is told of each request's answer as it is stored, before it is sent. With `runs`,
+        a call's stream names the run that streams it, and a replay runs it again once that run is
+        gone; without, a replay with nothing new for `idle_seconds` ends (its client may resume again)."""
         self.store = store
         self.session_id = session_id
         self.max_event_bytes = max_event_bytes
         self.feed = feed
         self.on_answer = on_answer
+        self.runs = runs
+        self.call_ttl_seconds = call_ttl_seconds
         self.poll_seconds = poll_seconds
         self.idle_seconds = idle_seconds
+        # The calls streaming now on this transport: request id -> its stream in the log.
+        self._streams: dict[str, str] = {}
+
+    async def start_stream(
+        self, stream_id: str, request: JSONRPCRequest, http: Request, *, stream: str | None = None
+    ) -> None:
+        """A call is about to stream (JsonFirstTransport): record what re-running it takes, under
+        this run. `stream`: the call's stream in the log, when this is a re-run of it."""
+        if self.runs is None or len(stream_id.encode()) > MAX_STREAM_ID_BYTES:
+            return
+        run = stream or f"{stream_id}{STREAM_MARK}{secrets.token_hex(6)}"
+        self._streams[stream_id] = run
+        if stream is not None:
+            return  # the re-run's replica claimed it (Runs.runner_of) before it began
+        text = request.model_dump_json(by_alias=True, exclude_unset=True)
+        call = {
+            "runner": self.runs.run_id,
+            "id": request.id,
+            "request": json.loads(text) if len(text) <= MAX_RERUN_REQUEST_BYTES else None,
+            "key": http.headers.get("x-request-id"),
+        }
+        try:
+            await self.store.claim(f"call:{self.session_id}:{run}", json.dumps(call), self.call_ttl_seconds)
+        except StoreUnavailable as exc:
+            log.warning("call %s of session %s not recorded for re-running: %s", stream_id, self.session_id, exc)
 
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
         if self.on_answer is not None and isinstance(message, JSONRPCResponse | JSONRPCError):
             self.on_answer(self.session_id, str(message.id))
         if len(stream_id.encode()) > MAX_STREAM_ID_BYTES:
             return ""  # sent live, without an id: nothing to resume from
+        if stream_id in self._streams:
+            run = self._streams[stream_id]
+            if _answers(message, stream_id) if message is not None else False:
+                del self._streams[stream_id]
+            stream_id = run
         # The SDK's own wire form (exclude_unset), so a replayed event reads
         # exactly like the live one. exclude_none would drop the `"id": null`
         # of an error answering no request, and the text would not parse back.
@@ -219,6 +320,7 @@ class SessionEvents(EventStore):
     ) -> StreamId | None:
         cursor = last_event_id
         quiet_since = anyio.current_time()
+        checked = quiet_since - RUNNER_CHECK_SECONDS  # a quiet call's runner is asked about at once
         while True:
             if woken is not None:
                 woken.clear()  # before the read: an event added after it wakes the wait below
@@ -236,18 +338,66 @@ class SessionEvents(EventStore):
                     continue  # a priming event: a place to resume from, nothing to send
                 message = _messages.validate_json(text)
                 await send_callback(EventMessage(message, event_id))
-                if isinstance(message, JSONRPCResponse | JSONRPCError) and str(message.id) == stream_id:
+                if _answers(message, stream_id):
                     return None  # the call's answer: the stream is complete
+            now = anyio.current_time()
+            watched = self.runs is not None and STREAM_MARK in stream_id
             if events:
-                quiet_since = anyio.current_time()
-            elif anyio.current_time() - quiet_since >= self.idle_seconds:
+                quiet_since = now
+            elif watched and now - checked >= RUNNER_CHECK_SECONDS:
+                checked = now
+                if await self._runner_gone(stream_id, send_callback):
+                    return None
+            elif not watched and now - quiet_since >= self.idle_seconds:
                 return None
             if woken is None:
                 await anyio.sleep(self.poll_seconds)
                 continue
-            left = self.idle_seconds - (anyio.current_time() - quiet_since)
+            left = RUNNER_CHECK_SECONDS if watched else self.idle_seconds - (now - quiet_since)
             with anyio.move_on_after(max(0.0, min(FALLBACK_POLL_SECONDS, left))):
                 await woken.wait()
+
+    async def _runner_gone(self, run: str, send_callback: EventCallback) -> bool:
+        """Whether the call streamed as `run` has ended here: its runner is gone, and it cannot run again.
+
+        Its runner alive: nothing to do. Gone: this replica claims the re-run, and runs the call again
+        under its idempotency key (its writes already applied replay), into the same stream; or, when it
+        cannot, ends the stream with an error saying a retry is safe. Another replica's claim: it re-runs.
+        """
+        assert self.runs is not None
+        call_name = f"{self.session_id}:{run}"
+        try:
+            text = await self.store.claimed(f"call:{call_name}")
+            if text is None:
+                return False  # not recorded (the store was out): the idle bound of an unwatched stream
+            call = json.loads(text)
+            runner = await self.runs.runner_of(call_name, call["runner"])
+            if await self.runs.alive(runner):
+                return False
+            if not await self.store.claim(f"rerun:{call_name}:{runner}", self.runs.run_id, self.call_ttl_seconds):
+                return False  # another replica runs it again; its events come through the store
+        except StoreUnavailable as exc:
+            log.warning("runner of %s in session %s not checked: %s", run, self.session_id, exc)
+            return False
+        request, rerun = call.get("request"), _rerun.get()
+        if request is not None and rerun is not None:
+            log.info("re-running call %s of session %s: its replica %s is gone", run, self.session_id, runner)
+            await rerun(run, request, call.get("key"))
+            return False
+        why = "(its request was too large to keep)" if request is None else "(nothing here can run it)"
+        error = JSONRPCError(
+            jsonrpc="2.0",
+            id=call.get("id", run.rpartition(STREAM_MARK)[0]),
+            error=ErrorData(code=INTERNAL_ERROR, message=NOT_COMPLETED.format(why=why)),
+        )
+        try:
+            event_id = await self.store.add_event(
+                self.session_id, run, error.model_dump_json(by_alias=True, exclude_unset=True)
+            )
+        except StoreUnavailable:
+            event_id = None
+        await send_callback(EventMessage(error, event_id))
+        return True
 
 
 def resumes_stream(scope: Scope) -> bool:
@@ -291,6 +441,44 @@ class CheckResumption:
         # Replays running here, per session (a Counter drops none by itself: `_done` does).
         self._running: Counter[str] = Counter()
         self._total = 0
+        # Calls run again here, whose replica died (SessionEvents._runner_gone), until they end.
+        self._reruns: set[asyncio.Task[None]] = set()
+
+    async def _rerun(self, scope: Scope, stream: str, request: dict[str, Any], key: str | None) -> None:
+        """Run `request` again as the resuming client's own POST would, into the call's stream `stream`:
+        the session is adopted here, its idempotency key is the first run's, and the replay delivers
+        what it streams. It runs on its own, so a resuming client that hangs up does not stop it."""
+        body = json.dumps(request).encode()
+        replaced = {b"last-event-id", b"content-length", b"content-type", b"accept", b"x-request-id"}
+        headers = [(name, value) for name, value in scope["headers"] if name.lower() not in replaced]
+        headers += [
+            (b"content-type", b"application/json"),
+            (b"accept", b"application/json, text/event-stream"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        if key is not None:
+            headers.append((b"x-request-id", key.encode()))
+        sub = {**scope, "method": "POST", "headers": headers, "query_string": b"", STREAM_SCOPE_KEY: stream}
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> Message:
+            if messages:
+                return messages.pop()
+            await anyio.sleep_forever()
+            raise AssertionError("unreachable")
+
+        async def send(message: Message) -> None:
+            pass  # the stream is in the store, and the replay delivers it
+
+        async def run() -> None:
+            try:
+                await self.app(sub, receive, send)
+            except Exception:
+                log.exception("re-running call %s failed", stream)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._reruns.add(task)
+        task.add_done_callback(self._reruns.discard)
 
     def _busy(self) -> JSONResponse:
         message = f"This replica is resuming {self.max_replays} streams, the most it may; try again shortly."
@@ -340,9 +528,11 @@ class CheckResumption:
                     self.on_resume()
                 self._running[session_id] += 1
                 self._total += 1
+                token = _rerun.set(functools.partial(self._rerun, scope))
                 try:
                     return await self.app(scope, receive, send)
                 finally:
+                    _rerun.reset(token)
                     self._total -= 1
                     self._running[session_id] -= 1
                     if not self._running[session_id]:

@@ -791,7 +791,8 @@ async def test_idle_sessions_lose_their_transport_and_come_back(abuse: Abuse) ->
 
 @contextlib.asynccontextmanager
 async def long_call(session: RawSession, seconds: int) -> AsyncIterator[tuple[str, asyncio.Task]]:
-    """A watch_counter of `seconds` on `session`: its stream's first event id, and the task reading the rest."""
+    """A watch_counter of `seconds` on `session`, and a change for it to report: its stream's first event id,
+    and the task reading the rest."""
     first: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     async def read() -> dict | None:
@@ -808,6 +809,9 @@ async def long_call(session: RawSession, seconds: int) -> AsyncIterator[tuple[st
 
     task = asyncio.create_task(read())
     try:
+        # A change for the watch to report: until it has something to stream, its answer is JSON-to-be.
+        await asyncio.sleep(0.2)
+        await session.call("increment_counter")
         async with asyncio.timeout(10):
             event_id = await first
         yield event_id, task

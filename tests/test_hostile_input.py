@@ -213,7 +213,7 @@ async def guard(stack: Stack) -> AsyncIterator[Guard]:
         for _ in range(2):
             await bystander.call("increment_counter", {"session_id": handle})
         await bystander.call("add_note", {"note": "theirs", "session_id": handle})
-        async with bystander.stream("tools/call", {"name": "get_counter", "arguments": {}}) as stream:
+        async with bystander.stream("tools/call", {"name": "analyze_data", "arguments": {"num_items": 0}}) as stream:
             event_ids = [event.id async for event in stream if event.id]
         assert event_ids
         guard = Guard(
@@ -762,7 +762,7 @@ async def test_malformed_http_framing_is_a_4xx_and_applies_nothing_twice(unharme
 
 
 async def test_forged_last_event_ids_are_refused_on_every_replica(unharmed: Guard, attacker: RawSession) -> None:
-    async with attacker.stream("tools/call", {"name": "get_counter", "arguments": {}}) as stream:
+    async with attacker.stream("tools/call", {"name": "analyze_data", "arguments": {"num_items": 0}}) as stream:
         own = [event.id async for event in stream if event.id][-1]
     position, _, tag = own.partition(".")
     theirs = unharmed.event_ids

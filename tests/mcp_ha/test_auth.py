@@ -37,6 +37,8 @@ from stack import Stack
 from tools.mcp_wire import RawSession
 
 GET_COUNTER = {"name": "get_counter", "arguments": {}}
+# A call with something to stream (a call with nothing to stream is answered as JSON, and kept nowhere).
+STREAMS = {"name": "analyze_data", "arguments": {"num_items": 0}}
 
 
 def verifier_from_env(environ: dict[str, str]):
@@ -106,7 +108,7 @@ async def test_without_a_valid_token_nothing_is_served_adopted_or_replayed(
     http: httpx2.AsyncClient, stack: Stack, auth_tokens: dict[str, str], authorization: str | None
 ) -> None:
     alice, owner = await open_session(http, stack, auth_tokens["alice"])
-    async with alice.stream("tools/call", GET_COUNTER) as stream:
+    async with alice.stream("tools/call", STREAMS) as stream:
         last_event = [event async for event in stream][-1].id
     epoch = epoch_of(stack, alice.session_id)
     assert epoch is not None
@@ -243,7 +245,7 @@ async def test_another_principals_stream_is_not_replayed(
     http: httpx2.AsyncClient, stack: Stack, auth_tokens: dict[str, str], route: str
 ) -> None:
     alice, owner = await open_session(http, stack, auth_tokens["alice"])
-    async with alice.stream("tools/call", GET_COUNTER) as stream:
+    async with alice.stream("tools/call", STREAMS) as stream:
         events = [event async for event in stream]
     first = events[0].id
     url = stack.config.mcp_url if route == "through HAProxy" else replica_url(stack, other_replica(stack, owner))

@@ -114,17 +114,17 @@ async def test_sessions_past_max_sessions_per_client_get_429_until_one_ends(redi
 async def test_an_answer_over_max_event_bytes_is_resumed_as_an_error_saying_to_call_again(
     redis_stack: Stack, tmp_path: Path
 ) -> None:
-    with bounded_replica(redis_stack, tmp_path, MAX_EVENT_BYTES="4000") as (url, (alice, _, _)):
+    # analyze_data streams log lines of ~130 bytes first, then answers in ~270.
+    with bounded_replica(redis_stack, tmp_path, MAX_EVENT_BYTES="200") as (url, (alice, _, _)):
         async with httpx2.AsyncClient(timeout=30) as http:
             session = RawSession(http, url, token=alice)
             await session.initialize()
-            for n in range(3):
-                await session.call("add_note", {"note": f"{n}" * 2000})
-            async with session.stream("tools/call", {"name": "list_notes", "arguments": {}}) as stream:
+            async with session.stream("tools/call", {"name": "analyze_data", "arguments": {"num_items": 0}}) as stream:
                 events = [event async for event in stream]
             # Sent live whole...
             answer = events[-1].message
-            assert answer is not None and len(answer["result"]["structuredContent"]["notes"]) == 3
+            assert answer is not None and answer["result"]["structuredContent"]["items_processed"] == 0
+            assert len(json.dumps(answer)) > 200
             # ...but kept, for resuming, as an error for that request that says to call again.
             assert events[0].id is not None
             async with session.resume(events[0].id) as resumed:

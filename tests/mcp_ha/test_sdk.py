@@ -115,7 +115,12 @@ async def probe_server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[st
     async def whoami(ctx: Context) -> dict:
         return {"session_id": ctx.session_id}
 
-    app = mcp.http_app(path="/mcp")
+    @mcp.tool
+    async def chatty(ctx: Context) -> dict:
+        await ctx.info("something to stream first")
+        return {"session_id": ctx.session_id}
+
+    app = mcp.http_app(path="/mcp", retry_interval=500)
     (port,) = free_ports(1)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
@@ -153,14 +158,14 @@ async def test_a_session_adopted_under_a_foreign_id_is_served_initialized(probe_
         "MCP-Protocol-Version": PROTOCOL,
         "mcp-session-id": session_id,
     }
-    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "whoami", "arguments": {}}}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "chatty", "arguments": {}}}
     async with httpx2.AsyncClient(timeout=10) as http:
         response = await http.post(url, headers=headers, json=body)
         # No initialize was sent on this replica, yet the call is served, under the same id.
         assert response.status_code == 200, response.text
         assert last_jsonrpc_message(response)["result"]["structuredContent"] == {"session_id": session_id}
-        # ...and what it sent is in the session's event log.
-        assert await stored_after_priming(store, session_id, response) == ("1", jsonrpc_messages(response))
+        # ...and what it streamed is in the session's event log.
+        assert await stored_after_first(store, session_id, response) == ("1", jsonrpc_messages(response)[1:])
 
         # Ending it (DELETE) makes the SDK forget it, as for a session it created itself.
         assert (await http.delete(url, headers=headers)).status_code == 200
@@ -211,8 +216,9 @@ async def test_a_session_adopted_for_a_principal_is_served_to_it_and_to_nobody_e
     assert session_id not in manager._session_owners, "the SDK no longer forgets an ended session's owner"
 
 
-async def stored_after_priming(store: InMemorySessionStore, session_id: str, response: httpx2.Response) -> tuple:
-    """The stream and messages the store holds after the priming event (the first id) of an SSE response."""
+async def stored_after_first(store: InMemorySessionStore, session_id: str, response: httpx2.Response) -> tuple:
+    """The stream and messages the store holds after the first event (the first id) of an SSE response."""
+    assert response.headers["content-type"].startswith("text/event-stream"), response.headers
     ids = [line[3:].strip() for line in response.text.splitlines() if line.startswith("id:")]
     assert ids, "no event id on the wire: the transport did not use the event store it was given"
     found = await store.events_after(session_id, ids[0])
@@ -232,7 +238,7 @@ async def test_an_event_store_bound_to_a_live_session_keeps_its_events_and_repla
         "method": "initialize",
         "params": {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
     }
-    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "whoami", "arguments": {}}}
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "chatty", "arguments": {}}}
     async with httpx2.AsyncClient(timeout=10) as http:
         session_id = (await http.post(url, headers=headers, json=initialize)).headers["mcp-session-id"]
         headers["mcp-session-id"] = session_id
@@ -241,13 +247,56 @@ async def test_an_event_store_bound_to_a_live_session_keeps_its_events_and_repla
 
         response = await http.post(url, headers=headers, json=call)
         assert response.status_code == 200, response.text
-        assert await stored_after_priming(store, session_id, response) == ("2", jsonrpc_messages(response))
+        assert await stored_after_first(store, session_id, response) == ("2", jsonrpc_messages(response)[1:])
 
         # A GET with Last-Event-ID replays from the bound store, to the call's answer.
-        priming = next(line[3:].strip() for line in response.text.splitlines() if line.startswith("id:"))
-        replay = await http.get(url, headers={**headers, "Last-Event-ID": priming})
+        first = next(line[3:].strip() for line in response.text.splitlines() if line.startswith("id:"))
+        replay = await http.get(url, headers={**headers, "Last-Event-ID": first})
         assert replay.status_code == 200, replay.text
-        assert jsonrpc_messages(replay) == jsonrpc_messages(response)
+        assert jsonrpc_messages(replay) == jsonrpc_messages(response)[1:]
+
+
+async def test_a_call_with_nothing_to_stream_is_answered_as_json_and_stores_nothing(probe_server) -> None:
+    """bind_event_store makes the SDK's transport a JsonFirstTransport (its private _handle_post_request)."""
+    url, app = probe_server
+    manager = sdk_sessions.session_manager(app, "/mcp")
+    headers = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": PROTOCOL}
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    async with httpx2.AsyncClient(timeout=10) as http:
+        session_id = (await http.post(url, headers=headers, json=initialize)).headers["mcp-session-id"]
+        headers["mcp-session-id"] = session_id
+        store = InMemorySessionStore()
+        added: list[tuple] = []
+        add_event = store.add_event
+
+        async def counting(*args: object) -> str:
+            added.append(args)
+            return await add_event(*args)
+
+        store.add_event = counting  # type: ignore[method-assign]
+        sdk_sessions.bind_event_store(manager, session_id, SessionEvents(store, session_id))
+        quiet = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "whoami", "arguments": {}}}
+        response = await http.post(url, headers=headers, json=quiet)
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"] == "application/json", response.headers
+        assert response.headers["mcp-session-id"] == session_id
+        assert response.json()["result"]["structuredContent"] == {"session_id": session_id}
+        assert added == [], "an answer sent as JSON was stored: nothing can resume it"
+
+        # The first notification turns the answer into SSE, with the retry field, and that one is stored.
+        loud = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "chatty", "arguments": {}}}
+        response = await http.post(url, headers=headers, json=loud)
+        assert response.headers["content-type"].startswith("text/event-stream"), response.headers
+        messages = jsonrpc_messages(response)
+        assert [m.get("method") for m in messages] == ["notifications/message", None]
+        assert messages[-1]["result"]["structuredContent"] == {"session_id": session_id}
+        assert "retry:" in response.text, "the SSE retry field is missing"
+        assert (await stored_after_first(store, session_id, response))[0] == "3"
 
 
 @pytest.mark.quick

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -17,7 +19,7 @@ import uvicorn
 from conftest import free_ports
 from starlette.responses import PlainTextResponse
 
-from mcp_ha.streams import MALFORMED, UNAVAILABLE, UNKNOWN, CheckResumption
+from mcp_ha.streams import MALFORMED, MAX_RERUN_REQUEST_BYTES, UNAVAILABLE, UNKNOWN, CheckResumption
 from session_store import mint_event_id
 from stack import Stack
 from stores.redis_store import RedisSessionStore
@@ -94,16 +96,79 @@ async def test_a_stream_cut_mid_call_resumes_through_haproxy_exactly_once(raw: R
     assert_every_event_once(before, after, request_id, owner)
 
 
-async def test_a_stream_resumes_from_its_priming_event(raw: RawSession) -> None:
-    """A client that got nothing but the priming event (the first id) gets the whole call."""
+async def test_a_stream_resumes_from_its_first_event(raw: RawSession) -> None:
+    """A call answers as JSON until it has something to stream: its stream starts with that (a log line),
+    carrying the SSE retry field; a client that got nothing else gets the whole call."""
     owner = (await raw.call("get_counter"))["instance"]
     async with raw.stream("tools/call", ANALYSIS) as stream:
-        priming = await anext(aiter(stream))
-    assert priming.id is not None and priming.message is None
-    after = await resumed_to_the_end(raw, priming.id)
+        assert stream.response.headers["content-type"].startswith("text/event-stream")
+        first = await anext(aiter(stream))
+    assert first.id is not None and first.message["method"] == "notifications/message"
+    after = await resumed_to_the_end(raw, first.id)
     assert sorted(progress(after)) == list(range(1, ITEMS + 1))
     assert after[-1].message["id"] == stream.request_id
     assert after[-1].message["result"]["structuredContent"]["instance"] == owner
+
+
+async def test_a_call_with_nothing_to_stream_is_one_json_answer(raw: RawSession) -> None:
+    response = await raw.post("tools/call", {"name": "increment_counter", "arguments": {}})
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    assert response.json()["result"]["structuredContent"]["counter"] == 1
+
+
+async def cut_after_kill(stack: Stack, raw: RawSession, call: dict) -> tuple[int, list[Event], str, float]:
+    """Start `call` (an analysis) through HAProxy, and once it streams progress, kill -9 its replica.
+    Its request id, the events before, the replica killed, and when."""
+    owner = (await raw.call("get_counter"))["instance"]
+    events: list[Event] = []
+    async with raw.stream("tools/call", call) as stream:
+        async for event in stream:
+            events.append(event)
+            if len(progress(events)) == 3:
+                stack.signal(owner, signal.SIGKILL)
+                killed_at = time.monotonic()
+                break
+    return stream.request_id, events, owner, killed_at
+
+
+async def test_a_streaming_call_whose_replica_is_killed_completes_once_on_resume(
+    healed_stack: Stack, raw: RawSession
+) -> None:
+    """Its replica's lease lapses, and the replica the client resumes on runs the call again under the same
+    idempotency key, into the same stream: the client gets the answer, with the call's effects once."""
+    await raw.call("increment_counter")
+    request_id, before, owner, killed_at = await cut_after_kill(healed_stack, raw, ANALYSIS)
+    elsewhere = next(name for name in healed_stack.config.replica_names() if name != owner)
+    async with asyncio.timeout(10):
+        after = await resumed_to_the_end(raw.at(replica_url(healed_stack, elsewhere)), before[-1].id)
+    answered_in = time.monotonic() - killed_at
+    answer = after[-1].message
+    assert answer["id"] == request_id, after[-3:]
+    assert answer["result"]["structuredContent"] == {
+        "items_processed": ITEMS,
+        "total_score": 1.5 * sum(range(1, ITEMS + 1)),
+        "instance": elsewhere,
+    }
+    assert answered_in <= 5.0, f"answered {answered_in:.2f} s after the kill (target: within 5 s)"
+    # The session goes on where the call left it: nothing else changed, nothing applied twice.
+    raw_elsewhere = raw.at(replica_url(healed_stack, elsewhere))
+    assert (await raw_elsewhere.call("get_counter"))["counter"] == 1
+
+
+async def test_a_streaming_call_that_cannot_run_again_ends_at_once_saying_a_retry_is_safe(
+    healed_stack: Stack, raw: RawSession
+) -> None:
+    """A request too large to keep for a re-run: once its replica is gone the stream ends with a JSON-RPC
+    error for that request, saying a retry is safe, instead of falling silent."""
+    padded = {**ANALYSIS, "_meta": {**ANALYSIS["_meta"], "padding": "x" * (MAX_RERUN_REQUEST_BYTES + 1)}}
+    request_id, before, owner, killed_at = await cut_after_kill(healed_stack, raw, padded)
+    elsewhere = next(name for name in healed_stack.config.replica_names() if name != owner)
+    async with asyncio.timeout(10):
+        after = await resumed_to_the_end(raw.at(replica_url(healed_stack, elsewhere)), before[-1].id)
+    assert time.monotonic() - killed_at <= 5.0
+    error = after[-1].message
+    assert error["id"] == request_id and "Retrying it is safe" in error["error"]["message"], error
 
 
 async def resume_status_and_body(session: RawSession, last_event_id: str) -> tuple[int, str]:
@@ -120,7 +185,7 @@ def jsonrpc_error(body: str) -> str:
 async def test_an_event_id_of_another_session_is_404_and_reveals_nothing(
     stack: Stack, raw: RawSession, http: httpx2.AsyncClient, mcp_url: str
 ) -> None:
-    async with raw.stream("tools/call", {"name": "add_note", "arguments": {"note": "secret of a"}}) as stream:
+    async with raw.stream("tools/call", {"name": "analyze_data", "arguments": {"num_items": 0}}) as stream:
         events_of_a = [event async for event in stream]
     other = RawSession(http, mcp_url)
     await other.initialize()
@@ -163,7 +228,7 @@ async def test_a_malformed_last_event_id_is_a_4xx_everywhere(stack: Stack, raw: 
 
 
 async def test_resuming_an_unknown_session_is_404(raw: RawSession, mcp_url: str) -> None:
-    async with raw.stream("tools/call", {"name": "get_counter", "arguments": {}}) as stream:
+    async with raw.stream("tools/call", {"name": "analyze_data", "arguments": {"num_items": 0}}) as stream:
         event_id = (await anext(aiter(stream))).id
     raw.session_id = uuid.uuid4().hex
     assert (await resume_status_and_body(raw, event_id))[0] == 404
