@@ -58,7 +58,8 @@ system-deps:
 python-deps: $(if $(shell command -v uv 2>/dev/null),,.tools/uv/bin/uv)
 	$(UV) sync --frozen --python '>=3.11'
 
-# The TypeScript SDK's client the tests drive (tests/clients/ts), pinned by its package-lock.json.
+# The TypeScript SDK clients the tests drive (tests/clients/ts: @modelcontextprotocol/client v2 and
+# @modelcontextprotocol/sdk v1, the failover benchmark's ts_sdk), pinned by its package-lock.json.
 NODE_CLIENT := tests/clients/ts
 node-deps: $(NODE_CLIENT)/node_modules/.package-lock.json
 
