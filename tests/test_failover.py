@@ -6,6 +6,13 @@ own; the tests read its report. Where a target does not hold for a reason
 outside the benchmark, the main test leaves that one target out (KNOWN_GAPS);
 a strict xfail test asserts each (or, where it fails only now and then, its
 cause), so the suite notices the day it starts to hold.
+
+The kill run, and a run with no fault, also drive the stock clients nobody here
+wrote, at their defaults and with no retries of ours (5 sessions each): the
+TypeScript SDK's Client (tests/clients/ts/failover_client.mjs), the Python
+SDK's ClientSession, and FastMCP's Client in legacy mode beside its default
+(sessionless). One test per stock client holds it to the issue's targets for
+calls that stream nothing; the others leave those targets (STOCK_TARGET) to them.
 """
 
 from __future__ import annotations
@@ -58,6 +65,9 @@ KNOWN_GAPS = {
     ),
 }
 
+# The runs that drive the stock SDK clients too (all kinds in one run: a scenario costs ~20 s).
+STOCK_RUNS = ("kill", bench.BASELINE)
+
 _reports: dict[str, bench.ScenarioReport] = {}
 
 
@@ -71,13 +81,19 @@ def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 async def report_of(stack: Stack, scenario: str) -> bench.ScenarioReport:
     # Several tests read one scenario's figures; the faults are too slow to inject twice.
     if scenario not in _reports:
-        _reports[scenario] = await bench.run_scenario(stack, scenario, sessions=SESSIONS, duration=DURATION)
+        stock = scenario in STOCK_RUNS
+        if stock:
+            assert bench.node_client_missing() is None, bench.node_client_missing()
+        _reports[scenario] = await bench.run_scenario(
+            stack, scenario, sessions=SESSIONS, duration=DURATION, stock=stock
+        )
     return _reports[scenario]
 
 
 def missed_apart_from_known_gaps(report: bench.ScenarioReport) -> list[str]:
+    """The targets missed, but for KNOWN_GAPS and the stock clients' own (test_a_stock_client_... asserts those)."""
     known = KNOWN_GAPS.get(report.scenario, ())
-    return [m for m in bench.check_targets(report) if not m.startswith(known)]
+    return [m for m in bench.check_targets(report) if not m.startswith(known) and bench.STOCK_TARGET not in m]
 
 
 def assert_counts_are_exact(report: bench.ScenarioReport) -> None:
@@ -113,6 +129,42 @@ async def test_kill_9_or_sigstop_of_the_sessions_replica(fault_stack: Stack, sce
     s = report.sessionless
     assert (s.lost, s.duplicated, s.failed_after_detection, s.unreadable) == (0, 0, 0, 0), s
     assert_stack_is_whole(fault_stack)
+
+
+@pytest.mark.timeout(120)
+async def test_every_client_kind_without_a_fault_fails_no_call_and_keeps_exact_counts(fault_stack: Stack) -> None:
+    """The plumbing: with no fault, each kind of client (the stock SDK clients too) is answered every time,
+    and each session's counter is the increments it was told about."""
+    report = await report_of(fault_stack, bench.BASELINE)
+    assert [c.kind for c in report.clients] == list(bench.KINDS)
+    assert bench.check_targets(report) == []
+    for c in report.clients:
+        assert c.failed == 0 and c.overran == 0, (c.kind, c.errors)
+        assert len(c.counters) == SESSIONS and all(final == acked for final, acked in c.counters), (c.kind, c.counters)
+        assert c.final_read_raw == 0 and c.calls > 50, c
+    assert_stack_is_whole(fault_stack)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", bench.STOCK_KINDS)
+async def test_a_stock_client_through_a_kill_9_fails_no_call_takes_1_s_at_most_and_keeps_exact_counts(
+    fault_stack: Stack, kind: str
+) -> None:
+    """The issue's targets for calls that stream nothing, for a client nobody here wrote, at its defaults
+    and with no retries of ours: kill -9 of the replica serving most sessions, through HAProxy."""
+    report = await report_of(fault_stack, "kill")
+    c = getattr(report, kind)
+    assert c is not None and c.calls > 50 and len(c.counters) == SESSIONS, c
+    figures = {
+        "failed calls": c.failed,
+        "longest call within 1 s": c.longest_call_s <= bench.STOCK_TARGET_LONGEST_CALL,
+        "sessions whose counter is not the increments acknowledged": c.inexact,
+    }
+    assert figures == {
+        "failed calls": 0,
+        "longest call within 1 s": True,
+        "sessions whose counter is not the increments acknowledged": 0,
+    }, f"{kind}: errors {c.errors}; longest call {c.longest_call_s} s; (final, acknowledged) {c.counters}"
 
 
 @pytest.mark.timeout(150)
@@ -338,6 +390,17 @@ def test_check_targets_names_what_is_missed() -> None:
     report.plain.failed, report.plain.failed_after_detection = 2, 1
     report.sessionless.failed, report.sessionless.failed_after_detection = 1, 1
     report.sessionless.working_after = 4
+    report.ts_sdk = bench.ClientReport(
+        **{
+            **clean.__dict__,
+            "kind": "ts_sdk",
+            "failed": 2,
+            "longest_call_s": 1.5,
+            "final": 101,
+            "counters": [(21, 20), (20, 20), (20, 20), (20, 20), (20, 20)],
+            "inexact": 1,
+        }
+    )
     missed = bench.check_targets(report)
     assert any("resilient: 1 acknowledged increment(s) lost" in m for m in missed), missed
     assert any("plain: 3 increment(s) applied twice" in m for m in missed), missed
@@ -345,6 +408,13 @@ def test_check_targets_names_what_is_missed() -> None:
     assert any("plain: 1 call(s) sent after HAProxy took mcp-server-1 out failed" in m for m in missed), missed
     assert any("sessionless: 1 call(s) sent after HAProxy took mcp-server-1 out failed" in m for m in missed), missed
     assert any("sessionless: only 4 of 5 sessions worked after the fault" in m for m in missed), missed
+    # The stock clients' own targets, through a kill: no failed call, none over 1 s, exact counters.
+    stock = [m for m in missed if bench.STOCK_TARGET in m]
+    assert any(m.startswith("kill: sessionless: 1 failed call(s)") for m in stock), stock
+    assert any(m.startswith("kill: ts_sdk: 2 failed call(s)") for m in stock), stock
+    assert any(m.startswith("kill: ts_sdk: a call took 1.50 s") for m in stock), stock
+    assert any(m.startswith("kill: ts_sdk: 1 of 5 session(s) whose counter") for m in stock), stock
+    assert len(stock) == 4, stock
 
 
 def test_the_command_refuses_a_stack_that_is_not_up(tmp_path: Path) -> None:
@@ -386,9 +456,12 @@ def test_the_command_runs_a_scenario_on_a_stack_of_its_own(tmp_path: Path) -> No
     data = json.loads(out.read_text())
     [scenario] = data["scenarios"]
     assert scenario["scenario"] == "kill"
-    # A miss is the exit status's business; only a known gap may cause one (1 kill run in 8 or so).
+    # A miss is the exit status's business; only a known gap may cause one (1 kill run in 8 or so), or a
+    # stock client's target (test_a_stock_client_... holds each to those).
     missed = scenario["targets_missed"]
-    assert not [m for m in missed if not m.startswith(KNOWN_GAPS["kill"])], result.stdout
+    assert not [m for m in missed if not m.startswith(KNOWN_GAPS["kill"]) and bench.STOCK_TARGET not in m], (
+        result.stdout
+    )
     assert result.returncode == (1 if missed else 0), result.stdout + result.stderr
     assert ("every target met" in result.stdout) == (not missed) and data["ok"] is (not missed)
     assert set(data["targets"]) >= {
@@ -401,7 +474,8 @@ def test_the_command_runs_a_scenario_on_a_stack_of_its_own(tmp_path: Path) -> No
     assert 0 <= scenario["mark_down_s"] <= 2.0
     assert scenario["load_seconds"] >= 6
     fields = {"calls", "failed", "longest_call_s", "longest_stall_s", "acknowledged", "final", "lost", "duplicated"}
-    for kind in ("plain", "resilient", "sessionless"):
+    # The stock SDK clients ran too, by default.
+    for kind in bench.KINDS:
         figures = scenario[kind]
         assert fields <= set(figures) and figures["kind"] == kind
         assert figures["calls"] > 0 and figures["lost"] == 0 and figures["duplicated"] == 0

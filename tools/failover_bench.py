@@ -1,4 +1,4 @@
-"""The failover benchmark: real faults under steady load, and what three kinds of client see.
+"""The failover benchmark: real faults under steady load, and what six kinds of client see.
 
     python -m tools.failover_bench --own-stack                      every scenario, on a stack of its own
     python -m tools.failover_bench --scenario kill --json out.json  one scenario, on the running stack
@@ -12,6 +12,7 @@ Scenarios (one replica is "the faulted one": the one serving most plain sessions
     pause        SIGSTOP it (a hung replica), SIGCONT ~4 s later
     rolling      restart every replica, one after another (SIGTERM: each drains)
     restart-all  stop every replica at once, then start them all again
+    none         no fault at all: the baseline (not part of --scenario all)
 
 and Redis faults (the faulted one is Redis's primary):
 
@@ -32,6 +33,20 @@ client, each calling `increment_counter` in a loop:
                  one create_session handle passed to every call, no retries of
                  its own, 5 s per call; nothing pins its requests to a replica
 
+and, unless `--no-stock`, the stock SDK clients nobody here wrote, each at its
+defaults (no timeout, no retries of ours; the benchmark gives up on a call of
+theirs after 6 s and counts it failed):
+
+    ts_sdk          the official TypeScript SDK (@modelcontextprotocol/sdk, pinned
+                    in tests/clients/ts): Client over StreamableHTTPClientTransport,
+                    driven by tests/clients/ts/failover_client.mjs (Node; make node-deps)
+    python_sdk      the MCP Python SDK's ClientSession over streamable_http_client
+    fastmcp_legacy  FastMCP's Client in mode="legacy" (session-era, 2025-11-25)
+
+Through a kill, these and sessionless are held to the issue's targets for calls
+that stream nothing: no failed call, none over 1 s, every session's counter
+exactly the increments it was told about.
+
 It prints, per client kind: failed calls, the longest call and stall, how
 long HAProxy took to take the faulted replica out, and each session's final
 counter against the increments it was told about. With `--markdown FILE`, the
@@ -42,7 +57,8 @@ status is 0 when every target of `check_targets` holds, 1 when one does not
 (each is listed), 2 when there is no healthy stack to run against or it broke
 during the run, or FILE lacks its markers.
 
-Tests call `run_scenario(stack, scenario)` and `check_targets(report)` directly.
+Tests call `run_scenario(stack, scenario)` (`stock=True` for the stock SDK clients)
+and `check_targets(report)` directly.
 """
 
 from __future__ import annotations
@@ -68,6 +84,11 @@ from typing import Any, ClassVar, TypedDict
 import click
 import httpx2
 from fastmcp import Client
+from fastmcp.client.transports import StreamableHttpTransport
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.types import CallToolResult, TextContent
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -99,8 +120,13 @@ class ResilientSettings(TypedDict):
 REPLICA_SCENARIOS = ("kill", "pause", "rolling", "restart-all")
 REDIS_SCENARIOS = ("redis-kill", "redis-restart", "redis-outage")
 SCENARIOS = REPLICA_SCENARIOS + REDIS_SCENARIOS
+# The load alone, no fault: the baseline every client must pass clean (not part of "all").
+BASELINE = "none"
 
 PLAIN_CALL_TIMEOUT = 5.0
+# The stock SDK clients keep their own defaults (no request timeout, or a minute); the benchmark
+# abandons a call of theirs with no outcome after this (plus GUARD_SLACK_SECONDS) and counts it failed.
+STOCK_CALL_BOUND = 5.0
 # The resilient sessions' settings. A call stuck on a hung replica is re-sent by
 # HAProxy itself when it takes the replica out (within about 2.6 s), so the
 # per-attempt timeout is set above that: a client retry racing HAProxy's own
@@ -125,6 +151,12 @@ STATUS_POLL_SECONDS = 0.05
 TARGET_LONGEST_CALL = 3.0
 TARGET_STALL = 3.0
 TARGET_MARK_DOWN = {"kill": 2.0, "pause": 3.0}
+# The issue's targets for a stock client (STOCK_KINDS) whose calls stream nothing, through a kill -9 of
+# the replica serving most sessions: no call fails, none takes longer than this, and each session's
+# counter is exactly the increments it was told about. Each miss says STOCK_TARGET.
+STOCK_TARGET_SCENARIOS = (BASELINE, "kill")
+STOCK_TARGET_LONGEST_CALL = 1.0
+STOCK_TARGET = "stock-client target"
 
 # `--markdown FILE` writes between <!-- failover:start --> and <!-- failover:end -->.
 MARKDOWN_MARKERS = "failover"
@@ -269,8 +301,132 @@ class SessionlessClient(BenchClient):
         self._entered = True
 
 
-CLIENTS: dict[str, type[BenchClient]] = {c.kind: c for c in (PlainClient, ResilientBenchClient, SessionlessClient)}
-KINDS = tuple(CLIENTS)
+class ToolAnsweredError(Exception):
+    """A tool result with isError set, as a client that does not raise on one hands it back."""
+
+
+def _tool_error_text(result: CallToolResult) -> str:
+    text = next((block.text for block in result.content if isinstance(block, TextContent)), "")
+    return text or repr(result.content)[:160]
+
+
+class StockSessionClient(BenchClient):
+    """A stock session-era client at its defaults: no timeout, no retries of ours.
+
+    `bound` is the benchmark's, not the client's: a call with no outcome within it (plus
+    GUARD_SLACK_SECONDS) is abandoned and counted as failed (and as overran). Its session id is
+    noted on the way in, so the final counter, which is not a measured call, can still be read
+    under it by a raw client when the stock one no longer can.
+    """
+
+    bound = STOCK_CALL_BOUND
+    session_id: str | None = None
+
+
+class FastMCPLegacyClient(StockSessionClient):
+    """FastMCP's Client in `mode="legacy"`: the session-era (2025-11-25) `initialize` handshake, the
+    session pinned by its Mcp-Session-Id; every other setting its default."""
+
+    kind = "fastmcp_legacy"
+
+    def __init__(self, url: str) -> None:
+        self.client = Client(url, mode="legacy")
+        self._entered = False
+
+    async def open(self) -> None:
+        await self.client.__aenter__()
+        self._entered = True
+        transport = self.client.transport
+        self.session_id = transport.get_session_id() if isinstance(transport, StreamableHttpTransport) else None
+
+    async def call(self, tool: str) -> dict:
+        return (await self.client.call_tool(tool, {})).data
+
+    async def aclose(self) -> None:
+        if self._entered:
+            self._entered = False
+            await self.client.__aexit__(None, None, None)
+
+
+class PythonSDKClient(StockSessionClient):
+    """The MCP Python SDK's own `ClientSession` over its `streamable_http_client`, both at their defaults
+    (the SDK's own HTTP client: 30 s to connect, 300 s per read; no request timeout).
+
+    The transport's task group must be left by the task that entered it, so one task of its own holds
+    the session open until `aclose`; calls come from any task. The one addition is an httpx event hook
+    that notes the Mcp-Session-Id answered (FastMCP's own transport does the same): it only reads.
+    """
+
+    kind = "python_sdk"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.session: ClientSession | None = None
+        self._closing = asyncio.Event()
+        self._holder: asyncio.Task | None = None
+
+    async def _note_session_id(self, response: httpx2.Response) -> None:
+        if session_id := response.headers.get("mcp-session-id"):
+            self.session_id = session_id
+
+    async def _hold(self, ready: asyncio.Future[None]) -> None:
+        try:
+            http = create_mcp_http_client()
+            http.event_hooks.setdefault("response", []).append(self._note_session_id)
+            async with (
+                http,
+                streamable_http_client(self.url, http_client=http) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                self.session = session
+                ready.set_result(None)
+                await self._closing.wait()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            elif not isinstance(exc, asyncio.CancelledError):
+                # The transport ended on an error: every later call fails, which the figures count.
+                log.debug("a python_sdk session ended: %r", exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+
+    async def open(self) -> None:
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._holder = asyncio.create_task(self._hold(ready))
+        await ready
+
+    async def call(self, tool: str) -> dict:
+        if self.session is None:
+            raise RuntimeError("the session is not open")
+        result = await self.session.call_tool(tool, {})
+        if not isinstance(result, CallToolResult):
+            raise TypeError(f"{tool} answered a {type(result).__name__}, not a CallToolResult")
+        if result.is_error:
+            raise ToolAnsweredError(_tool_error_text(result))
+        if not isinstance(result.structured_content, dict):
+            raise TypeError(f"{tool} answered no structured content")
+        return result.structured_content
+
+    async def aclose(self) -> None:
+        self._closing.set()
+        if self._holder is not None:
+            holder, self._holder = self._holder, None
+            try:
+                async with asyncio.timeout(5):
+                    await holder
+            finally:
+                holder.cancel()
+
+
+# The kinds that always run; the stock SDK clients (the TypeScript SDK's, the Python SDK's, FastMCP's
+# in legacy mode) run too when asked for (run_scenario's `stock`, the command's default).
+BASE_KINDS = ("plain", "resilient", "sessionless")
+EXTRA_KINDS = ("ts_sdk", "python_sdk", "fastmcp_legacy")
+KINDS = BASE_KINDS + EXTRA_KINDS
+# The clients nobody here wrote, driven as they come (FastMCP's default, sessionless, among them):
+# held to the issue's targets for a call that streams nothing (see check_targets).
+STOCK_KINDS = ("ts_sdk", "python_sdk", "fastmcp_legacy", "sessionless")
 
 
 # -- what one run records ---------------------------------------------------------------
@@ -294,6 +450,8 @@ class SessionRun:
     in_flight: bool = False
     final: int | None = None
     final_error: str | None = None
+    # The client could not read its own session's final counter; a raw client read it under the session id.
+    final_read_raw: bool = False
     new_sessions: int = 0
 
     @property
@@ -331,6 +489,11 @@ class ClientReport:
     moved: int  # ... of which another replica answered afterwards
     new_sessions: int  # sessions a ResilientClient had to open anew (resumed state)
     errors: list[str]
+    # Per session: (final counter, increments acknowledged); `inexact` counts those that differ (or unread).
+    counters: list[tuple[int | None, int]] = field(default_factory=list)
+    inexact: int = 0
+    # Sessions whose final counter the client itself could no longer read (a raw client read it).
+    final_read_raw: int = 0
 
 
 @dataclass
@@ -352,11 +515,15 @@ class ScenarioReport:
     backends_after: dict[str, str]
     redis_mode: str = "single"
     wait_replicas: int = 0  # the replicas' REDIS_WAIT_REPLICAS
+    # The stock SDK clients (EXTRA_KINDS), when they ran.
+    ts_sdk: ClientReport | None = None
+    python_sdk: ClientReport | None = None
+    fastmcp_legacy: ClientReport | None = None
 
     @property
     def clients(self) -> list[ClientReport]:
-        """One report per client kind, in KINDS order."""
-        return [getattr(self, kind) for kind in KINDS]
+        """One report per client kind that ran, in KINDS order."""
+        return [c for c in (getattr(self, kind) for kind in KINDS) if c is not None]
 
 
 @dataclass
@@ -389,7 +556,11 @@ async def _drive(run: SessionRun, call: Callable[[], Awaitable[Any]], bound: flo
             record.counter, record.instance = int(result["counter"]), result.get("instance")
         except Exception as exc:
             record.overran = guard.expired()
-            record.error = f"{type(exc).__name__}: {exc}"[:200]
+            record.error = (
+                f"TimeoutError: no outcome within {bound + GUARD_SLACK_SECONDS:g} s (the benchmark's bound)"
+                if record.overran
+                else f"{type(exc).__name__}: {exc}"[:200]
+            )
         record.end = time.monotonic()
         run.in_flight = False
         run.calls.append(record)
@@ -397,6 +568,241 @@ async def _drive(run: SessionRun, call: Callable[[], Awaitable[Any]], bound: flo
             await asyncio.wait_for(stop.wait(), random.uniform(*THINK_SECONDS))
         except TimeoutError:
             pass
+
+
+class SessionGroup:
+    """`sessions` sessions of one kind of client, as run_scenario drives them: open them (each reads its
+    counter once), run the load until `stop`, read the final counters, close them."""
+
+    kind: str
+    bound: float  # the longest one call may take before the benchmark cuts it off (plus slack)
+    retries: bool
+    runs: list[SessionRun]
+
+    def __init__(self, url: str, sessions: int) -> None:
+        raise NotImplementedError
+
+    async def open(self) -> None:
+        raise NotImplementedError
+
+    def start(self, stop: asyncio.Event) -> list[asyncio.Task]:
+        """The load, begun: tasks that end once `stop` is set and each session's last call is in."""
+        raise NotImplementedError
+
+    async def read_finals(self) -> None:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+
+def session_group(kind: str, url: str, sessions: int) -> SessionGroup:
+    client = CLIENTS[kind]
+    if isinstance(client, type) and issubclass(client, SessionGroup):
+        return client(url, sessions)
+    return InProcessGroup(client, url, sessions)
+
+
+class InProcessGroup(SessionGroup):
+    """Sessions of a client that runs in this process (a BenchClient each), driven by `_drive`."""
+
+    def __init__(self, client: type[BenchClient], url: str, sessions: int) -> None:
+        self.kind, self.bound, self.retries = client.kind, client.bound, client.retries
+        self.clients = [client(url) for _ in range(sessions)]
+        self.runs = [SessionRun(self.kind) for _ in self.clients]
+        self.url = url
+
+    async def open(self) -> None:
+        await asyncio.gather(*(c.open() for c in self.clients))
+        # A replica's first tool call pays for lazy set-up (0.4 s when idle, seconds under this load):
+        # a cost of starting, not of failing over, so it stays out of the figures.
+        await asyncio.gather(*(c.call("get_counter") for c in self.clients))
+
+    def start(self, stop: asyncio.Event) -> list[asyncio.Task]:
+        return [
+            asyncio.create_task(_drive(r, partial(c.call, "increment_counter"), c.bound, stop))
+            for r, c in zip(self.runs, self.clients, strict=True)
+        ]
+
+    async def read_finals(self) -> None:
+        await asyncio.gather(
+            *(_read_final_counter(c, r, self.url) for c, r in zip(self.clients, self.runs, strict=True))
+        )
+
+    async def aclose(self) -> None:
+        await _close_all([c.aclose for c in self.clients])
+
+
+NODE_CLIENT_DIR = Path(__file__).resolve().parent.parent / "tests" / "clients" / "ts"
+NODE_FAILOVER_CLIENT = NODE_CLIENT_DIR / "failover_client.mjs"
+
+
+def node_client_missing() -> str | None:
+    """Why the TypeScript SDK client cannot run here, or None when it can."""
+    if shutil.which("node") is None:
+        return "node is not installed (make node-deps installs it)"
+    if not (NODE_CLIENT_DIR / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
+        return f"the TypeScript SDK is not installed in {NODE_CLIENT_DIR} (make node-deps)"
+    return None
+
+
+class TypeScriptSDKGroup(SessionGroup):
+    """The official TypeScript SDK's `Client` over its `StreamableHTTPClientTransport` (v1, pinned in
+    tests/clients/ts/package.json), at their defaults, in one Node process: tests/clients/ts/failover_client.mjs.
+
+    The script opens the sessions, then, told "go" on its stdin, calls `increment_counter` in a loop on
+    each until its stdin is closed, printing one JSON line per call; then it reads the final counters.
+    Its clock is the epoch (ms), mapped onto this one's monotonic clock. It abandons a call after `bound`
+    plus GUARD_SLACK_SECONDS (the benchmark's bound, through the SDK's own AbortSignal), as `_drive` does.
+    """
+
+    kind = "ts_sdk"
+    bound = STOCK_CALL_BOUND
+    retries = False
+
+    def __init__(self, url: str, sessions: int) -> None:
+        self.url = url
+        self.runs = [SessionRun(self.kind) for _ in range(sessions)]
+        self.session_ids: list[str | None] = [None] * sessions
+        self.proc: asyncio.subprocess.Process | None = None
+        self._stderr = bytearray()
+        self._tasks: list[asyncio.Task] = []
+        self._stopped = asyncio.Event()  # every loop ended (or the script did)
+        self._done = asyncio.Event()  # the final counters are in (or the script ended)
+        # Epoch seconds minus monotonic seconds, to place the script's calls on this clock.
+        self._offset = time.time() - time.monotonic()
+
+    async def open(self) -> None:
+        if why := node_client_missing():
+            raise RuntimeError(f"the ts_sdk client cannot run: {why}")
+        self.proc = await asyncio.create_subprocess_exec(
+            shutil.which("node") or "node",
+            str(NODE_FAILOVER_CLIENT),
+            self.url,
+            str(len(self.runs)),
+            f"{self.bound + GUARD_SLACK_SECONDS:g}",
+            *(f"{t:g}" for t in THINK_SECONDS),
+            str(MAX_CALLS_PER_SESSION),
+            cwd=NODE_CLIENT_DIR,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            limit=1 << 20,
+        )
+        self._tasks.append(asyncio.create_task(self._drain_stderr()))
+        while True:
+            message = await self._next_message()
+            if message is None:
+                raise RuntimeError(f"the ts_sdk client ended before its sessions were open: {self._stderr_text()}")
+            if message.get("type") == "ready":
+                for s in message["sessions"]:
+                    self.session_ids[int(s["session"])] = s.get("session_id")
+                break
+        self._offset = time.time() - time.monotonic()
+        self._tasks.append(asyncio.create_task(self._read()))
+
+    def _stderr_text(self) -> str:
+        return self._stderr.decode(errors="replace").strip()[-800:] or "(nothing on stderr)"
+
+    async def _drain_stderr(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        while chunk := await self.proc.stderr.read(65536):
+            self._stderr += chunk
+
+    async def _next_message(self) -> dict | None:
+        assert self.proc is not None and self.proc.stdout is not None
+        while raw := await self.proc.stdout.readline():
+            try:
+                message = json.loads(raw)
+            except ValueError:
+                log.warning("ts_sdk client: not a JSON line: %r", raw[:200])
+                continue
+            if isinstance(message, dict):
+                return message
+        return None
+
+    async def _read(self) -> None:
+        try:
+            while (message := await self._next_message()) is not None:
+                kind = message.get("type")
+                if kind == "call":
+                    start = message["start"] / 1000 - self._offset
+                    self.runs[int(message["session"])].calls.append(
+                        Call(
+                            start=start,
+                            end=start + message["duration"] / 1000,
+                            ok=bool(message["ok"]),
+                            counter=message.get("counter"),
+                            instance=message.get("instance"),
+                            error=message.get("error"),
+                            overran=bool(message.get("overran")),
+                        )
+                    )
+                elif kind == "stopped":
+                    self._stopped.set()
+                elif kind == "final":
+                    run = self.runs[int(message["session"])]
+                    run.final, run.final_error = message.get("counter"), message.get("error")
+                elif kind == "done":
+                    self._done.set()
+        finally:
+            # The script ended, however: nobody waits for lines that will not come.
+            if not self._done.is_set():
+                why = f"the ts_sdk client ended early: {self._stderr_text()}"[:200]
+                for run in self.runs:
+                    if run.final is None and run.final_error is None:
+                        run.final_error = why
+            self._stopped.set()
+            self._done.set()
+
+    async def _load(self, stop: asyncio.Event) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(b"go\n")
+        await self.proc.stdin.drain()
+        await stop.wait()
+        self.proc.stdin.close()  # the script's signal to stop
+        await self._stopped.wait()
+
+    def start(self, stop: asyncio.Event) -> list[asyncio.Task]:
+        return [asyncio.create_task(self._load(stop))]
+
+    async def read_finals(self) -> None:
+        await self._done.wait()
+        for run, session_id in zip(self.runs, self.session_ids, strict=True):
+            if run.final is None and session_id is not None:
+                await _read_final_raw(run, self.url, session_id, self.kind)
+
+    async def aclose(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        try:
+            if proc.stdin is not None and not proc.stdin.is_closing():
+                proc.stdin.close()
+            try:
+                async with asyncio.timeout(10):
+                    await proc.wait()
+            except TimeoutError:
+                proc.kill()  # the benchmark's own child
+                await proc.wait()
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+CLIENTS: dict[str, type[BenchClient] | type[SessionGroup]] = {
+    c.kind: c
+    for c in (
+        PlainClient,
+        ResilientBenchClient,
+        SessionlessClient,
+        TypeScriptSDKGroup,
+        PythonSDKClient,
+        FastMCPLegacyClient,
+    )
+}
+assert set(CLIENTS) == set(KINDS)
 
 
 async def _watch_backends(
@@ -498,6 +904,8 @@ async def _inject(stack: Stack, scenario: str, replica: str, status: RunStatus) 
         await asyncio.to_thread(stack.stop, *replicas)
         status.set_phase("starting every replica")
         await asyncio.to_thread(_start_all, stack, replicas)
+    elif scenario == BASELINE:
+        status.set_phase("no fault")
     else:
         raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
     status.set_phase("waiting for HAProxy to see every replica UP")
@@ -536,6 +944,7 @@ def _client_report(
         lost += max(r.acknowledged - r.final, 0)
         allowance = 0 if CLIENTS[kind].retries else r.failed
         duplicated += max(r.final - (r.acknowledged + allowance), 0)
+    counters = [(r.final, r.acknowledged) for r in runs]
     exposed = [r for r in runs if r.instance_at(struck) == replica]
     moved = [r for r in exposed if any(c.ok and c.start >= struck and c.instance != replica for c in r.calls)]
     errors = Counter(c.error for c in calls if c.error)
@@ -558,6 +967,9 @@ def _client_report(
         moved=len(moved),
         new_sessions=sum(r.new_sessions for r in runs),
         errors=[f"{n}× {e}" for e, n in errors.most_common(5)],
+        counters=counters,
+        inexact=sum(final != acknowledged for final, acknowledged in counters),
+        final_read_raw=sum(r.final_read_raw for r in runs),
     )
 
 
@@ -570,18 +982,39 @@ def _first(
     return None
 
 
-async def _read_final_counter(client: BenchClient, run: SessionRun) -> None:
+async def _read_final_raw(run: SessionRun, url: str, session_id: str, kind: str) -> None:
+    """The final counter of a session-era session whose own client no longer reads it, read by a raw one."""
+    log.warning("a %s session could not read its own final counter (%s); reading it raw", kind, run.final_error)
+    async with httpx2.AsyncClient(timeout=PLAIN_CALL_TIMEOUT) as http:
+        session = RawSession(http, url, timeout=PLAIN_CALL_TIMEOUT, client_name="failover-bench-final-read")
+        session.session_id = session_id
+        for attempt in range(3):
+            try:
+                if attempt:
+                    await asyncio.sleep(0.3)
+                run.final = int((await session.call_tool("get_counter"))["counter"])
+                run.final_read_raw = True
+                return
+            except Exception as exc:
+                run.final_error = f"{type(exc).__name__}: {exc}"[:200]
+
+
+async def _read_final_counter(client: BenchClient, run: SessionRun, url: str) -> None:
     for attempt in range(client.final_read_attempts):
         try:
             if attempt:
                 await asyncio.sleep(0.3)
                 await client.reconnect()
-            run.final = int((await client.call("get_counter"))["counter"])
+            async with asyncio.timeout(client.bound + GUARD_SLACK_SECONDS):
+                run.final = int((await client.call("get_counter"))["counter"])
             break
         except Exception as exc:
             run.final_error = f"{type(exc).__name__}: {exc}"[:200]
     else:
-        log.warning("the final counter of a %s session could not be read: %s", client.kind, run.final_error)
+        if isinstance(client, StockSessionClient) and client.session_id is not None:
+            await _read_final_raw(run, url, client.session_id, client.kind)
+        if run.final is None:
+            log.warning("the final counter of a %s session could not be read: %s", client.kind, run.final_error)
     run.new_sessions = client.new_sessions
 
 
@@ -604,19 +1037,22 @@ async def run_scenario(
     duration: float = 8.0,
     fault_at: float = 2.0,
     status: RunStatus | None = None,
+    stock: bool = False,
 ) -> ScenarioReport:
     """Run `sessions` sessions of each kind of client through one fault; what they saw.
 
+    The kinds are BASE_KINDS, and with `stock` the stock SDK clients (EXTRA_KINDS) too, all at once.
     The load lasts `duration` seconds, or until the stack has been whole again
     for TAIL_SECONDS if that is later; never more than OVERRUN_CAP_SECONDS past that.
     """
-    if scenario not in SCENARIOS:
-        raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
+    if scenario not in (*SCENARIOS, BASELINE):
+        raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}, {BASELINE}")
     status = status or RunStatus()
     status.scenario = scenario
     url = stack.config.mcp_url
-    clients = [CLIENTS[kind](url) for kind in KINDS for _ in range(sessions)]
-    runs = [SessionRun(c.kind) for c in clients]
+    kinds = KINDS if stock else BASE_KINDS
+    groups = [session_group(kind, url, sessions) for kind in kinds]
+    runs = [r for g in groups for r in g.runs]
     plain_runs = [r for r in runs if r.kind == "plain"]
     status.runs = runs
     stop = asyncio.Event()
@@ -624,20 +1060,13 @@ async def run_scenario(
     timeline: list[tuple[float, dict[str, str]]] = []
     tasks: list[asyncio.Task] = []
     try:
-        status.set_phase("opening sessions")
+        status.set_phase("opening sessions and warming up")
         async with asyncio.timeout(30):
-            await asyncio.gather(*(c.open() for c in clients))
-            status.set_phase("warming up")
-            # A replica's first tool call pays for lazy set-up (0.4 s when idle, seconds under this load):
-            # a cost of starting, not of failing over, so it stays out of the figures.
-            await asyncio.gather(*(c.call("get_counter") for c in clients))
+            await asyncio.gather(*(g.open() for g in groups))
 
         load_start = status.started = time.monotonic()
         watcher = asyncio.create_task(_watch_backends(stack, timeline, status, watch_stop))
-        tasks = [
-            asyncio.create_task(_drive(r, partial(c.call, "increment_counter"), c.bound, stop))
-            for r, c in zip(runs, clients, strict=True)
-        ]
+        tasks = [task for g in groups for task in g.start(stop)]
 
         status.set_phase("steady load")
         await asyncio.sleep(fault_at)
@@ -648,6 +1077,8 @@ async def run_scenario(
         replica = max(replicas, key=lambda n: (serving.get(n, 0), -replicas.index(n)))
         if scenario in REDIS_SCENARIOS:
             replica = stack.redis_primary() or stack.config.redis_names()[0]
+        elif scenario == BASELINE:
+            replica = "(none)"
         in_flight = [r for r in plain_runs if r.in_flight]
         in_flight_on_replica = sum(r.instance_at(struck) == replica for r in in_flight)
         try:
@@ -660,7 +1091,7 @@ async def run_scenario(
             await asyncio.sleep(remaining)
             stop.set()
             status.set_phase("waiting for the last calls")
-            await asyncio.wait(tasks, timeout=max(c.bound for c in clients) + GUARD_SLACK_SECONDS + 1)
+            await asyncio.wait(tasks, timeout=max(g.bound for g in groups) + GUARD_SLACK_SECONDS + 1)
         load_end = time.monotonic()
         watch_stop.set()
         await watcher
@@ -668,7 +1099,7 @@ async def run_scenario(
         status.set_phase("reading final counters")
         await asyncio.to_thread(stack.wait_healthy, "haproxy")
         async with asyncio.timeout(60):
-            await asyncio.gather(*(_read_final_counter(c, r) for c, r in zip(clients, runs, strict=True)))
+            await asyncio.gather(*(g.read_finals() for g in groups))
     finally:
         stop.set()
         watch_stop.set()
@@ -678,7 +1109,7 @@ async def run_scenario(
         status.set_phase("making sure every replica is running and UP")
         await asyncio.to_thread(heal, stack)
         status.set_phase("closing sessions")
-        await _close_all([c.aclose for c in clients])
+        await asyncio.gather(*(g.aclose() for g in groups), return_exceptions=True)
 
     # Redis faults take no replica out on purpose: a replica rides out a failover (see server.StoreHealth).
     mark_down = (
@@ -710,7 +1141,7 @@ async def run_scenario(
         back_up_s=None if back_up is None else round(back_up - struck, 3),
         in_flight_at_fault=len(in_flight),
         in_flight_on_replica=in_flight_on_replica,
-        **{kind: client_report(kind, [r for r in runs if r.kind == kind]) for kind in KINDS},
+        **{kind: client_report(kind, [r for r in runs if r.kind == kind]) for kind in kinds},
         healthy_after=healthy,
         backends_after=backends_after,
         redis_mode=stack.config.redis_mode,
@@ -747,12 +1178,39 @@ def check_targets(report: ScenarioReport) -> list[str]:
             f"{k}: {c.duplicated} increment(s) applied twice (final {c.final}, "
             f"acknowledged {c.acknowledged}, failed {c.failed})",
         )
-        need(c.overran == 0, f"{k}: {c.overran} call(s) neither returned nor raised within their timeout")
+        within = (
+            f"the benchmark's bound ({CLIENTS[k].bound + GUARD_SLACK_SECONDS:g} s)"
+            if k in EXTRA_KINDS
+            else "their timeout"
+        )
+        need(c.overran == 0, f"{k}: {c.overran} call(s) neither returned nor raised within {within}")
         need(
             c.working_after == c.sessions,
             f"{k}: only {c.working_after} of {c.sessions} sessions worked after the fault",
         )
         need(c.calls > 0 and c.acknowledged > 0, f"{k}: no call was answered at all")
+
+    if s == BASELINE:
+        for c in report.clients:
+            if c.kind in STOCK_KINDS:
+                continue  # held to STOCK_TARGET below
+            need(c.failed == 0, f"{c.kind}: {c.failed} failed call(s) with no fault (target 0): {'; '.join(c.errors)}")
+            need(c.inexact == 0, f"{c.kind}: counters not exact with no fault: (final, acknowledged) {c.counters}")
+    if s in STOCK_TARGET_SCENARIOS:
+        for c in report.clients:
+            if c.kind not in STOCK_KINDS:
+                continue
+            k = c.kind
+            need(c.failed == 0, f"{k}: {c.failed} failed call(s) ({STOCK_TARGET} 0): {'; '.join(c.errors)}")
+            need(
+                c.longest_call_s <= STOCK_TARGET_LONGEST_CALL,
+                f"{k}: a call took {c.longest_call_s:.2f} s ({STOCK_TARGET} ≤ {STOCK_TARGET_LONGEST_CALL:g} s)",
+            )
+            need(
+                c.inexact == 0,
+                f"{k}: {c.inexact} of {c.sessions} session(s) whose counter is not the increments acknowledged "
+                f"({STOCK_TARGET} exact): (final, acknowledged) {c.counters}",
+            )
 
     r = report.resilient
     need(r.failed == 0, f"resilient: {r.failed} failed call(s) (target 0): {'; '.join(r.errors)}")
@@ -825,6 +1283,8 @@ class LiveView:
             table.add_column(column, justify="right" if column != "client" else "left")
         for kind in KINDS:
             runs = [r for r in s.runs if r.kind == kind]
+            if not runs:
+                continue
             calls = sum(len(r.calls) for r in runs)
             failed = sum(r.failed for r in runs)
             table.add_row(
@@ -863,6 +1323,7 @@ def results_section(reports: list[ScenarioReport]) -> Section:
         "final / acked",
         "lost",
         "dup",
+        "sessions\nexact",
         "targets",
     ]
     rows = []
@@ -886,6 +1347,7 @@ def results_section(reports: list[ScenarioReport]) -> Section:
                     f"{'?' if c.final is None else c.final} / {c.acknowledged}",
                     str(c.lost),
                     str(c.duplicated),
+                    f"{c.sessions - c.inexact}/{c.sessions}",
                     "met" if not mine else f"{len(mine)} missed",
                 ]
             )
@@ -894,7 +1356,8 @@ def results_section(reports: list[ScenarioReport]) -> Section:
             rows.append(["", "", "stack", *[""] * (len(columns) - 4), f"{len(stack_missed)} missed"])
     caption = (
         "in flight at fault: plain calls under way at the fault instant, on any replica. "
-        "marked down: seconds until HAProxy took the (first) faulted replica out."
+        "marked down: seconds until HAProxy took the (first) faulted replica out. "
+        "sessions exact: sessions whose final counter is exactly the increments acknowledged."
     )
     return Section("Failover benchmark", columns, rows, caption, left=("scenario", "faulted", "client", "targets"))
 
@@ -909,17 +1372,24 @@ def markdown_report(reports: list[ScenarioReport]) -> str:
         f", REDIS_WAIT_REPLICAS={first.wait_replicas}" if first.redis_mode == "sentinel" else ""
     )
     setup = (
-        f"{first.sessions} sessions of each kind of client ({', '.join(KINDS)}) through HAProxy, each calling "
-        f"increment_counter in a loop; Redis: {redis}. Plain and sessionless calls time out after "
-        f"{PLAIN_CALL_TIMEOUT:g} s; ResilientClient: "
+        f"{first.sessions} sessions of each kind of client ({', '.join(c.kind for c in first.clients)}) through "
+        f"HAProxy, each calling increment_counter in a loop; Redis: {redis}. Plain and sessionless calls time "
+        f"out after {PLAIN_CALL_TIMEOUT:g} s; ResilientClient: "
         + ", ".join(f"{k} {v:g}" for k, v in RESILIENT_SETTINGS.items())
-        + "."
+        + (
+            f"; the other stock clients keep their defaults, a call of theirs with no outcome after "
+            f"{STOCK_CALL_BOUND + GUARD_SLACK_SECONDS:g} s is counted failed."
+            if any(c.kind in EXTRA_KINDS for c in first.clients)
+            else "."
+        )
     )
     bounds = (
         f"Targets: a resilient call takes at most {TARGET_LONGEST_CALL:g} s, no plain session stalls "
         f"{TARGET_STALL:g} s, HAProxy takes the faulted replica out within "
         + ", ".join(f"{v:g} s ({k})" for k, v in TARGET_MARK_DOWN.items())
-        + "; no acknowledged increment is lost and none applied twice (see check_targets)."
+        + "; no acknowledged increment is lost and none applied twice; through a kill, a stock client "
+        f"({', '.join(STOCK_KINDS)}) sees no failed call, none over {STOCK_TARGET_LONGEST_CALL:g} s, and "
+        "exact counters (see check_targets)."
     )
     missed = [m for r in reports for m in check_targets(r)]
     verdict = ["Every target met."] if not missed else ["Targets not met:", "", *(f"- {md_escape(m)}" for m in missed)]
@@ -943,6 +1413,7 @@ async def run_all(
     duration: float,
     fault_at: float,
     live: bool = True,
+    stock: bool = False,
 ) -> None:
     """Run each scenario in turn, adding its report to `reports` as soon as it is in."""
     for index, scenario in enumerate(scenarios, start=1):
@@ -950,7 +1421,7 @@ async def run_all(
         view = LiveView(status, index, len(scenarios))
         with Live(view, console=console, refresh_per_second=4, transient=True) if live else nullcontext():
             report = await run_scenario(
-                stack, scenario, sessions=sessions, duration=duration, fault_at=fault_at, status=status
+                stack, scenario, sessions=sessions, duration=duration, fault_at=fault_at, status=status, stock=stock
             )
         missed = check_targets(report)
         mark = "[green]✔[/green]" if not missed else "[red]✘[/red]"
@@ -969,6 +1440,10 @@ def report_json(reports: list[ScenarioReport]) -> dict:
             "resilient_client": RESILIENT_SETTINGS,
             "plain_call_timeout_s": PlainClient.bound,
             "sessionless_call_timeout_s": SessionlessClient.bound,
+            "stock_call_bound_s": STOCK_CALL_BOUND + GUARD_SLACK_SECONDS,
+            "stock_kinds": list(STOCK_KINDS),
+            "stock_longest_call_s": STOCK_TARGET_LONGEST_CALL,
+            "stock_target_scenarios": list(STOCK_TARGET_SCENARIOS),
         },
         "scenarios": scenarios,
         "ok": all(not s["targets_missed"] for s in scenarios),
@@ -978,17 +1453,24 @@ def report_json(reports: list[ScenarioReport]) -> dict:
 @click.command()
 @click.option(
     "--scenario",
-    type=click.Choice([*SCENARIOS, "all"]),
+    type=click.Choice([*SCENARIOS, BASELINE, "all"]),
     default="all",
     show_default=True,
-    help="Which fault to inject.",
+    help=f"Which fault to inject ({BASELINE}: the load alone; not part of all).",
 )
 @click.option(
     "--sessions",
     type=click.IntRange(1, 50),
     default=5,
     show_default=True,
-    help="Sessions of each kind of client: plain, ResilientClient and sessionless.",
+    help="Sessions of each kind of client.",
+)
+@click.option(
+    "--stock/--no-stock",
+    default=True,
+    show_default=True,
+    help="Also drive the stock SDK clients: the TypeScript SDK's (Node; make node-deps), the Python SDK's "
+    "ClientSession and FastMCP's Client in legacy mode.",
 )
 @click.option(
     "--duration",
@@ -1033,6 +1515,7 @@ def report_json(reports: list[ScenarioReport]) -> dict:
 def main(
     scenario: str,
     sessions: int,
+    stock: bool,
     duration: float,
     fault_at: float,
     json_path: Path | None,
@@ -1050,6 +1533,11 @@ def main(
     scenarios = list(SCENARIOS) if scenario == "all" else [scenario]
     if wait_replicas and redis_mode != "sentinel":
         raise click.UsageError("--wait-replicas 1 needs --redis sentinel: a lone Redis has no replica to wait for")
+    if stock and (why := node_client_missing()):
+        click.echo(
+            f"error: the TypeScript SDK client cannot run: {why}; or leave the stock clients out: --no-stock", err=True
+        )
+        sys.exit(2)
     state_dir: Path | None = None
     stack: Stack | None = None
     try:
@@ -1080,6 +1568,7 @@ def main(
                 duration=duration,
                 fault_at=fault_at,
                 live=console.is_terminal,
+                stock=stock,
             )
         )
     except StackError as exc:
