@@ -58,7 +58,7 @@ from session_store import LimitExceeded, SessionStore, StoreUnavailable, is_sess
 
 from . import _sdk
 from .principals import client_of, owned_by, owner, refused_by_auth
-from .streams import SessionEvents, resumes_stream
+from .streams import SessionEvents
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,9 @@ class AdoptSessions:
                 if not _sdk.holds(manager, session_id):
                     return await Response(status_code=200)(scope, receive, send)
             elif not _sdk.holds(manager, session_id) or session_id in self.ownership.stale:
-                if not await self._adopt(manager, session_id, scope, take_over=not resumes_stream(scope)):
+                # A GET only reads (a resumed stream, or the stream of server notifications): it takes
+                # nothing over, so a client's GET reconnecting elsewhere never fences its own call.
+                if not await self._adopt(manager, session_id, scope, take_over=scope["method"] != "GET"):
                     return await SESSION_NOT_FOUND(scope, receive, send)
             elif _sdk.refuses(manager, session_id, scope.get("user")):
                 # Another principal's session held here: the SDK would answer the same 404 without
