@@ -77,7 +77,7 @@ import logging
 from collections.abc import Callable
 from functools import partial
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import fastmcp.server.sessions as fastmcp_sessions
@@ -274,8 +274,9 @@ def bind_event_store(manager: StreamableHTTPSessionManager, session_id: str, eve
     # adds a method and `_unstreamed`, so it can change under a live transport.
     transport = manager._server_instances[session_id]
     transport.__class__ = JsonFirstTransport
-    transport._unstreamed = {}
-    transport._event_store = _Unstreamed(event_store, transport._unstreamed)
+    json_first = cast(JsonFirstTransport, transport)
+    json_first._unstreamed = {}
+    json_first._event_store = _Unstreamed(event_store, json_first._unstreamed)
 
 
 async def adopt(

@@ -37,11 +37,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+import fastmcp
 import uvicorn
 from fastmcp import Context, FastMCP
 from fastmcp.server.auth import TokenVerifier
@@ -122,7 +124,8 @@ class HighAvailability:
         self.drain = Drain()
         self.bus = StoreBus(self.store)
         # This replica's lease: a call it streams is run again elsewhere once the lease lapses (streams.py).
-        self.runs = Runs(self.store, settings.instance_id)
+        # Unmetered: renewing it twice a second is the replica's own work, not any request's.
+        self.runs = Runs(store, settings.instance_id)
         self.auth: TokenVerifier | None = None
         if settings.auth != "none":
             from .auth import make_verifier
@@ -151,7 +154,12 @@ class HighAvailability:
 
     def server(self, name: str, **options: Any) -> FastMCP:
         """A FastMCP server for `http_app`: this replica's auth, error details masked, and 2026-07-28
-        request state sealed so that any replica opens it (`request_state.py`). `options` go to FastMCP."""
+        request state sealed so that any replica opens it (`request_state.py`). `options` go to FastMCP.
+
+        FastMCP's OpenTelemetry spans are off unless FASTMCP_TELEMETRY_MODE says otherwise: with no
+        exporter they go nowhere, and they cost ~8% of a replica's CPU per call (issue 16's profile)."""
+        if "FASTMCP_TELEMETRY_MODE" not in os.environ:
+            fastmcp.settings.telemetry_mode = "off"
         mcp = FastMCP(
             name,
             auth=self.auth,

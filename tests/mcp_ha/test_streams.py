@@ -263,3 +263,39 @@ async def test_resuming_while_the_store_is_unreachable_is_503(
     assert status == 503 and jsonrpc_error(body) == UNAVAILABLE
     # A malformed id needs no store to be refused.
     assert (await resume_status_and_body(session, "x"))[0] == 400
+
+
+async def test_a_2026_client_whose_streaming_call_loses_its_replica_is_told_at_once(
+    healed_stack: Stack, mcp_url: str
+) -> None:
+    """2026-07-28 has no stream resumption: a kill -9 of the replica streaming a call closes the client's
+    connection within 3 s, so a client that retries can do so, instead of waiting out its timeout."""
+    from fastmcp import Client
+
+    running_on: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def on_log(message) -> None:
+        text = message.data["msg"] if isinstance(message.data, dict) else str(message.data)
+        if "Starting analysis" in text and not running_on.done():
+            running_on.set_result(text.rsplit(" ", 1)[-1])
+
+    async with Client(mcp_url, timeout=60, log_handler=on_log) as client:
+        handle = (await client.call_tool("create_session", {})).data["session_id"]
+        call = asyncio.create_task(
+            client.call_tool("analyze_data", {"num_items": 400, "session_id": handle}, raise_on_error=False)
+        )
+        async with asyncio.timeout(10):
+            replica = await running_on
+        healed_stack.signal(replica, signal.SIGKILL)
+        killed_at = time.monotonic()
+        outcome: object = None
+        try:
+            async with asyncio.timeout(10):
+                outcome = await call
+        except TimeoutError:
+            outcome = "no answer within 10 s"
+        except Exception as exc:  # the connection closed under the call: what the client should see
+            outcome = exc
+        told_after = time.monotonic() - killed_at
+        assert isinstance(outcome, Exception) or getattr(outcome, "is_error", False), outcome
+        assert told_after <= 3.0, f"told after {told_after:.2f} s: {outcome!r}"
