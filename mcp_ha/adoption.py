@@ -13,11 +13,14 @@ Here, instead:
    the adoption cannot apply it (the store refuses: `Fenced`);
 3. an id the store does not know still gets 404, and `DELETE` ends the session
    everywhere: its record goes, and nobody adopts it afterwards;
-4. a request that only resumes a stream (`GET` with `Last-Event-ID`,
-   `streams.py`) takes nothing over: a replica that does not hold
-   the session serves it from its record without advancing the epoch, so the
-   owner's call in flight is not fenced off and the resumed stream delivers
-   its result. The next request that may write adopts the session as usual.
+4. a `GET` only reads (a resumed stream, `GET` with `Last-Event-ID`,
+   `streams.py`; or the stream of server notifications) and takes nothing
+   over: a replica that does not hold the session serves it from its record
+   without advancing the epoch, so the owner's call in flight is not fenced
+   off, and the resumed stream delivers its result. (A client's notification
+   stream that reconnects to another replica in a failover would otherwise
+   adopt the session there and fence its own call, re-sent elsewhere.) The
+   next request that may write adopts the session as usual.
 
 With authentication on (`principals.py`), a session belongs to the principal that
 opened it: the record names its `owner`, adoption and `DELETE` refuse anyone

@@ -321,6 +321,7 @@ class SessionEvents(EventStore):
         cursor = last_event_id
         quiet_since = anyio.current_time()
         checked = quiet_since - RUNNER_CHECK_SECONDS  # a quiet call's runner is asked about at once
+        call: dict[str, Any] | None = None  # what the stream's call record says, once read
         while True:
             if woken is not None:
                 woken.clear()  # before the read: an event added after it wakes the wait below
@@ -346,10 +347,11 @@ class SessionEvents(EventStore):
                 quiet_since = now
             elif watched and now - checked >= RUNNER_CHECK_SECONDS:
                 checked = now
-                if await self._runner_gone(stream_id, send_callback):
+                call = call or await self._call_of(stream_id)
+                if call is not None and await self._runner_gone(stream_id, call, send_callback):
                     return None
-            elif not watched and now - quiet_since >= self.idle_seconds:
-                return None
+            if not events and call is None and now - quiet_since >= self.idle_seconds:
+                return None  # nobody can tell whether the call still runs: its client may resume again
             if woken is None:
                 await anyio.sleep(self.poll_seconds)
                 continue
@@ -357,7 +359,17 @@ class SessionEvents(EventStore):
             with anyio.move_on_after(max(0.0, min(FALLBACK_POLL_SECONDS, left))):
                 await woken.wait()
 
-    async def _runner_gone(self, run: str, send_callback: EventCallback) -> bool:
+    async def _call_of(self, run: str) -> dict[str, Any] | None:
+        """The record of the call streamed as `run`; None when there is none (the store was out when it
+        started, or it expired): such a stream ends after a quiet `idle_seconds`, as an unwatched one."""
+        try:
+            text = await self.store.claimed(f"call:{self.session_id}:{run}")
+        except StoreUnavailable as exc:
+            log.warning("call record of %s in session %s not read: %s", run, self.session_id, exc)
+            return None
+        return None if text is None else json.loads(text)
+
+    async def _runner_gone(self, run: str, call: dict[str, Any], send_callback: EventCallback) -> bool:
         """Whether the call streamed as `run` has ended here: its runner is gone, and it cannot run again.
 
         Its runner alive: nothing to do. Gone: this replica claims the re-run, and runs the call again
@@ -367,10 +379,6 @@ class SessionEvents(EventStore):
         assert self.runs is not None
         call_name = f"{self.session_id}:{run}"
         try:
-            text = await self.store.claimed(f"call:{call_name}")
-            if text is None:
-                return False  # not recorded (the store was out): the idle bound of an unwatched stream
-            call = json.loads(text)
             runner = await self.runs.runner_of(call_name, call["runner"])
             if await self.runs.alive(runner):
                 return False
