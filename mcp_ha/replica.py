@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -158,7 +157,7 @@ class HighAvailability:
 
         FastMCP's OpenTelemetry spans are off unless FASTMCP_TELEMETRY_MODE says otherwise: with no
         exporter they go nowhere, and they cost ~8% of a replica's CPU per call (issue 16's profile)."""
-        if "FASTMCP_TELEMETRY_MODE" not in os.environ:
+        if self.settings.fastmcp_telemetry_mode is None:
             fastmcp.settings.telemetry_mode = "off"
         mcp = FastMCP(
             name,

@@ -86,6 +86,9 @@ class Settings:
     # Streams being resumed (GET with Last-Event-ID) at once: per session, and on one replica.
     max_replays_per_session: int = field(default=8, metadata={"env": "MAX_REPLAYS_PER_SESSION"})
     max_replays: int = field(default=256, metadata={"env": "MAX_REPLAYS"})
+    # FastMCP's own variable, read here so the layer reads the environment in one place: unset, the kit
+    # turns FastMCP's OpenTelemetry spans off (replica.py).
+    fastmcp_telemetry_mode: str | None = field(default=None, metadata={"env": "FASTMCP_TELEMETRY_MODE"})
     # The SSE `retry:` field: how soon a client whose stream broke reconnects to resume it, in ms.
     sse_retry_ms: int = field(default=1000, metadata={"env": "SSE_RETRY_MS"})
 

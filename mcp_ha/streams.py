@@ -449,7 +449,7 @@ class CheckResumption:
         # Replays running here, per session (a Counter drops none by itself: `_done` does).
         self._running: Counter[str] = Counter()
         self._total = 0
-        # Calls run again here, whose replica died (SessionEvents._runner_gone), until they end.
+        # Calls run again here, whose replica died (see SessionEvents), until they end.
         self._reruns: set[asyncio.Task[None]] = set()
 
     async def _rerun(self, scope: Scope, stream: str, request: dict[str, Any], key: str | None) -> None:

@@ -124,14 +124,14 @@ async def test_resume_session_is_counted_only_when_it_copied_state(
 
 async def test_a_resumed_stream_is_counted(stack: Stack, raw: RawSession, http: httpx2.AsyncClient) -> None:
     replica = (await raw.call("get_counter"))["instance"]
-    response = await raw.post("tools/call", {"name": "increment_counter", "arguments": {}})
-    priming = next(line[3:].strip() for line in response.text.splitlines() if line.startswith("id:"))
+    # A call with something to stream (one that streams nothing is answered as JSON, and kept nowhere).
+    response = await raw.post("tools/call", {"name": "analyze_data", "arguments": {"num_items": 0}})
+    first = next(line[3:].strip() for line in response.text.splitlines() if line.startswith("id:"))
     before, _ = await scrape(http, replica_metrics(stack, replica))
-    async with raw.resume(priming) as stream:
+    async with raw.resume(first) as stream:
         assert stream.response.status_code == 200
-        assert [event.message["result"]["structuredContent"]["counter"] async for event in stream if event.message] == [
-            1
-        ]
+        messages = [event.message async for event in stream if event.message]
+        assert messages[-1]["result"]["structuredContent"]["items_processed"] == 0
     async with raw.resume("1-1.00000000") as stream:  # no such event: 404, not counted
         assert stream.response.status_code == 404
     after, _ = await scrape(http, replica_metrics(stack, replica))
