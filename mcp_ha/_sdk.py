@@ -115,7 +115,7 @@ from mcp_types import (
 )
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -207,9 +207,11 @@ class JsonFirstTransport(StreamableHTTPServerTransport):
         if not self.is_json_response_enabled and writer is not None and all(check_accept_headers(request)):
             if self._check_content_type(request):
                 try:
-                    message = jsonrpc_message_adapter.validate_python(
-                        pydantic_core.from_json(await request.body()), by_name=False
-                    )
+                    body = await request.body()
+                except ClientDisconnect:
+                    return  # the client left before its request arrived: nothing to run, nobody to answer
+                try:
+                    message = jsonrpc_message_adapter.validate_python(pydantic_core.from_json(body), by_name=False)
                 except ValueError:  # not JSON-RPC (pydantic's ValidationError is one): the SDK answers it
                     message = None
         if not isinstance(message, JSONRPCRequest) or message.method == "initialize" or writer is None:
