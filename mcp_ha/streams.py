@@ -71,7 +71,15 @@ from typing import Any
 
 import anyio
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
-from mcp_types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCMessage, JSONRPCRequest, JSONRPCResponse
+from mcp_types import (
+    INTERNAL_ERROR,
+    ErrorData,
+    JSONRPCError,
+    JSONRPCMessage,
+    JSONRPCNotification,
+    JSONRPCRequest,
+    JSONRPCResponse,
+)
 from pydantic import TypeAdapter
 from starlette.datastructures import Headers
 from starlette.requests import Request
@@ -99,7 +107,7 @@ MAX_STREAM_ID_BYTES = 256
 # A waiting replay's check of the store when no word came: only in case the word was lost.
 FALLBACK_POLL_SECONDS = 5.0
 # How often a replay with nothing new asks whether the replica running its call still lives.
-RUNNER_CHECK_SECONDS = 0.5
+RUNNER_CHECK_SECONDS = 0.25
 # A call's stream in the log is "<request id>~<token>": one per run, however its client reuses ids.
 STREAM_MARK = "~"
 # The largest request kept to re-run a call whose replica died (a larger one ends in an error instead).
@@ -121,7 +129,9 @@ class Runs:
     another replica knows, within `ttl_seconds`, that nobody will finish them, and runs them again.
     """
 
-    def __init__(self, store: SessionStore, instance: str, *, ttl_seconds: int = 2, renew_seconds: float = 0.5):
+    # A lease lapses a second after its last renewal: a replica whose loop stalls that long (four renewals
+    # missed) is taken for gone, and a call it streams may run twice, its writes applied once (same key).
+    def __init__(self, store: SessionStore, instance: str, *, ttl_seconds: int = 1, renew_seconds: float = 0.25):
         self.store = store
         # A restarted replica is another run: the calls of the one before are not its to finish.
         self.run_id = f"{instance}/{secrets.token_hex(6)}"
@@ -148,6 +158,21 @@ class Runs:
                 return runner
             runner = after
         return runner
+
+
+def _progress_repeated(message: JSONRPCMessage, progressed: dict[Any, float]) -> bool:
+    """Whether `message` is a progress notification at or below what its token already reported; else
+    notes it. A call run again (its replica died) reports its progress from the start once more."""
+    if not isinstance(message, JSONRPCNotification) or message.method != "notifications/progress":
+        return False
+    params = message.params or {}
+    token, progress = params.get("progressToken"), params.get("progress")
+    if not isinstance(progress, int | float) or isinstance(token, dict | list):
+        return False
+    if token in progressed and progress <= progressed[token]:
+        return True
+    progressed[token] = progress
+    return False
 
 
 def _answers(message: JSONRPCMessage, stream_id: str) -> bool:
@@ -260,7 +285,14 @@ class SessionEvents(EventStore):
         if stream is not None:
             return  # the re-run's replica claimed it (Runs.runner_of) before it began
         text = request.model_dump_json(by_alias=True, exclude_unset=True)
+        try:
+            # A place before the stream's first message, from which a replay can read the whole of it.
+            first = await self.store.add_event(self.session_id, run, None)
+        except StoreUnavailable as exc:
+            log.warning("call %s of session %s not recorded for re-running: %s", stream_id, self.session_id, exc)
+            return
         call = {
+            "first": first,
             "runner": self.runs.run_id,
             "id": request.id,
             "request": json.loads(text) if len(text) <= MAX_RERUN_REQUEST_BYTES else None,
@@ -322,6 +354,7 @@ class SessionEvents(EventStore):
         quiet_since = anyio.current_time()
         checked = quiet_since - RUNNER_CHECK_SECONDS  # a quiet call's runner is asked about at once
         call: dict[str, Any] | None = None  # what the stream's call record says, once read
+        progressed: dict[Any, float] = {}  # each progress token's latest progress sent
         while True:
             if woken is not None:
                 woken.clear()  # before the read: an event added after it wakes the wait below
@@ -338,6 +371,8 @@ class SessionEvents(EventStore):
                 if text is None:
                     continue  # a priming event: a place to resume from, nothing to send
                 message = _messages.validate_json(text)
+                if _progress_repeated(message, progressed):
+                    continue  # a re-run's progress, up to where its first run had got: it only ever rises
                 await send_callback(EventMessage(message, event_id))
                 if _answers(message, stream_id):
                     return None  # the call's answer: the stream is complete
@@ -347,7 +382,8 @@ class SessionEvents(EventStore):
                 quiet_since = now
             elif watched and now - checked >= RUNNER_CHECK_SECONDS:
                 checked = now
-                call = call or await self._call_of(stream_id)
+                if call is None and (call := await self._call_of(stream_id)) is not None:
+                    await self._progress_so_far(call, progressed)
                 if call is not None and await self._runner_gone(stream_id, call, send_callback):
                     return None
             if not events and call is None and now - quiet_since >= self.idle_seconds:
@@ -368,6 +404,17 @@ class SessionEvents(EventStore):
             log.warning("call record of %s in session %s not read: %s", run, self.session_id, exc)
             return None
         return None if text is None else json.loads(text)
+
+    async def _progress_so_far(self, call: dict[str, Any], progressed: dict[Any, float]) -> None:
+        """Note the progress the call's stream has reported so far, before as well as after the event
+        the client resumed from: a re-run reports from the start again, and that must not reach it."""
+        try:
+            found = await self.store.events_after(self.session_id, call.get("first", ""))
+        except StoreUnavailable:
+            return
+        for _, text in found[1] if found is not None else ():
+            if text is not None:
+                _progress_repeated(_messages.validate_json(text), progressed)
 
     async def _runner_gone(self, run: str, call: dict[str, Any], send_callback: EventCallback) -> bool:
         """Whether the call streamed as `run` has ended here: its runner is gone, and it cannot run again.
