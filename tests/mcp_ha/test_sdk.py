@@ -227,10 +227,11 @@ async def stored_after_first(store: InMemorySessionStore, session_id: str, respo
     return stream_id, [json.loads(message) for _, message in events]
 
 
-async def test_an_event_store_bound_to_a_live_session_keeps_its_events_and_replays_them(probe_server) -> None:
-    """bind_event_store sets the transport's private `_event_store` after the SDK created it."""
-    url, app = probe_server
-    manager = sdk_sessions.session_manager(app, "/mcp")
+async def session_bound_to(
+    store: InMemorySessionStore, http: httpx2.AsyncClient, url: str, app: object
+) -> tuple[str, dict[str, str]]:
+    """A session opened on the probe server, its transport bound to an event store over `store`
+    (bind_event_store); its id, and the headers a request on it carries."""
     headers = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": PROTOCOL}
     initialize = {
         "jsonrpc": "2.0",
@@ -238,12 +239,19 @@ async def test_an_event_store_bound_to_a_live_session_keeps_its_events_and_repla
         "method": "initialize",
         "params": {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
     }
+    session_id = (await http.post(url, headers=headers, json=initialize)).headers["mcp-session-id"]
+    manager = sdk_sessions.session_manager(app, "/mcp")
+    sdk_sessions.bind_event_store(manager, session_id, SessionEvents(store, session_id))
+    return session_id, {**headers, "mcp-session-id": session_id}
+
+
+async def test_an_event_store_bound_to_a_live_session_keeps_its_events_and_replays_them(probe_server) -> None:
+    """bind_event_store sets the transport's private `_event_store` after the SDK created it."""
+    url, app = probe_server
     call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "chatty", "arguments": {}}}
     async with httpx2.AsyncClient(timeout=10) as http:
-        session_id = (await http.post(url, headers=headers, json=initialize)).headers["mcp-session-id"]
-        headers["mcp-session-id"] = session_id
         store = InMemorySessionStore()
-        sdk_sessions.bind_event_store(manager, session_id, SessionEvents(store, session_id))
+        session_id, headers = await session_bound_to(store, http, url, app)
 
         response = await http.post(url, headers=headers, json=call)
         assert response.status_code == 200, response.text
@@ -259,17 +267,7 @@ async def test_an_event_store_bound_to_a_live_session_keeps_its_events_and_repla
 async def test_a_call_with_nothing_to_stream_is_answered_as_json_and_stores_nothing(probe_server) -> None:
     """bind_event_store makes the SDK's transport a JsonFirstTransport (its private _handle_post_request)."""
     url, app = probe_server
-    manager = sdk_sessions.session_manager(app, "/mcp")
-    headers = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": PROTOCOL}
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
-    }
     async with httpx2.AsyncClient(timeout=10) as http:
-        session_id = (await http.post(url, headers=headers, json=initialize)).headers["mcp-session-id"]
-        headers["mcp-session-id"] = session_id
         store = InMemorySessionStore()
         added: list[tuple] = []
         add_event = store.add_event
@@ -279,7 +277,7 @@ async def test_a_call_with_nothing_to_stream_is_answered_as_json_and_stores_noth
             return await add_event(*args)
 
         store.add_event = counting  # type: ignore[method-assign]
-        sdk_sessions.bind_event_store(manager, session_id, SessionEvents(store, session_id))
+        session_id, headers = await session_bound_to(store, http, url, app)
         quiet = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "whoami", "arguments": {}}}
         response = await http.post(url, headers=headers, json=quiet)
         assert response.status_code == 200, response.text

@@ -21,31 +21,12 @@
 // Exit status: 0 when it got that far, 1 with a message on stderr otherwise (2: usage).
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { errorText as describe, failer, line, sleep, structured } from './common.mjs';
+
+const fail = failer('streaming_call_client.mjs');
+const errorText = error => describe(error, 500);
 
 const CLOSE_BOUND_MS = 5000;
-
-function line(obj) {
-    process.stdout.write(JSON.stringify(obj) + '\n');
-}
-
-function fail(message, code = 1) {
-    process.stderr.write(`streaming_call_client.mjs: ${message}\n`);
-    process.exit(code);
-}
-
-const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
-const errorText = error => `${error?.name ?? 'Error'}: ${error?.message ?? String(error)}`.slice(0, 500);
-
-function structured(result, tool) {
-    if (result.isError) {
-        const text = result.content?.find(block => block.type === 'text')?.text ?? JSON.stringify(result.content);
-        throw new Error(`${tool} answered isError: ${text}`);
-    }
-    if (result.structuredContent && typeof result.structuredContent === 'object') return result.structuredContent;
-    const text = result.content?.find(block => block.type === 'text')?.text;
-    if (text === undefined) throw new Error(`${tool} returned no structured result`);
-    return JSON.parse(text);
-}
 
 async function main(url, items) {
     const client = new Client({ name: 'streaming-failover-ts-sdk', version: '0.0.0' });
