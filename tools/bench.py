@@ -24,6 +24,11 @@ Sections, each in one run:
                  its redis-server, three `fastmcp run` replicas, its
                  haproxy.cfg on loopback ports). The setups take turns in short
                  rounds, so drift in the machine's load hits each alike.
+                 Redis round trips (FCALLs) and commands per MCP call through
+                 HAProxy: Redis's INFO commandstats sampled right before and
+                 after each of those rounds only, less what Redis runs with no
+                 calls (leases, health checks), measured over one round's
+                 length before the rounds.
     proxy hop    one session, through HAProxy and directly, interleaved: the
                  difference of the medians is what the hop costs.
     scale        one session's latency with 0, 10,000 and 100,000 sessions in
@@ -298,6 +303,7 @@ class Setup:
     clients: list[Client]
     http: httpx2.AsyncClient | None  # None: clients that speak no HTTP
     samples: Samples = field(default_factory=Samples)
+    redis: RedisWatch | None = None  # Redis's command counters, sampled right around each measured round
 
 
 def parse_mix(text: str) -> list[tuple[str, int]]:
@@ -340,11 +346,18 @@ async def drive(client: Client, tools: itertools.cycle, seconds: float, samples:
 
 
 async def run_round(setup: Setup, mix: list[tuple[str, int]], seconds: float, *, measure: bool = True) -> None:
+    watch = setup.redis if measure else None
+    before = await watch.sample() if watch is not None else None
+    made = len(setup.samples.latencies) + setup.samples.errors
     started = time.perf_counter()
     samples = setup.samples if measure else None
     await asyncio.gather(*(drive(c, tool_cycle(mix, i), seconds, samples) for i, c in enumerate(setup.clients)))
+    elapsed = time.perf_counter() - started
     if measure:
-        setup.samples.seconds += time.perf_counter() - started
+        setup.samples.seconds += elapsed
+    if watch is not None and before is not None:
+        calls = len(setup.samples.latencies) + setup.samples.errors - made
+        watch.rounds.add(before, await watch.sample(), elapsed, calls)
 
 
 def new_http(sessions: int) -> httpx2.AsyncClient:
@@ -455,6 +468,114 @@ def delete_keys(redis: StackConfig, keys: list[str]) -> None:
 
 def fill(redis: StackConfig, script: str, count: int, marker: str) -> None:
     redis_cli(redis, "EVAL", script, "2", "mcp:session:", "mcp:sessions", str(count), marker)
+
+
+# -- Redis round trips and commands per MCP call: INFO commandstats around one setup's rounds -----
+
+# One round trip each: a call of a function of the kit's library (every store operation is one FCALL),
+# or of a script (EVALSHA/EVAL, as other versions ran them). What they run inside counts in commandstats too.
+ROUND_TRIP_COMMANDS = frozenset({"fcall", "fcall_ro", "evalsha", "evalsha_ro", "eval", "eval_ro"})
+
+
+def parse_commandstats(text: str) -> Counter[str]:
+    """`INFO commandstats` as calls per command: `cmdstat_hset:calls=3,usec=9,...` gives {"hset": 3}
+    (a subcommand keeps its name, e.g. "client|setinfo"); other lines are skipped."""
+    calls: Counter[str] = Counter()
+    for line in text.splitlines():
+        name, sep, fields = line.strip().partition(":")
+        if not sep or not name.startswith("cmdstat_"):
+            continue
+        for item in fields.split(","):
+            key, _, value = item.partition("=")
+            if key == "calls":
+                calls[name.removeprefix("cmdstat_")] = int(value)
+    return calls
+
+
+@dataclass
+class Tally:
+    """What Redis ran over some windows, by command, with the windows' seconds and the MCP calls made in them."""
+
+    commands: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+    calls: int = 0
+    windows: int = 0
+    dropped: int = 0  # windows whose counters went back (CONFIG RESETSTAT): not counted, nor their calls
+
+    def add(self, before: Counter[str], after: Counter[str], seconds: float, calls: int = 0) -> None:
+        delta = {name: after[name] - before[name] for name in after.keys() | before.keys()}
+        if any(n < 0 for n in delta.values()):
+            self.dropped += 1
+            return
+        self.commands.update(delta)
+        self.seconds += seconds
+        self.calls += calls
+        self.windows += 1
+
+
+@dataclass
+class RedisWatch:
+    """The stack's Redis's `INFO commandstats` (as the admin), sampled right before and after each measured
+    round of one setup (run_round): the rounds of the setups interleaved with it, some on the same Redis
+    (direct, the floor), fall outside. An idle window first gives what Redis runs with no calls at all."""
+
+    redis: StackConfig
+    rounds: Tally = field(default_factory=Tally)
+    idle: Tally = field(default_factory=Tally)
+
+    async def sample(self) -> Counter[str]:
+        return parse_commandstats(await asyncio.to_thread(redis_cli, self.redis, "INFO", "commandstats"))
+
+    async def measure_idle(self, seconds: float) -> None:
+        """No calls for `seconds`, sampled like a round: each replica's lease renewals, the health checks
+        of the kit's and the floor's HAProxy, the sampling itself."""
+        before = await self.sample()
+        started = time.perf_counter()
+        await asyncio.sleep(seconds)
+        elapsed = time.perf_counter() - started
+        self.idle.add(before, await self.sample(), elapsed)
+
+
+def redis_per_call(rounds: Tally, idle: Tally) -> dict:
+    """Redis round trips and commands per MCP call over `rounds`, less what Redis ran at rest: `idle`'s
+    commands at its rate over the rounds' seconds (with an idle window one round long, that is one such
+    window per round, the sampling's own AUTH and INFO included). No idle window: nothing subtracted."""
+    scale = rounds.seconds / idle.seconds if idle.seconds else 0.0
+    net = {
+        name: rounds.commands[name] - scale * idle.commands[name]
+        for name in rounds.commands.keys() | idle.commands.keys()
+    }
+
+    def trips(commands: Counter[str] | dict[str, float]) -> float:
+        return sum(n for name, n in commands.items() if name in ROUND_TRIP_COMMANDS)
+
+    def per_call(n: float) -> float | None:
+        return round(n / rounds.calls, 3) if rounds.calls else None
+
+    by_command = {
+        name: per_call(n)
+        for name, n in sorted(net.items(), key=lambda kv: (-kv[1], kv[0]))
+        if rounds.calls and abs(n) / rounds.calls >= 0.005
+    }
+    return {
+        "redis_round_trips_per_call": per_call(trips(net)),
+        "redis_commands_per_call": per_call(sum(net.values())),
+        "redis_per_call": {
+            "mcp_calls": rounds.calls,
+            "rounds": rounds.windows,
+            "rounds_dropped": rounds.dropped,
+            "seconds": round(rounds.seconds, 3),
+            "round_trips": trips(rounds.commands),
+            "commands": sum(rounds.commands.values()),
+            "idle_seconds": round(idle.seconds, 3),
+            "idle_round_trips": trips(idle.commands),
+            "idle_commands": sum(idle.commands.values()),
+            "subtracted_round_trips": round(scale * trips(idle.commands), 1),
+            "subtracted_commands": round(scale * sum(idle.commands.values()), 1),
+            "idle_subtracted": bool(idle.seconds),
+            "commands_per_call": by_command,
+        },
+    }
 
 
 # -- the floor: tools.bench_floor replicas behind the kit's own haproxy.cfg ----------------
@@ -603,6 +724,7 @@ class Plan:
         wait_rounds, wait_seconds = self.durability
         return (
             setups * self.duration
+            + self.round_seconds  # the throughput section's idle window (RedisWatch)
             + 2 * rounds * seconds
             + (len(self.scale_levels) + 1) * self.scale_seconds
             + 2 * wait_rounds * wait_seconds
@@ -629,6 +751,11 @@ async def section_throughput(
         if reference_url:
             setups.append(await open_setup("reference", reference_url, SessionClient, plan.sessions))
             await probe_tools(setups[-1], plan.mix)
+        # Redis per call: only the kit's own rounds through HAProxy are counted, less Redis at rest.
+        watch = setups[0].redis = RedisWatch(stack.config)
+        progress.update(task, description="throughput: Redis with no calls, for one round's length")
+        await watch.measure_idle(plan.round_seconds)
+        progress.advance(task, plan.round_seconds)
         await interleave(setups, plan.mix, plan.rounds, plan.round_seconds, progress, task, "throughput")
     finally:
         for setup in setups:
@@ -651,7 +778,7 @@ async def section_throughput(
         ratios["haproxy_vs_reference_p50"] = _ratio(h["p50_ms"], r["p50_ms"])
         ratios["haproxy_vs_reference_p99"] = _ratio(h["p99_ms"], r["p99_ms"])
         ratios["reference_vs_floor_throughput"] = _ratio(r["calls_per_s"], f["calls_per_s"])
-    return {"setups": out, "ratios": ratios, "_latencies": latencies}
+    return {"setups": out, "ratios": ratios, **redis_per_call(watch.rounds, watch.idle), "_latencies": latencies}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -990,12 +1117,15 @@ def sections(report: dict) -> list[Section]:
         ]
         for name, s in report["throughput"]["setups"].items()
     ]
+    caption = "  ".join(f"{k} {v}" for k, v in report["throughput"]["ratios"].items())
+    if "redis_per_call" in report["throughput"]:
+        caption += "\n" + redis_line(report["throughput"])
     out.append(
         Section(
             f"Throughput: {c['sessions']} sessions, mix {c['mix']}, {c['generation']} clients",
             ["setup", "calls", "errors", "calls/s", "p50 ms", "p95 ms", "p99 ms", "answered by"],
             rows,
-            "  ".join(f"{k} {v}" for k, v in report["throughput"]["ratios"].items()),
+            caption,
             left=("setup", "answered by"),
         )
     )
@@ -1092,6 +1222,25 @@ def sections(report: dict) -> list[Section]:
         )
     )
     return out
+
+
+def redis_line(throughput: dict) -> str:
+    """One line: the haproxy setup's Redis round trips and commands per MCP call (redis_per_call)."""
+    rt, cmds, d = (
+        throughput["redis_round_trips_per_call"],
+        throughput["redis_commands_per_call"],
+        throughput["redis_per_call"],
+    )
+    at_rest = (
+        f"less Redis at rest ({d['subtracted_commands']:g} commands, {d['subtracted_round_trips']:g} round trips "
+        f"at its rate over {d['idle_seconds']:.1f} s with no calls)"
+        if d["idle_subtracted"]
+        else "Redis at rest included (leases, health checks)"
+    )
+    return (
+        f"Redis per MCP call through HAProxy: {_ratio_text(rt)} round trips (FCALL), {_ratio_text(cmds, 1)} "
+        f"commands (INFO commandstats around the {d['rounds']} haproxy rounds, {d['mcp_calls']} calls; {at_rest})"
+    )
 
 
 def _ratio_text(v: float | None, digits: int = 2) -> str:
@@ -1266,8 +1415,8 @@ def md_table(section: Section) -> str:
     lines.append("| " + " | ".join(md_escape(c.replace("\n", " ")) for c in section.columns) + " |")
     lines.append("|" + "|".join(":---" if c in section.left else "---:" for c in section.columns) + "|")
     lines += ["| " + " | ".join(md_escape(v.replace("\n", " ")) for v in row) + " |" for row in section.rows]
-    if section.caption:
-        lines += ["", md_escape(section.caption)]
+    for line in section.caption.split("\n") if section.caption else []:
+        lines += ["", md_escape(line)]  # a paragraph each
     return "\n".join(lines)
 
 

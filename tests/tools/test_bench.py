@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,12 @@ def test_every_section_is_there_with_sane_values(report: dict) -> None:
     assert len(setups["haproxy"]["instances"]) >= 2
     assert list(setups["direct"]["instances"]) == ["mcp-server-1"]
     assert set(report["throughput"]["ratios"]) >= {"haproxy_vs_floor_throughput", "haproxy_vs_direct_throughput"}
+    # Redis per call through HAProxy, only the haproxy rounds: increment_counter is one FCALL and its inner commands.
+    redis = report["throughput"]["redis_per_call"]
+    assert redis["mcp_calls"] == setups["haproxy"]["calls"] and redis["rounds"] == report["config"]["rounds"]
+    assert redis["idle_subtracted"] and redis["idle_round_trips"] > 0
+    assert 0.5 <= report["throughput"]["redis_round_trips_per_call"] <= 3
+    assert report["throughput"]["redis_commands_per_call"] > report["throughput"]["redis_round_trips_per_call"]
     sane(report["proxy_hop"]["haproxy"])
     sane(report["proxy_hop"]["direct"])
     assert report["proxy_hop"]["hop_p50_ms"] is not None
@@ -154,6 +161,7 @@ def test_markdown_replaces_only_what_lies_between_the_markers(run: dict) -> None
     assert any(
         line.startswith("| resident: mcp:session:\\<id> ") and line.endswith(f"| {resident:.0f} |") for line in lines
     ), inside
+    assert any(line.startswith("Redis per MCP call through HAProxy: ") for line in lines), inside
     targets = [line for line in lines[lines.index("| target | value | holds |") + 2 :] if line]
     assert len(targets) == 4 and all(line.endswith(("| holds |", "| missed |")) for line in targets), inside
 
@@ -185,6 +193,81 @@ def test_a_chart_without_matplotlib_says_what_to_install() -> None:
     assert done.returncode == 2, done.stdout + done.stderr
     assert "matplotlib" in done.stderr and "uv sync --group bench" in done.stderr
     assert "Traceback" not in done.stderr and "starting a stack" not in done.stdout
+
+
+# -- Redis round trips and commands per call (INFO commandstats) ---------------------------------------------
+
+# As `redis-cli INFO commandstats` prints it (Redis 7.0), two samples: 10 MCP calls, each one FCALL running
+# 17 commands inside it, and a lease renewal (an FCALL running 2), the sampler's own AUTH and INFO between.
+COMMANDSTATS_BEFORE = """# Commandstats
+cmdstat_fcall:calls=100,usec=900,usec_per_call=9.00,rejected_calls=0,failed_calls=0
+cmdstat_hset:calls=700,usec=700,usec_per_call=1.00,rejected_calls=0,failed_calls=0
+cmdstat_client|setinfo:calls=6,usec=6,usec_per_call=1.00,rejected_calls=0,failed_calls=0
+cmdstat_info:calls=4,usec=160,usec_per_call=40.00,rejected_calls=0,failed_calls=0
+cmdstat_auth:calls=5,usec=10,usec_per_call=2.00,rejected_calls=0,failed_calls=0
+
+"""
+COMMANDSTATS_AFTER = """# Commandstats
+cmdstat_fcall:calls=111,usec=999,usec_per_call=9.00,rejected_calls=0,failed_calls=0
+cmdstat_hset:calls=802,usec=802,usec_per_call=1.00,rejected_calls=0,failed_calls=0
+cmdstat_expire:calls=70,usec=70,usec_per_call=1.00,rejected_calls=0,failed_calls=0
+cmdstat_client|setinfo:calls=6,usec=6,usec_per_call=1.00,rejected_calls=0,failed_calls=0
+cmdstat_info:calls=5,usec=200,usec_per_call=40.00,rejected_calls=0,failed_calls=0
+cmdstat_auth:calls=6,usec=12,usec_per_call=2.00,rejected_calls=0,failed_calls=0
+cmdstat_evalsha:calls=0,usec=0,usec_per_call=0.00,rejected_calls=0,failed_calls=0
+"""
+
+
+@pytest.mark.quick
+def test_commandstats_are_read_as_calls_per_command() -> None:
+    from tools.bench import parse_commandstats
+
+    assert parse_commandstats(COMMANDSTATS_BEFORE) == {
+        "fcall": 100,
+        "hset": 700,
+        "client|setinfo": 6,
+        "info": 4,
+        "auth": 5,
+    }
+    assert parse_commandstats("# Stats\r\ntotal_commands_processed:9\r\n\r\n# Commandstats\r\n") == {}
+
+
+@pytest.mark.quick
+def test_round_trips_and_commands_per_call_are_the_deltas_less_redis_at_rest() -> None:
+    from tools.bench import Tally, parse_commandstats, redis_line, redis_per_call
+
+    before, after = parse_commandstats(COMMANDSTATS_BEFORE), parse_commandstats(COMMANDSTATS_AFTER)
+    rounds, idle = Tally(), Tally()
+    # Two rounds of 2 s, 10 calls each; between them, other setups' calls on the same Redis, outside any window.
+    rounds.add(before, after, 2.0, calls=10)
+    moved = {name: n + 1000 for name, n in after.items()}
+    second = {**moved, "fcall": moved["fcall"] + 11, "hset": moved["hset"] + 171, "info": moved["info"] + 1}
+    rounds.add(Counter(moved), Counter(second), 2.0, calls=10)
+    # 1 s at rest: a lease renewal (an FCALL running one HSET), and the sampling's own INFO and AUTH.
+    idle.add(Counter(fcall=5, hset=5, info=1, auth=1), Counter(fcall=6, hset=6, info=2, auth=2), 1.0)
+    out = redis_per_call(rounds, idle)
+    # Counted: 11 + 11 FCALLs, (11 + 102 + 70 + 1 + 1) + (11 + 171 + 1) = 368 commands, over 20 calls; at rest,
+    # the rounds' 4 s at the idle window's rate: 4 FCALLs and 16 commands.
+    detail = out["redis_per_call"]
+    assert (detail["round_trips"], detail["commands"], detail["mcp_calls"], detail["rounds"]) == (22, 368, 20, 2)
+    assert (detail["subtracted_round_trips"], detail["subtracted_commands"]) == (4.0, 16.0)
+    assert out["redis_round_trips_per_call"] == 0.9  # (22 - 4) / 20
+    assert out["redis_commands_per_call"] == 17.6  # (368 - 16) / 20
+    assert detail["commands_per_call"]["hset"] == 13.45  # (102 + 171 - 4) / 20
+    assert next(iter(detail["commands_per_call"])) == "hset"  # the most first
+    assert "client|setinfo" not in detail["commands_per_call"]  # unchanged in every window
+    line = redis_line(out)
+    assert "0.90 round trips (FCALL), 17.6 commands" in line and "2 haproxy rounds, 20 calls" in line
+    assert "less Redis at rest (16 commands, 4 round trips at its rate over 1.0 s with no calls)" in line
+
+    # A window whose counters went back (CONFIG RESETSTAT) counts for nothing, nor do its calls.
+    rounds.add(after, before, 2.0, calls=10)
+    assert (rounds.windows, rounds.dropped, rounds.calls) == (2, 1, 20)
+    # No idle window: nothing subtracted, and the line says so.
+    bare = redis_per_call(rounds, Tally())
+    assert bare["redis_round_trips_per_call"] == 1.1 and bare["redis_commands_per_call"] == 18.4
+    assert "Redis at rest included" in redis_line(bare)
+    assert redis_per_call(Tally(), idle)["redis_commands_per_call"] is None
 
 
 # -- against the reference kit (tools/reference.py, --reference) ----------------------------------------------
