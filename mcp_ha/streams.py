@@ -116,8 +116,10 @@ NOT_COMPLETED = (
     "The replica running this call stopped before it answered, and the call cannot be run again here "
     "{why}. Retrying it is safe: send it again (a tools/call with the same idempotency key is applied once)."
 )
-# How a replay re-runs a call, set by CheckResumption for the request it serves: (stream, request, key).
-_rerun: ContextVar[Callable[[str, dict[str, Any], str | None], Awaitable[None]] | None] = ContextVar(
+# How a replay re-runs a call, set by CheckResumption for the request it serves: (stream, request, key,
+# and what to do when the re-run is refused: given why).
+_Refused = Callable[[str], Awaitable[Any]]
+_rerun: ContextVar[Callable[[str, dict[str, Any], str | None, _Refused], Awaitable[None]] | None] = ContextVar(
     "rerun", default=None
 )
 
@@ -437,9 +439,17 @@ class SessionEvents(EventStore):
         request, rerun = call.get("request"), _rerun.get()
         if request is not None and rerun is not None:
             log.info("re-running call %s of session %s: its replica %s is gone", run, self.session_id, runner)
-            await rerun(run, request, call.get("key"))
+            # Refused (the session ended meanwhile, say): the error goes to the log, and this replay,
+            # following it, ends with it.
+            await rerun(run, request, call.get("key"), functools.partial(self._end, run, call))
             return False
         why = "(its request was too large to keep)" if request is None else "(nothing here can run it)"
+        error, event_id = await self._end(run, call, why)
+        await send_callback(EventMessage(error, event_id))
+        return True
+
+    async def _end(self, run: str, call: dict[str, Any], why: str) -> tuple[JSONRPCError, str | None]:
+        """End the call's stream in the log with an error for its request saying a retry is safe."""
         error = JSONRPCError(
             jsonrpc="2.0",
             id=call.get("id", run.rpartition(STREAM_MARK)[0]),
@@ -451,8 +461,7 @@ class SessionEvents(EventStore):
             )
         except StoreUnavailable:
             event_id = None
-        await send_callback(EventMessage(error, event_id))
-        return True
+        return error, event_id
 
 
 def resumes_stream(scope: Scope) -> bool:
@@ -499,7 +508,9 @@ class CheckResumption:
         # Calls run again here, whose replica died (see SessionEvents), until they end.
         self._reruns: set[asyncio.Task[None]] = set()
 
-    async def _rerun(self, scope: Scope, stream: str, request: dict[str, Any], key: str | None) -> None:
+    async def _rerun(
+        self, scope: Scope, stream: str, request: dict[str, Any], key: str | None, refused: _Refused
+    ) -> None:
         """Run `request` again as the resuming client's own POST would, into the call's stream `stream`:
         the session is adopted here, its idempotency key is the first run's, and the replay delivers
         what it streams. It runs on its own, so a resuming client that hangs up does not stop it."""
@@ -522,14 +533,20 @@ class CheckResumption:
             await anyio.sleep_forever()
             raise AssertionError("unreachable")
 
+        status: list[int] = []
+
         async def send(message: Message) -> None:
-            pass  # the stream is in the store, and the replay delivers it
+            # The stream is in the store, and the replay delivers it; only a refusal matters here.
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
 
         async def run() -> None:
             try:
                 await self.app(sub, receive, send)
             except Exception:
                 log.exception("re-running call %s failed", stream)
+            if status[:1] != [200]:
+                await refused(f"(the replica that would run it again answered {status[0] if status else 'nothing'})")
 
         task = asyncio.get_running_loop().create_task(run())
         self._reruns.add(task)

@@ -22,6 +22,7 @@ from starlette.responses import PlainTextResponse
 from mcp_ha.streams import MALFORMED, MAX_RERUN_REQUEST_BYTES, UNAVAILABLE, UNKNOWN, CheckResumption
 from session_store import mint_event_id
 from stack import Stack
+from stores.memory_store import InMemorySessionStore
 from stores.redis_store import RedisSessionStore
 from tools.mcp_wire import Event, RawSession
 
@@ -302,3 +303,18 @@ async def test_a_2026_client_whose_streaming_call_loses_its_replica_is_told_at_o
         told_after = time.monotonic() - killed_at
         assert isinstance(outcome, Exception) or getattr(outcome, "is_error", False), outcome
         assert told_after <= 3.0, f"told after {told_after:.2f} s: {outcome!r}"
+
+
+async def test_a_re_run_the_replica_refuses_is_reported_with_its_answer() -> None:
+    """A re-run answered other than 200 (the session ended meanwhile, the store out) is told to the replay,
+    which ends the call's stream with an error saying a retry is safe, instead of waiting for it."""
+    app = CheckResumption(PlainTextResponse("gone", status_code=404), store=InMemorySessionStore(), path="/mcp")
+    told: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def refused(why: str) -> None:
+        told.set_result(why)
+
+    scope = {"type": "http", "method": "GET", "path": "/mcp", "headers": [(b"last-event-id", b"1-0.x")]}
+    request = {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "t", "arguments": {}}}
+    await app._rerun(scope, "5~0123456789ab", request, "a-key", refused)
+    assert "answered 404" in await asyncio.wait_for(told, 5)
