@@ -144,6 +144,7 @@ async def test_a_streaming_call_whose_replica_is_killed_completes_once_on_resume
     async with asyncio.timeout(10):
         after = await resumed_to_the_end(raw.at(replica_url(healed_stack, elsewhere)), before[-1].id)
     answered_in = time.monotonic() - killed_at
+    print(f"raw client: answered {answered_in:.2f} s after the kill of {owner}")
     answer = after[-1].message
     assert answer["id"] == request_id, after[-3:]
     assert answer["result"]["structuredContent"] == {
@@ -301,6 +302,7 @@ async def test_a_2026_client_whose_streaming_call_loses_its_replica_is_told_at_o
         except Exception as exc:  # the connection closed under the call: what the client should see
             outcome = exc
         told_after = time.monotonic() - killed_at
+        print(f"2026-07-28 client told {told_after:.2f} s after its replica's kill: {outcome!r}"[:300])
         assert isinstance(outcome, Exception) or getattr(outcome, "is_error", False), outcome
         assert told_after <= 3.0, f"told after {told_after:.2f} s: {outcome!r}"
 
