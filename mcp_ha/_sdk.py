@@ -60,9 +60,8 @@ Every private attribute touched here, and nowhere else in the kit:
 | `_discard_session` | the session manager | forgetting an adopted session when it ends |
 | `_task_group` | the session manager | running an adopted session's connection beside the SDK's own |
 | `_lifespan_state` | the session manager | the server's lifespan state, for that connection |
-| `_event_store` | a transport | the session's own event store |
 | `_handle_post_request` | a transport | answering as JSON until there is something to stream (`JsonFirstTransport`) |
-| `_unstreamed` | a transport | the kit's own mark, on the SDK's transport, of the responses that have not started |
+| `_serve_events` | a transport | sets its `_event_store` (the session's own) and `_unstreamed` |
 | `_MARKER_KEY` | `fastmcp.server.sessions` | the creation mark in a FastMCP session's stored value |
 | `_STATE_KEY` | `fastmcp.server.sessions` | where that value holds the session's state |
 | `_mcp_server` | a FastMCP server | its low-level server, to add request handlers and a middleware to |
@@ -197,9 +196,12 @@ class JsonFirstTransport(StreamableHTTPServerTransport):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._serve_events(self._event_store)
+
+    def _serve_events(self, event_store: EventStore | None) -> None:
+        """Store and replay through `event_store`, except the answers of responses not yet started."""
         self._unstreamed = {}
-        if self._event_store is not None:
-            self._event_store = _Unstreamed(self._event_store, self._unstreamed)
+        self._event_store = None if event_store is None else _Unstreamed(event_store, self._unstreamed)
 
     async def _handle_post_request(self, scope: Scope, request: Request, receive: Receive, send: Send) -> None:
         message = None
@@ -276,9 +278,7 @@ def bind_event_store(manager: StreamableHTTPSessionManager, session_id: str, eve
     # adds a method and `_unstreamed`, so it can change under a live transport.
     transport = manager._server_instances[session_id]
     transport.__class__ = JsonFirstTransport
-    json_first = cast(JsonFirstTransport, transport)
-    json_first._unstreamed = {}
-    json_first._event_store = _Unstreamed(event_store, json_first._unstreamed)
+    cast(JsonFirstTransport, transport)._serve_events(event_store)
 
 
 async def adopt(

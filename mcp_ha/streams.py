@@ -119,7 +119,7 @@ NOT_COMPLETED = (
 # How a replay re-runs a call, set by CheckResumption for the request it serves: (stream, request, key,
 # and what to do when the re-run is refused: given why).
 _Refused = Callable[[str], Awaitable[Any]]
-_rerun: ContextVar[Callable[[str, dict[str, Any], str | None, _Refused], Awaitable[None]] | None] = ContextVar(
+_rerun: ContextVar[Callable[[str, str, str | None, _Refused], Awaitable[None]] | None] = ContextVar(
     "rerun", default=None
 )
 
@@ -286,21 +286,18 @@ class SessionEvents(EventStore):
         self._streams[stream_id] = run
         if stream is not None:
             return  # the re-run's replica claimed it (Runs.runner_of) before it began
+        # The request as it came (the SDK's wire form), to be sent again as is.
         text = request.model_dump_json(by_alias=True, exclude_unset=True)
         try:
             # A place before the stream's first message, from which a replay can read the whole of it.
             first = await self.store.add_event(self.session_id, run, None)
-        except StoreUnavailable as exc:
-            log.warning("call %s of session %s not recorded for re-running: %s", stream_id, self.session_id, exc)
-            return
-        call = {
-            "first": first,
-            "runner": self.runs.run_id,
-            "id": request.id,
-            "request": json.loads(text) if len(text) <= MAX_RERUN_REQUEST_BYTES else None,
-            "key": http.headers.get("x-request-id"),
-        }
-        try:
+            call = {
+                "first": first,
+                "runner": self.runs.run_id,
+                "id": request.id,
+                "request": text if len(text) <= MAX_RERUN_REQUEST_BYTES else None,
+                "key": http.headers.get("x-request-id"),
+            }
             await self.store.claim(f"call:{self.session_id}:{run}", json.dumps(call), self.call_ttl_seconds)
         except StoreUnavailable as exc:
             log.warning("call %s of session %s not recorded for re-running: %s", stream_id, self.session_id, exc)
@@ -312,7 +309,7 @@ class SessionEvents(EventStore):
             return ""  # sent live, without an id: nothing to resume from
         if stream_id in self._streams:
             run = self._streams[stream_id]
-            if _answers(message, stream_id) if message is not None else False:
+            if message is not None and _answers(message, stream_id):
                 del self._streams[stream_id]
             stream_id = run
         # The SDK's own wire form (exclude_unset), so a replayed event reads
@@ -508,13 +505,11 @@ class CheckResumption:
         # Calls run again here, whose replica died (see SessionEvents), until they end.
         self._reruns: set[asyncio.Task[None]] = set()
 
-    async def _rerun(
-        self, scope: Scope, stream: str, request: dict[str, Any], key: str | None, refused: _Refused
-    ) -> None:
+    async def _rerun(self, scope: Scope, stream: str, request: str, key: str | None, refused: _Refused) -> None:
         """Run `request` again as the resuming client's own POST would, into the call's stream `stream`:
         the session is adopted here, its idempotency key is the first run's, and the replay delivers
         what it streams. It runs on its own, so a resuming client that hangs up does not stop it."""
-        body = json.dumps(request).encode()
+        body = request.encode()
         replaced = {b"last-event-id", b"content-length", b"content-type", b"accept", b"x-request-id"}
         headers = [(name, value) for name, value in scope["headers"] if name.lower() not in replaced]
         headers += [

@@ -317,6 +317,6 @@ async def test_a_re_run_the_replica_refuses_is_reported_with_its_answer() -> Non
         told.set_result(why)
 
     scope = {"type": "http", "method": "GET", "path": "/mcp", "headers": [(b"last-event-id", b"1-0.x")]}
-    request = {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "t", "arguments": {}}}
+    request = json.dumps({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "t", "arguments": {}}})
     await app._rerun(scope, "5~0123456789ab", request, "a-key", refused)
     assert "answered 404" in await asyncio.wait_for(told, 5)
