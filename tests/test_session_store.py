@@ -1116,7 +1116,9 @@ def test_event_ids_have_one_form() -> None:
     sid = new_id()
     minted = mint_event_id(sid, "1700000000000-3")
     assert is_event_id(minted) and is_event_id(mint_event_id(new_id(), "18446744073709551615-0"))
-    for bad in ["1700000000000-3", minted.upper(), minted + "0", "18446744073709551616-0." + minted[-8:], None, 7]:
+    # An upper-case tag: `minted.upper()` would be no change at all when the random tag holds only digits.
+    upper = minted[:-8] + "ABCDEF12"
+    for bad in ["1700000000000-3", upper, minted + "0", "18446744073709551616-0." + minted[-8:], None, 7]:
         assert not is_event_id(bad)
 
 
