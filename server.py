@@ -26,7 +26,7 @@ from pydantic import AfterValidator, Field
 
 from mcp_ha import HighAvailability, SessionHandle
 from mcp_ha.handles import session_era_id
-from session_store import STORE_UNAVAILABLE, StoreUnavailable, is_session_id
+from mcp_ha.session_store import STORE_UNAVAILABLE, StoreUnavailable, is_session_id
 
 ha = HighAvailability.from_env()
 mcp = ha.server("mcp-ha-kit")

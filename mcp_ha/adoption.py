@@ -57,10 +57,9 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from session_store import LimitExceeded, SessionStore, StoreUnavailable, is_session_id
-
 from . import _sdk
 from .principals import client_of, owned_by, owner, refused_by_auth
+from .session_store import LimitExceeded, SessionStore, StoreUnavailable, is_session_id
 from .streams import SessionEvents
 
 log = logging.getLogger(__name__)

@@ -25,10 +25,9 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
-from session_store import STORE_UNAVAILABLE, Conflict, Fenced, LimitExceeded, OpReused, StoreFull, StoreUnavailable
-
 from .adoption import SESSION_MOVED, Ownership
 from .idempotency import KEY_REUSED
+from .session_store import STORE_UNAVAILABLE, Conflict, Fenced, LimitExceeded, OpReused, StoreFull, StoreUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -55,11 +55,10 @@ from fastmcp.server.dependencies import get_http_request
 from fastmcp.server.sessions import SessionId, current_principal, session_storage_key
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from session_store import OWNER, Conflict, Session, SessionStore, Transaction, is_session_id
-
 from . import _sdk
 from .idempotency import current_call
 from .principals import client_of, owned_by, owner
+from .session_store import OWNER, Conflict, Session, SessionStore, Transaction, is_session_id
 
 # FastMCP's own marker, taken from its public `SessionId`: FastMCP describes an argument carrying it.
 _SESSION_ID_MARKER = get_args(SessionId)[1]

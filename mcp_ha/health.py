@@ -32,9 +32,8 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from session_store import STORE_UNAVAILABLE, SessionStore
-
 from .drain import BALANCER_CHECK_HEADER, Drain
+from .session_store import STORE_UNAVAILABLE, SessionStore
 
 # Under HAProxy's 800 ms check timeout, so a hung store is answered (and
 # forgiven, for a while) before HAProxy counts the check failed.

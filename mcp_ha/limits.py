@@ -44,10 +44,9 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from session_store import SessionStore, StoreUnavailable
-
 from .adoption import session_era
 from .principals import client_of, refused_by_auth
+from .session_store import SessionStore, StoreUnavailable
 
 # A client over a count waits for sessions to end or expire: a minute, not a hot loop.
 RETRY_AFTER_SECONDS = 60

@@ -31,7 +31,7 @@ from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from session_store import is_session_id
+from .session_store import is_session_id
 
 FORMATS = ("json", "text")
 MAX_REQUEST_ID = 64

@@ -50,9 +50,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 
-from session_store import Conflict, Fenced, Op, OpReused, SessionStore, StoreUnavailable, Write
-
 from . import _sdk
+from .session_store import Conflict, Fenced, Op, OpReused, SessionStore, StoreUnavailable, Write
 
 # From a 1 ms read to analyze_data's and watch_counter's 30 s.
 TOOL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

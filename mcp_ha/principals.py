@@ -25,7 +25,7 @@ from mcp.server.auth.provider import principal_components
 from starlette.datastructures import Headers
 from starlette.types import Scope
 
-from session_store import OWNER
+from .session_store import OWNER
 
 
 def _digest(principal: str | None) -> str | None:

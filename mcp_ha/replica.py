@@ -53,8 +53,6 @@ from starlette.middleware import Middleware as StarletteMiddleware
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp
 
-from session_store import Session, SessionStore, StoreLimits, is_session_id
-
 from . import _sdk
 from .adoption import AdoptSessions, Ownership, RecordSessions
 from .drain import Drain, drain_on_sigterm
@@ -66,6 +64,7 @@ from .limits import BodyLimit, InFlight, OneAnswerPerId, SessionLimits
 from .logs import Expected, RequestIds, configure
 from .principals import owner
 from .request_state import NoteSealedState, RefuseReplays, request_state_security
+from .session_store import Session, SessionStore, StoreLimits, is_session_id
 from .settings import Settings, SettingsError
 from .streams import CheckResumption, EventFeed, Runs, SessionEvents
 from .subscriptions import StoreBus, Subscriptions
@@ -86,7 +85,7 @@ def make_store(settings: Settings, *, on_replay: Callable[[Any], None] | None = 
         "on_replay": on_replay,
     }
     if settings.uses_redis:
-        from stores.redis_store import RedisSessionStore
+        from .stores.redis_store import RedisSessionStore
 
         return RedisSessionStore(
             None if settings.redis_sentinels else settings.redis_url,
@@ -100,7 +99,7 @@ def make_store(settings: Settings, *, on_replay: Callable[[Any], None] | None = 
             sentinel_password=settings.redis_sentinel_password,
             **limits,
         )
-    from stores.memory_store import InMemorySessionStore
+    from .stores.memory_store import InMemorySessionStore
 
     return InMemorySessionStore(**limits)
 

@@ -46,9 +46,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 from mcp_types.methods import INPUT_REQUIRED_METHODS
 
-from session_store import SessionStore
-
 from .idempotency import key_of
+from .session_store import SessionStore
 from .settings import Settings
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
-from session_store import (
+from .session_store import (
     DEFAULT_EVENT_TTL_SECONDS,
     DEFAULT_MAX_LOG_BYTES,
     DEFAULT_MAX_SESSIONS,

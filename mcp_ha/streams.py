@@ -86,10 +86,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from session_store import SessionStore, StoreUnavailable, is_event_id, is_session_id
-
 from ._sdk import STREAM_SCOPE_KEY
 from .principals import owner, refused_by_auth
+from .session_store import SessionStore, StoreUnavailable, is_event_id, is_session_id
 
 log = logging.getLogger(__name__)
 

@@ -58,9 +58,8 @@ from mcp_types import (
     UnsubscribeRequestParams,
 )
 
-from session_store import SessionStore, StoreUnavailable, is_session_id
-
 from .principals import owner
+from .session_store import SessionStore, StoreUnavailable, is_session_id
 
 log = logging.getLogger(__name__)
 

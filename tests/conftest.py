@@ -28,10 +28,12 @@ from fastmcp import Client
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 from jwt.algorithms import RSAAlgorithm
 
-from stack import Service, Stack, StackConfig, free_ports
-from tools.mcp_wire import RawSession
+from mcp_ha.check.wire import RawSession
+from mcp_ha.stack import Service, Stack, StackConfig, free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
+# mcp_ha's modules that are not the server layer: a client, the local stack, the command.
+NOT_THE_LAYER = ("cli.py", "resilient_client.py", "stack.py")
 
 
 # How many inputs of each class tests/test_hostile_input.py sent, printed after the run.

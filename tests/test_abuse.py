@@ -38,8 +38,8 @@ import httpx2
 import pytest
 from conftest import ABUSE_BOUNDS, ABUSE_FIGURES, ROOT, replica_on
 
-from stack import Stack, http_status
-from tools.mcp_wire import ACCEPT, PROTOCOL, RawSession, final_message, last_jsonrpc_message
+from mcp_ha.check.wire import ACCEPT, PROTOCOL, RawSession, final_message, last_jsonrpc_message
+from mcp_ha.stack import Stack, http_status
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -74,7 +74,7 @@ MiB = 1 << 20
 BYSTANDER = r"""
 import asyncio, json, sys, threading, time
 import httpx2
-from tools.mcp_wire import CallFailed, RawSession
+from mcp_ha.check.wire import CallFailed, RawSession
 
 url, token, period = sys.argv[1], sys.argv[2], float(sys.argv[3])
 

@@ -32,8 +32,8 @@ import httpx2
 import pytest
 from conftest import ROOT, running_stack
 
-from resilient_client import ResilientClient
-from stack import Stack
+from mcp_ha.resilient_client import ResilientClient
+from mcp_ha.stack import Stack
 from tools import failover_bench as bench
 
 # The load runs until the stack is whole again (plus a tail) whatever this is;

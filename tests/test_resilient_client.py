@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from fastmcp.exceptions import ToolError
 
-import resilient_client
+from mcp_ha import resilient_client
 from mcp_ha.adoption import SESSION_MOVED
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
-from resilient_client import ResilientClient, TransientFailure
-from session_store import STORE_UNAVAILABLE
-from stack import Stack, free_ports
+from mcp_ha.resilient_client import ResilientClient, TransientFailure
+from mcp_ha.session_store import STORE_UNAVAILABLE
+from mcp_ha.stack import Stack, free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(120)
@@ -32,13 +32,12 @@ def test_the_constants_it_copies_are_the_servers() -> None:
 @pytest.mark.quick
 def test_it_imports_nothing_from_the_server_side() -> None:
     probe = (
-        "import sys, resilient_client; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('mcp_ha', 'session_store', 'stores', 'server', 'prometheus_client')))"
+        "import sys, mcp_ha.resilient_client; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mcp_ha', 'server', 'prometheus_client')))"
     )
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    assert result.stdout.strip() == "['mcp_ha', 'mcp_ha.resilient_client']"
 
 
 async def test_calls_return_the_tools_result_object(mcp_url: str) -> None:

@@ -14,10 +14,10 @@ import uuid
 
 import pytest
 
-from stack import Stack
-from stores.redis_store import RedisSessionStore
+from mcp_ha.check.wire import RawSession
+from mcp_ha.stack import Stack
+from mcp_ha.stores.redis_store import RedisSessionStore
 from tools.bench import EMPTY, FILL  # sessions made inside Redis, one call instead of 300,000 round trips
-from tools.mcp_wire import RawSession
 
 SESSIONS = 100_000
 BOUND = 1.5

@@ -18,8 +18,8 @@ from fastmcp import Client
 from fastmcp.client.elicitation import ElicitResult
 from fastmcp.exceptions import ToolError
 
-from stack import Stack
-from tools.mcp_wire import RawSession, SessionlessSession, jsonrpc_messages, last_jsonrpc_message
+from mcp_ha.check.wire import RawSession, SessionlessSession, jsonrpc_messages, last_jsonrpc_message
+from mcp_ha.stack import Stack
 
 REPLICAS = {"mcp-server-1", "mcp-server-2", "mcp-server-3"}
 

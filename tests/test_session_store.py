@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from conftest import free_ports
 
-from session_store import (
+from mcp_ha.session_store import (
     OWNER,
     Conflict,
     Fenced,
@@ -34,9 +34,9 @@ from session_store import (
     is_session_id,
     mint_event_id,
 )
-from stack import Stack
-from stores.memory_store import InMemorySessionStore
-from stores.redis_store import LIBRARY, RedisSessionStore
+from mcp_ha.stack import Stack
+from mcp_ha.stores.memory_store import InMemorySessionStore
+from mcp_ha.stores.redis_store import LIBRARY, RedisSessionStore
 
 
 def new_id() -> str:

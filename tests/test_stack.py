@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import free_ports, running_stack, stack_config
 
-from stack import Stack, StackConfig, StackError
+from mcp_ha.stack import Stack, StackConfig, StackError
 
 ROOT = Path(__file__).resolve().parent.parent
 

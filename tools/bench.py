@@ -46,7 +46,7 @@ Sections, each in one run:
                  primary and replica of the bench's own; and that cost as a
                  share of a tool call's p50 through HAProxy.
 
-Clients are raw HTTP (tools/mcp_wire.py over httpx2, keep-alive), not FastMCP's
+Clients are raw HTTP (mcp_ha/check/wire.py over httpx2, keep-alive), not FastMCP's
 Client, so the client's own overhead stays small. `--generation session` speaks
 session-era MCP (initialize, mcp-session-id); `sessionless` speaks 2026-07-28
 (no initialize, `create_session` once, its handle passed as `session_id`). The
@@ -102,10 +102,20 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from session_store import Op, StoreUnavailable
-from stack import ROOT, Stack, StackConfig, StackError, free_ports, http_status, read_stats_csv, running_stack
-from stores.redis_store import RedisSessionStore
-from tools.mcp_wire import CallFailed, RawSession, SessionlessSession
+from mcp_ha.check.wire import CallFailed, RawSession, SessionlessSession
+from mcp_ha.session_store import Op, StoreUnavailable
+from mcp_ha.stack import (
+    HAPROXY_DIR,
+    Stack,
+    StackConfig,
+    StackError,
+    free_ports,
+    http_status,
+    read_stats_csv,
+    running_stack,
+)
+from mcp_ha.stores.redis_store import RedisSessionStore
+from tools import ROOT
 from tools.reference import Checkout, ReferenceKit, ReferenceKitError, ensure_venv
 
 # Tools that keep state per session: a sessionless client passes its handle to these.
@@ -189,7 +199,7 @@ class Client(Protocol):
 
 
 class SessionClient(RawSession):
-    """Session-era MCP (2025-11-25), tools/mcp_wire's RawSession: initialize once, then every call
+    """Session-era MCP (2025-11-25), mcp_ha/check/wire's RawSession: initialize once, then every call
     carries mcp-session-id."""
 
     def __init__(self, http: httpx2.AsyncClient, url: str, **options: Any) -> None:
@@ -197,7 +207,7 @@ class SessionClient(RawSession):
 
 
 class SessionlessClient(SessionlessSession):
-    """2026-07-28 MCP, tools/mcp_wire's SessionlessSession: no initialize; `create_session` once, its
+    """2026-07-28 MCP, mcp_ha/check/wire's SessionlessSession: no initialize; `create_session` once, its
     handle passed to the tools that keep state."""
 
     def __init__(self, http: httpx2.AsyncClient, url: str, **options: Any) -> None:
@@ -640,7 +650,7 @@ class Floor:
             "HAPROXY_MAX_CONN_PER_SOURCE": str(c.max_conn_per_source),
             "HAPROXY_MAX_BODY_BYTES": str(c.max_body_bytes),
             "HAPROXY_ALLOWED_ORIGINS": c.allowed_origins,
-            "HAPROXY_LUA_DIR": str(ROOT / "haproxy"),
+            "HAPROXY_LUA_DIR": str(HAPROXY_DIR),
         }
         for i, port in enumerate(self.ports, start=1):
             env[f"MCP_SERVER_{i}"] = f"{self.host}:{port}"
@@ -650,7 +660,7 @@ class Floor:
                 if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
                     raise BenchError(f"the floor's processes did not come up; see {self.log_dir}")
                 time.sleep(0.1)
-        self._spawn("floor-haproxy", ["haproxy", "-db", "-f", str(ROOT / "haproxy" / "haproxy.cfg")], env)
+        self._spawn("floor-haproxy", ["haproxy", "-db", "-f", str(HAPROXY_DIR / "haproxy.cfg")], env)
         # HAProxy starts its servers UP only after `rise` checks; wait for a real answer through it.
         while http_status(f"http://{self.host}:{self.http_port}/health") != 200 or not self._all_up():
             if time.monotonic() > deadline or self.procs[-1].poll() is not None:

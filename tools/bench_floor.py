@@ -27,8 +27,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from session_store import Op
-from stores.redis_store import RedisSessionStore
+from mcp_ha.session_store import Op
+from mcp_ha.stores.redis_store import RedisSessionStore
 
 INSTANCE_ID = os.environ.get("INSTANCE_ID", "floor-1")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6380/0")

@@ -26,7 +26,7 @@ and Redis faults (the faulted one is Redis's primary):
 Each scenario runs, through HAProxy, `--sessions` sessions of each kind of
 client, each calling `increment_counter` in a loop:
 
-    plain        session-era MCP over raw HTTP (tools/mcp_wire.py): initialize
+    plain        session-era MCP over raw HTTP (mcp_ha/check/wire.py): initialize
                  once, keep the session id, never retry, 5 s per call
     resilient    ResilientClient (resilient_client.py)
     sessionless  FastMCP's Client in its default, sessionless (2026-07-28) mode:
@@ -93,8 +93,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from resilient_client import ResilientClient
-from stack import Stack, StackConfig, StackError, running_stack
+from mcp_ha.check.wire import RawSession
+from mcp_ha.resilient_client import ResilientClient
+from mcp_ha.stack import Stack, StackConfig, StackError, running_stack
 from tools.bench import (
     MarkdownError,
     Section,
@@ -106,7 +107,6 @@ from tools.bench import (
     rich_table,
     write_between_markers,
 )
-from tools.mcp_wire import RawSession
 
 
 class ResilientSettings(TypedDict):
@@ -207,7 +207,7 @@ class BenchClient:
 
 
 class PlainClient(BenchClient):
-    """Session-era MCP over plain HTTP as a naive client speaks it (tools/mcp_wire's RawSession): one
+    """Session-era MCP over plain HTTP as a naive client speaks it (mcp_ha/check/wire's RawSession): one
     session id for life, no retries, each call bounded as a whole by its timeout."""
 
     kind = "plain"

@@ -40,7 +40,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stack import ROOT, free_ports, http_status, redis_command
+from mcp_ha.stack import free_ports, http_status, redis_command
+from tools import ROOT
 
 HOST = "127.0.0.1"
 REPLICAS = 3

@@ -19,7 +19,7 @@ from fastmcp.exceptions import ToolError
 from pydantic import Field
 
 from mcp_ha import HighAvailability, SessionHandle
-from session_store import Transaction
+from mcp_ha.session_store import Transaction
 
 ha = HighAvailability.from_env()
 mcp = ha.server("cart")

@@ -42,7 +42,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.types import CallToolResult, TextContent, TextResourceContents
 
-from stack import Stack
+from mcp_ha.stack import Stack
 
 pytestmark = pytest.mark.timeout(120)
 

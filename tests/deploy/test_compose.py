@@ -172,7 +172,7 @@ def start_compose_redis(command: list[str], tmp: Path, port: int, env: dict[str,
 
 
 def wait_for_pong(port: int, password: str, log: Path) -> None:
-    from stack import redis_command
+    from mcp_ha.stack import redis_command
 
     for _ in range(100):
         if redis_command("127.0.0.1", port, "PING", password=password) == "PONG":
@@ -319,7 +319,7 @@ def test_compose_ships_no_stats_password_and_refuses_to_start_without_one(compos
     env = environment(haproxy)
     assert env["HAPROXY_STATS_PASSWORD"] == HOST_ENV["HAPROXY_STATS_PASSWORD"]
     # The other settings have safe defaults: limits on (the local stack's), no Origin allowed.
-    from stack import DEFAULT_MAX_CONN_PER_SOURCE, DEFAULT_RATE_LIMIT
+    from mcp_ha.stack import DEFAULT_MAX_CONN_PER_SOURCE, DEFAULT_RATE_LIMIT
 
     assert int(env["HAPROXY_MAX_BODY_BYTES"]) > 0
     assert (int(env["HAPROXY_RATE_LIMIT"]), int(env["HAPROXY_MAX_CONN_PER_SOURCE"])) == (
@@ -547,7 +547,7 @@ def test_the_sentinel_config_compose_writes_runs_in_a_real_sentinel(sentinel_fil
     primary (its command, run here on loopback), and asking for a password itself."""
     from conftest import free_ports
 
-    from stack import redis_command, redis_info
+    from mcp_ha.stack import redis_command, redis_info
 
     port, redis_port = free_ports(2)
     (tmp_path / "redis").mkdir()
@@ -631,7 +631,7 @@ def test_compose_ships_no_redis_password_and_refuses_to_start_without_one(compos
 
 @pytest.mark.quick
 def test_composes_acl_is_the_local_stacks(compose, sentinel_file):
-    from stack import REDIS_KIT_ACL, REDIS_REPLICATION_ACL, REDIS_SENTINEL_ACL, REDIS_SENTINEL_KIT_ACL
+    from mcp_ha.stack import REDIS_KIT_ACL, REDIS_REPLICATION_ACL, REDIS_SENTINEL_ACL, REDIS_SENTINEL_KIT_ACL
 
     every = {"default": "~* &* +@all", "mcp": REDIS_KIT_ACL}
     assert acl_users(interpolate(service(compose, "redis")["command"][2], HOST_ENV)) == every
@@ -658,8 +658,8 @@ def test_composes_redis_command_runs_with_its_acl(compose, tmp_path: Path) -> No
     """The base file's Redis command, run here: unauthenticated clients refused, the kit's user held to its ACL."""
     from conftest import free_ports
 
-    from stack import redis_command
-    from stores.redis_store import LIBRARY, functions_library
+    from mcp_ha.stack import redis_command
+    from mcp_ha.stores.redis_store import LIBRARY, functions_library
 
     (port,) = free_ports(1)
     redis = service(compose, "redis")

@@ -32,9 +32,9 @@ import httpx2
 import pytest
 from test_server import *  # noqa: F403 (the contract's tests, collected here again: against the containers)
 
+from mcp_ha.check.wire import RawSession, last_jsonrpc_message
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
-from stack import redis_command
-from tools.mcp_wire import RawSession, last_jsonrpc_message
+from mcp_ha.stack import redis_command
 
 COMPOSE = shlex.split(os.environ.get("MCP_DOCKER_COMPOSE", ""))
 pytestmark = pytest.mark.skipif(

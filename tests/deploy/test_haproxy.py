@@ -21,9 +21,9 @@ import httpx2
 import pytest
 from conftest import running_stack
 
+from mcp_ha.check.wire import RawSession
 from mcp_ha.drain import BALANCER_CHECK_HEADER
-from stack import Stack, read_stats_csv
-from tools.mcp_wire import RawSession
+from mcp_ha.stack import Stack, read_stats_csv
 
 CONFIG = Path(__file__).resolve().parents[2] / "haproxy" / "haproxy.cfg"
 
@@ -365,7 +365,7 @@ def _ended_or_408(sock: socket.socket) -> bool:
 
 def test_the_default_caps_are_the_stacks(stack: Stack) -> None:
     """The local stack passes its settings; haproxy.cfg's own defaults are the same numbers."""
-    from stack import DEFAULT_MAX_CONN_PER_SOURCE, DEFAULT_RATE_LIMIT
+    from mcp_ha.stack import DEFAULT_MAX_CONN_PER_SOURCE, DEFAULT_RATE_LIMIT
 
     env = stack.service("haproxy").env
     assert env["HAPROXY_MAX_CONN_PER_SOURCE"] == str(DEFAULT_MAX_CONN_PER_SOURCE)

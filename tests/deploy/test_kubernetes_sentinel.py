@@ -31,7 +31,8 @@ from test_kubernetes import (
     wait_for,
 )
 
-from stack import (
+from mcp_ha.check.wire import RawSession
+from mcp_ha.stack import (
     REDIS_KIT_ACL,
     REDIS_REPLICATION_ACL,
     REDIS_SENTINEL_ACL,
@@ -39,7 +40,6 @@ from stack import (
     http_status,
     redis_command,
 )
-from tools.mcp_wire import RawSession
 
 OVERLAY = KUSTOMIZATIONS["sentinel"]
 SCRIPTS = ("primary.sh", "redis.sh", "sentinel.sh")

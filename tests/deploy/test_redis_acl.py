@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, running_stack, stack_config
 
-from stack import (
+from mcp_ha.stack import (
     REDIS_SECRETS,
     REDIS_SECRETS_FILE,
     SENTINEL_MASTER,
@@ -24,7 +24,7 @@ from stack import (
     http_status,
     redis_command,
 )
-from stores.redis_store import LIBRARY, functions_library
+from mcp_ha.stores.redis_store import LIBRARY, functions_library
 
 # Harmless forms of what the kit never needs: reading everything, wiping, reconfiguring, replicating.
 REFUSED = [

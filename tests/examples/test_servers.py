@@ -22,9 +22,9 @@ import pytest
 from conftest import running_stack
 from fastmcp import Client
 
+from mcp_ha.check.wire import RawSession, last_jsonrpc_message
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
-from stack import Stack
-from tools.mcp_wire import RawSession, last_jsonrpc_message
+from mcp_ha.stack import Stack
 
 pytestmark = pytest.mark.timeout(120)
 

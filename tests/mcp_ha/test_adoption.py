@@ -14,8 +14,8 @@ import httpx2
 import pytest
 
 from mcp_ha.adoption import Ownership
-from stack import Stack
-from tools.mcp_wire import RawSession, last_jsonrpc_message
+from mcp_ha.check.wire import RawSession, last_jsonrpc_message
+from mcp_ha.stack import Stack
 
 
 def direct(stack: Stack, http: httpx2.AsyncClient, replica: str, session_id: str) -> RawSession:

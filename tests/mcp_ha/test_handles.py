@@ -15,12 +15,12 @@ import pytest
 from fastmcp import Client
 from fastmcp.exceptions import ToolError
 
+from mcp_ha.check.wire import ACCEPT, RawSession, last_jsonrpc_message
 from mcp_ha.handles import NO_SESSION, UNKNOWN_HANDLE, FastMCPSessions, create_handle
 from mcp_ha.idempotency import IDEMPOTENCY_KEY, current_call
-from session_store import Conflict
-from stack import Stack
-from stores.memory_store import InMemorySessionStore
-from tools.mcp_wire import ACCEPT, RawSession, last_jsonrpc_message
+from mcp_ha.session_store import Conflict
+from mcp_ha.stack import Stack
+from mcp_ha.stores.memory_store import InMemorySessionStore
 
 MODERN = "2026-07-28"
 META = {

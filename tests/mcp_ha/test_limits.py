@@ -16,8 +16,8 @@ import httpx2
 import pytest
 from conftest import replica_on
 
-from stack import Stack
-from tools.mcp_wire import ACCEPT, PROTOCOL, RawSession, final_message
+from mcp_ha.check.wire import ACCEPT, PROTOCOL, RawSession, final_message
+from mcp_ha.stack import Stack
 
 pytestmark = pytest.mark.timeout(60)
 MAX_BODY_BYTES = 1_048_576

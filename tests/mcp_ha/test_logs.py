@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import httpx2
 import pytest
 
+from mcp_ha.check.wire import RawSession
 from mcp_ha.logs import MAX_REQUEST_ID, RequestFields, RequestIds, configure, json_formatter
-from stack import Stack
-from tools.mcp_wire import RawSession
+from mcp_ha.stack import Stack
 
 
 def log_lines(stack: Stack, replica: str) -> list[dict]:

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx2
 from prometheus_client.parser import text_string_to_metric_families
 
-from stack import Stack
-from tools.mcp_wire import RawSession, last_jsonrpc_message
+from mcp_ha.check.wire import RawSession, last_jsonrpc_message
+from mcp_ha.stack import Stack
 
 Samples = dict[tuple[str, frozenset], float]
 

@@ -18,9 +18,9 @@ from fastmcp import FastMCP
 from fastmcp.server.server import StateValue
 
 from mcp_ha import HighAvailability, Session, Settings
-from stack import free_ports
-from stores.memory_store import InMemorySessionStore
-from tools.mcp_wire import PROTOCOL, RawSession
+from mcp_ha.check.wire import PROTOCOL, RawSession
+from mcp_ha.stack import free_ports
+from mcp_ha.stores.memory_store import InMemorySessionStore
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,7 +56,7 @@ def test_importing_the_demo_server_connects_to_nothing() -> None:
     """Port 1 on loopback refuses every connection: an import that tried one would fail or hang."""
     started = time.monotonic()
     modules = imported_by("import server", REDIS_URL="redis://127.0.0.1:1/0")
-    assert "stores.redis_store" in modules and time.monotonic() - started < 30
+    assert "mcp_ha.stores.redis_store" in modules and time.monotonic() - started < 30
 
 
 @pytest.mark.quick

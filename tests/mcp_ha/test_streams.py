@@ -19,12 +19,12 @@ import uvicorn
 from conftest import free_ports
 from starlette.responses import PlainTextResponse
 
+from mcp_ha.check.wire import Event, RawSession
+from mcp_ha.session_store import mint_event_id
+from mcp_ha.stack import Stack
+from mcp_ha.stores.memory_store import InMemorySessionStore
+from mcp_ha.stores.redis_store import RedisSessionStore
 from mcp_ha.streams import MALFORMED, MAX_RERUN_REQUEST_BYTES, UNAVAILABLE, UNKNOWN, CheckResumption
-from session_store import mint_event_id
-from stack import Stack
-from stores.memory_store import InMemorySessionStore
-from stores.redis_store import RedisSessionStore
-from tools.mcp_wire import Event, RawSession
 
 ITEMS = 30
 ANALYSIS = {"name": "analyze_data", "arguments": {"num_items": ITEMS}, "_meta": {"progressToken": "analysis"}}

@@ -25,10 +25,10 @@ from mcp.client.subscriptions import SubscriptionLost, listen
 from mcp.server.subscriptions import ResourceUpdated, ToolsListChanged
 
 from mcp_ha import HighAvailability, Settings
+from mcp_ha.check.wire import RawSession, SessionlessSession, final_message
+from mcp_ha.stack import Stack
+from mcp_ha.stores.memory_store import MAX_UNREAD, InMemorySessionStore
 from mcp_ha.subscriptions import MAX_URIS, StoreBus
-from stack import Stack
-from stores.memory_store import MAX_UNREAD, InMemorySessionStore
-from tools.mcp_wire import RawSession, SessionlessSession, final_message
 
 pytestmark = pytest.mark.timeout(180)
 SUMMARY = "resource://session/{}/summary"

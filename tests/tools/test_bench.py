@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from stack import free_ports
+from mcp_ha.stack import free_ports
 
 
 def run_bench(*args: str, env: dict[str, str] | None = None, timeout: float = 150) -> subprocess.CompletedProcess:
@@ -452,7 +452,7 @@ def test_against_the_real_reference_kit(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_replica_that_does_not_start_is_named_with_its_log_and_everything_started_is_stopped(tmp_path: Path) -> None:
-    from stack import redis_command
+    from mcp_ha.stack import redis_command
     from tools.reference import Checkout, ReferenceKit, ReferenceKitError
 
     checkout = made_up_checkout(tmp_path / "reference")

@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Unpack
 
-from session_store import (
+from ..session_store import (
     OWNER,
     Conflict,
     Fenced,

@@ -99,7 +99,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError, OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from session_store import (
+from ..session_store import (
     OWNER,
     WRITE_OPERATIONS,
     Conflict,

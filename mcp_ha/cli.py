@@ -1,0 +1,46 @@
+"""`mcp-ha`: the kit's one command.
+
+    mcp-ha stack up -d --server my_project.server    the local stack (needs the `stack` extra)
+    mcp-ha check URL --shape ha_shape.py ...          the HA check against any deployment
+
+Each subcommand is imported when it is named, so `mcp-ha check` never needs
+what only the local stack uses.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+SUBCOMMANDS = {
+    "stack": ("mcp_ha.stack", "cli", "the local stack: redis, replicas and haproxy as processes"),
+    "check": ("mcp_ha.check.cli", "check", "the HA check: a deployment's guarantees, under faults"),
+}
+
+
+class _Lazy(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in SUBCOMMANDS:
+            return None
+        module, attr, _help = SUBCOMMANDS[cmd_name]
+        try:
+            command = getattr(importlib.import_module(module), attr)
+        except ModuleNotFoundError as exc:
+            raise click.ClickException(
+                f"`mcp-ha {cmd_name}` needs {exc.name}: pip install 'mcp-ha-kit[{cmd_name}]'"
+            ) from exc
+        assert isinstance(command, click.Command)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, help_) for name, (_m, _a, help_) in SUBCOMMANDS.items()])
+
+
+@click.group(cls=_Lazy)
+def main() -> None:
+    """High availability for stateful MCP servers."""

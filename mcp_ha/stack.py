@@ -1,0 +1,1263 @@
+"""The whole stack as plain local processes, with docker-compose-like verbs.
+
+    python stack.py up -d            redis, mcp-server-1..3, haproxy; returns when all are healthy
+    python stack.py up -d --server examples.cart.server
+                                     the same stack serving another server module
+    python stack.py up -d --redis sentinel
+                                     redis-1 (primary at start), redis-2 (its replica) and
+                                     sentinel-1..3 instead of one redis
+    python stack.py ps [--json]      each service's pid, address and state
+    python stack.py stop|start|restart NAME...
+    python stack.py kill [-s SIGNAL] NAME...
+    python stack.py logs [-f] NAME
+    python stack.py down             stops everything it started, by pid
+
+No Docker: redis-server and haproxy come from the distribution, the replicas
+are `python -m server` (or the module --server names). What `up` started is recorded under STACK_DIR
+(default .stack/) with each process's pid and start time, so later commands
+signal exactly the processes this tool started and nothing that merely reuses
+a pid. The tests drive the same `Stack` class on free ports.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import datetime
+import io
+import ipaddress
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TypedDict, Unpack
+
+import click
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from rich.console import Console
+from rich.table import Table
+
+# HAProxy's config and Lua: the checkout's haproxy/ (one file for the stack, compose and Kubernetes),
+# which the wheel carries as mcp_ha/haproxy/.
+_PACKAGE = Path(__file__).resolve().parent
+HAPROXY_DIR = _PACKAGE / "haproxy" if (_PACKAGE / "haproxy").is_dir() else _PACKAGE.parent / "haproxy"
+# HAProxy's per-address limits (haproxy/haproxy.cfg has the same defaults): requests per 10 s, and
+# open connections. Both well above what the tests and benchmarks send from their one address.
+DEFAULT_RATE_LIMIT = 30_000
+DEFAULT_MAX_CONN_PER_SOURCE = 500
+# Redis's maxmemory in the local stack and compose.
+DEFAULT_REDIS_MAXMEMORY = "256mb"
+STOP_GRACE_SECONDS = 15.0
+# The name the sentinels know the primary by (the replicas' REDIS_MASTER_NAME).
+SENTINEL_MASTER = "mymaster"
+HEALTH_TIMEOUT_SECONDS = 30.0
+
+# Redis's users. `default` is the admin (stack.py's own checks, redis-cli);
+# the replicas connect as REDIS_KIT_USER, which may run exactly the commands
+# stores/redis_store.py sends, its Lua scripts' included (Redis checks those
+# against the caller's ACL too), on the kit's keys only: a leaked replica
+# password cannot read other data, flush, list keys, reconfigure or replicate.
+# (redis-py's CLIENT SETINFO on connect is left out: Redis 7.0 has no such
+# command, and redis-py carries on when it is refused.)
+REDIS_KIT_USER = "mcp"
+# +info: the replicas read INFO memory to report how near Redis is to its maxmemory.
+REDIS_KIT_ACL = (
+    "resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +info +fcall +wait "
+    "+time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget "
+    "+hexists +hdel +hstrlen +exists +zscore +zrem +get +set +lindex +rpush +lpop +lrange "
+    "+publish +subscribe +unsubscribe"
+)
+# Sentinel's connections to the servers (`sentinel auth-user`): what Sentinel
+# needs to watch the servers, announce itself and reconfigure them in a failover.
+REDIS_SENTINEL_USER = "sentinel"
+REDIS_SENTINEL_ACL = (
+    "resetkeys resetchannels &__sentinel__:hello -@all +multi +exec +slaveof +ping +info +role "
+    "+config|rewrite +client|setname +client|kill +script|kill +publish +subscribe"
+)
+# A replica's connection to its primary (`masteruser`): replication only.
+REDIS_REPLICATION_USER = "replication"
+REDIS_REPLICATION_ACL = "resetkeys resetchannels -@all +psync +replconf +ping"
+# The kit's user on the sentinels: asking for the primary, nothing that changes them.
+REDIS_SENTINEL_KIT_ACL = "-@all +ping +sentinel|masters +sentinel|get-master-addr-by-name"
+# What a Redis password may hold: printable ASCII but space, quotes and
+# backslash. Sentinel writes its passwords back into sentinel.conf unquoted
+# (CONFIG REWRITE), where a space breaks the file at the next start and a
+# newline would start a line of its own: a user, say, with no password.
+# Such a password needs no quoting, so the config files below hold them as they are.
+REDIS_PASSWORD_FORM = re.compile(r"[!#-&(-\[\]-~]+")
+# Passwords the stack generates unless set in the environment, kept in the
+# stack dir (REDIS_SECRETS_FILE) across down and up with the Redis data and
+# config files that need them: StackConfig field -> variable.
+REDIS_SECRETS = {
+    "redis_admin_password": "REDIS_ADMIN_PASSWORD",
+    "redis_password": "REDIS_PASSWORD",
+    "redis_sentinel_auth_password": "REDIS_SENTINEL_AUTH_PASSWORD",
+    "redis_replication_password": "REDIS_REPLICATION_PASSWORD",
+}
+REDIS_SECRETS_FILE = "redis-secrets.json"
+# REDIS_MAXMEMORY: a size as Redis reads one (bytes, or with k, kb, m, mb, g, gb).
+REDIS_MEMORY_FORM = re.compile(r"[1-9][0-9]*(?:[kmg]b?|b)?", re.IGNORECASE)
+# Secrets a shell may hold for stack.py itself, never handed on with the rest
+# of its environment: each service gets what it needs in Service.env (the
+# replicas the kit's Redis user, not the admin; HAProxy no Redis password at
+# all), so a compromised replica does not find the admin password in its own
+# environment.
+STACK_SECRETS = {*REDIS_SECRETS.values(), "HAPROXY_STATS_PASSWORD", "MCP_AUTH_TOKENS", "REQUEST_STATE_KEYS"}
+
+INSTALL_HINT = {
+    "redis-server": "apt-get install redis-server (make demo installs it)",
+    "haproxy": "apt-get install haproxy (make demo installs it)",
+}
+
+
+class StackError(Exception):
+    """Something the user has to fix; the message says what."""
+
+
+def new_secret() -> str:
+    return secrets.token_urlsafe(18)
+
+
+def write_private(path: Path, text: str | bytes) -> None:
+    """Write a file only this user can read (it holds a password or a key), atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(text.encode() if isinstance(text, str) else text)
+    tmp.replace(path)
+
+
+def ensure_certificate(cert: Path, pem: Path, host: str, *, days: int = 365) -> None:
+    """A self-signed certificate for `host` and localhost, made once per stack dir (again once it nears expiry).
+
+    No CA: the certificate is its own trust anchor, so a client trusts
+    exactly this stack (`cert`), and nothing else is signed by what it
+    trusts. `pem` holds it with its key, for HAProxy, readable by this user only.
+    """
+    now = datetime.datetime.now(datetime.UTC)
+    if cert.exists() and pem.exists():
+        current = x509.load_pem_x509_certificate(cert.read_bytes())
+        if current.not_valid_after_utc - now > datetime.timedelta(days=1):
+            return
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mcp-ha-kit local stack")])
+    subject_key = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(host))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_encipherment=False,
+                content_commitment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(subject_key, critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(subject_key), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_bytes = certificate.public_bytes(serialization.Encoding.PEM)
+    key_bytes = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    write_private(pem, cert_bytes + key_bytes)
+    cert.write_bytes(cert_bytes)
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise StackError(f"{name}={raw!r} is not a whole number") from None
+
+
+class StackOptions(TypedDict, total=False):
+    """StackConfig fields `on_free_ports` passes on as given."""
+
+    rate_limit: int
+    max_conn_per_source: int
+    max_body_bytes: int
+    allowed_origins: str
+    auth: dict[str, str]
+    server: str
+    redis_maxmemory: str
+
+
+class RedisAuth(TypedDict):
+    """Credentials on Redis, as RedisSessionStore's keyword arguments."""
+
+    username: str
+    password: str
+
+
+class SentinelAuth(TypedDict):
+    """Credentials on the sentinels, as RedisSessionStore's keyword arguments."""
+
+    sentinel_username: str
+    sentinel_password: str
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    state_dir: Path = Path(".stack")
+    host: str = "127.0.0.1"
+    http_port: int = 8080
+    # HAProxy's TLS port, with a self-signed certificate the stack generates (tls_cert).
+    https_port: int = 8443
+    stats_port: int = 8404
+    redis_port: int = 6380
+    replica_ports: tuple[int, ...] = (8001, 8002, 8003)
+    session_ttl_seconds: int = 1800
+    python: str = sys.executable
+    # "single": one redis. "sentinel": redis-1 (primary at start, on
+    # redis_port), redis-2 (replica) and three sentinels electing a new primary.
+    redis_mode: str = "single"
+    redis_replica_port: int = 6381
+    sentinel_ports: tuple[int, ...] = (26380, 26381, 26382)
+    # Replicas' REDIS_WAIT_REPLICAS: how many Redis replicas acknowledge a write before a call does.
+    redis_wait_replicas: int = 0
+    # HAProxy's stats page and /metrics: a password of this stack's own unless
+    # HAPROXY_STATS_PASSWORD is set, recorded with the rest of the config so
+    # later commands, the tests and the benchmarks can read the stats.
+    stats_user: str = "stats"
+    stats_password: str = field(default_factory=new_secret, repr=False)
+    # Redis refuses unauthenticated clients: `default` is the admin, the
+    # replicas connect as REDIS_KIT_USER (see REDIS_KIT_ACL), and with
+    # Sentinel the sentinels and the replica link have users of their own.
+    redis_user: str = REDIS_KIT_USER
+    redis_admin_password: str = field(default_factory=new_secret, repr=False)
+    redis_password: str = field(default_factory=new_secret, repr=False)
+    redis_sentinel_auth_password: str = field(default_factory=new_secret, repr=False)
+    redis_replication_password: str = field(default_factory=new_secret, repr=False)
+    # HAProxy's HAPROXY_RATE_LIMIT (requests per 10 s per client address),
+    # HAPROXY_MAX_CONN_PER_SOURCE (open connections per client address),
+    # HAPROXY_MAX_BODY_BYTES and HAPROXY_ALLOWED_ORIGINS (space-separated).
+    rate_limit: int = DEFAULT_RATE_LIMIT
+    max_conn_per_source: int = DEFAULT_MAX_CONN_PER_SOURCE
+    max_body_bytes: int = 1_048_576
+    allowed_origins: str = ""
+    # The replicas' MCP_AUTH* settings (mcp_ha/auth.py), e.g. {"MCP_AUTH": "static",
+    # "MCP_AUTH_TOKENS": "alice:…"}; none: authentication off.
+    auth: dict[str, str] = field(default_factory=dict, repr=False)
+    # The module each replica runs (`python -m MODULE`): the kit's demo server, or
+    # any server made with mcp_ha (MCP_SERVER_MODULE, `up --server`).
+    server: str = "server"
+    # The replicas' REQUEST_STATE_KEYS: one ring for all of them, so a 2026-07-28 multi-round-trip
+    # request may take its legs to any replica (mcp_ha/request_state.py). This stack's own unless set.
+    request_state_keys: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
+    # Redis's maxmemory (REDIS_MAXMEMORY), with maxmemory-policy noeviction: at the bound
+    # Redis refuses writes, which the replicas answer as clear errors, and never evicts a
+    # live session's state to make room.
+    redis_maxmemory: str = DEFAULT_REDIS_MAXMEMORY
+
+    def __post_init__(self) -> None:
+        if not REDIS_MEMORY_FORM.fullmatch(self.redis_maxmemory):
+            raise StackError(f"REDIS_MAXMEMORY={self.redis_maxmemory!r}: a size such as 256mb or 1gb")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", self.server):
+            raise StackError(f"MCP_SERVER_MODULE={self.server!r}: a module name, e.g. examples.cart.server")
+        for name, variable in REDIS_SECRETS.items():
+            if not REDIS_PASSWORD_FORM.fullmatch(getattr(self, name)):
+                raise StackError(
+                    f"{variable}: use printable ASCII without spaces, quotes or backslashes "
+                    "(Sentinel writes its passwords back into its config file as they are)"
+                )
+
+    @classmethod
+    def from_env(cls, *, redis_mode: str = "single", server: str | None = None) -> StackConfig:
+        replicas = env_int("MCP_REPLICAS", 3)
+        if not 1 <= replicas <= 9:
+            raise StackError(f"MCP_REPLICAS={replicas}: between 1 and 9 replicas are supported")
+        base = env_int("MCP_BASE_PORT", 8001)
+        state_dir = Path(os.environ.get("STACK_DIR") or Path.cwd() / ".stack").resolve()
+        try:
+            kept = json.loads((state_dir / REDIS_SECRETS_FILE).read_text())
+        except FileNotFoundError:
+            kept = {}
+        redis_secrets = {
+            name: os.environ.get(var) or kept.get(name) or new_secret() for name, var in REDIS_SECRETS.items()
+        }
+        return cls(
+            state_dir=state_dir,
+            http_port=env_int("MCP_HTTP_PORT", 8080),
+            https_port=env_int("MCP_HTTPS_PORT", 8443),
+            stats_port=env_int("MCP_STATS_PORT", 8404),
+            redis_port=env_int("REDIS_PORT", 6380),
+            replica_ports=tuple(base + i for i in range(replicas)),
+            session_ttl_seconds=env_int("SESSION_TTL_SECONDS", 1800),
+            redis_mode=redis_mode,
+            redis_replica_port=env_int("REDIS_REPLICA_PORT", 6381),
+            sentinel_ports=tuple(env_int("SENTINEL_BASE_PORT", 26380) + i for i in range(3)),
+            redis_wait_replicas=env_int("REDIS_WAIT_REPLICAS", 0),
+            stats_user=os.environ.get("HAPROXY_STATS_USER") or "stats",
+            stats_password=os.environ.get("HAPROXY_STATS_PASSWORD") or new_secret(),
+            request_state_keys=os.environ.get("REQUEST_STATE_KEYS") or secrets.token_hex(32),
+            **redis_secrets,
+            rate_limit=env_int("HAPROXY_RATE_LIMIT", DEFAULT_RATE_LIMIT),
+            max_conn_per_source=env_int("HAPROXY_MAX_CONN_PER_SOURCE", DEFAULT_MAX_CONN_PER_SOURCE),
+            max_body_bytes=env_int("HAPROXY_MAX_BODY_BYTES", 1_048_576),
+            allowed_origins=" ".join(os.environ.get("HAPROXY_ALLOWED_ORIGINS", "").replace(",", " ").split()),
+            auth={name: value for name, value in os.environ.items() if name.startswith("MCP_AUTH")},
+            server=server or os.environ.get("MCP_SERVER_MODULE") or "server",
+            redis_maxmemory=os.environ.get("REDIS_MAXMEMORY") or DEFAULT_REDIS_MAXMEMORY,
+        )
+
+    @classmethod
+    def on_free_ports(
+        cls,
+        state_dir: Path,
+        *,
+        replicas: int = 3,
+        redis_mode: str = "single",
+        redis_wait_replicas: int = 0,
+        **haproxy: Unpack[StackOptions],
+    ) -> StackConfig:
+        """A stack beside any other: for tests and benchmarks that start their own.
+
+        `haproxy`: rate_limit, max_conn_per_source, max_body_bytes, allowed_origins (the defaults otherwise), and
+        `auth`, the replicas' MCP_AUTH* settings (and `server`, the module the replicas run).
+        """
+        http, https, stats, redis, redis_replica, *rest = free_ports(8 + replicas)
+        return cls(
+            state_dir=state_dir,
+            http_port=http,
+            https_port=https,
+            stats_port=stats,
+            redis_port=redis,
+            replica_ports=tuple(rest[3:]),
+            redis_mode=redis_mode,
+            redis_replica_port=redis_replica,
+            sentinel_ports=tuple(rest[:3]),
+            redis_wait_replicas=redis_wait_replicas,
+            **haproxy,
+        )
+
+    @property
+    def sentinels(self) -> str:
+        """The replicas' REDIS_SENTINELS."""
+        return ",".join(f"{self.host}:{port}" for port in self.sentinel_ports)
+
+    def redis_names(self) -> list[str]:
+        if self.redis_mode == "sentinel":
+            return ["redis-1", "redis-2", "sentinel-1", "sentinel-2", "sentinel-3"]
+        return ["redis"]
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://{self.host}:{self.redis_port}/0"
+
+    @property
+    def redis_auth(self) -> RedisAuth:
+        """The replicas' credentials, as RedisSessionStore's keyword arguments."""
+        return {"username": self.redis_user, "password": self.redis_password}
+
+    @property
+    def sentinel_auth(self) -> SentinelAuth:
+        """The replicas' credentials on the sentinels (the same user there), as RedisSessionStore's arguments."""
+        return {"sentinel_username": self.redis_user, "sentinel_password": self.redis_password}
+
+    @property
+    def redis_cli_env(self) -> dict[str, str]:
+        """The environment for `redis-cli` as the admin: the password in REDISCLI_AUTH, not argv (`ps` shows argv)."""
+        return {**os.environ, "REDISCLI_AUTH": self.redis_admin_password}
+
+    @property
+    def mcp_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}/mcp"
+
+    @property
+    def mcp_https_url(self) -> str:
+        return f"https://{self.host}:{self.https_port}/mcp"
+
+    @property
+    def tls_cert(self) -> Path:
+        """The stack's self-signed certificate: what a client trusts to reach mcp_https_url."""
+        return self.state_dir / "tls" / "cert.pem"
+
+    @property
+    def tls_pem(self) -> Path:
+        """Certificate and private key in one file, for HAProxy; readable by this user only."""
+        return self.state_dir / "tls" / "haproxy.pem"
+
+    @property
+    def stats_url(self) -> str:
+        return f"http://{self.host}:{self.stats_port}/stats"
+
+    @property
+    def stats_auth(self) -> tuple[str, str]:
+        return self.stats_user, self.stats_password
+
+    def replica_names(self) -> list[str]:
+        return [f"mcp-server-{i}" for i in range(1, len(self.replica_ports) + 1)]
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["state_dir"] = str(self.state_dir)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> StackConfig:
+        return cls(
+            **{
+                **data,
+                "state_dir": Path(data["state_dir"]),
+                "replica_ports": tuple(data["replica_ports"]),
+                "sentinel_ports": tuple(data["sentinel_ports"]),
+            }
+        )
+
+
+@dataclass
+class Service:
+    name: str
+    argv: list[str]
+    port: int
+    env: dict[str, str] = field(default_factory=dict)
+    # A config file written before the first start and kept afterwards:
+    # Sentinel rewrites its own, and the Redis servers' after a failover, so
+    # a restarted server keeps its current role.
+    config_file: tuple[Path, str] | None = None
+    # False: written afresh at every start instead (nothing rewrites it, and
+    # so a changed password or ACL takes effect).
+    config_kept: bool = True
+
+    @property
+    def binary(self) -> str:
+        return self.argv[0]
+
+
+@dataclass
+class ServiceState:
+    name: str
+    pid: int | None
+    address: str
+    state: str  # running, paused, exited, stopped
+
+
+def _proc_stat(pid: int) -> tuple[str, str] | None:
+    """(state letter, start time in clock ticks) of a process, or None if there is none."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name may contain spaces and parentheses; fields after it don't.
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return fields[0], fields[19]
+
+
+def _reaped(pid: int) -> bool:
+    """Collect a zombie if it is this process's child; whether it is gone for good.
+
+    A multi-threaded process (haproxy) shows as a zombie while its other
+    threads are still exiting, and cannot be collected until they have.
+    """
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return True  # someone else's zombie: gone as far as we are concerned
+
+
+def free_ports(count: int) -> list[int]:
+    """Loopback ports the kernel just handed out; held open together so they are distinct."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def http_status(url: str, timeout: float = 1.0) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, ValueError):
+        return None
+
+
+def read_stats_csv(stats_url: str, user: str, password: str, timeout: float = 1.0) -> str:
+    """HAProxy's stats as CSV, with the stats credentials (basic auth)."""
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    request = urllib.request.Request(f"{stats_url};csv", headers={"Authorization": f"Basic {token}"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.read().decode()
+
+
+def redis_command(
+    host: str, port: int, *words: str, password: str | None = None, user: str = "default", timeout: float = 1.0
+) -> object:
+    """One command's reply (str, int, list, None; an error reply as an Exception), or None if unreachable.
+
+    A few lines of RESP, so the stack needs no Redis client of its own. With
+    `password`, the command goes after AUTH as `user`; a refused AUTH is the reply.
+    """
+    commands = ([("AUTH", user, password)] if password is not None else []) + [words]
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(b"".join(_resp_array(command) for command in commands))
+            reply = sock.makefile("rb")
+            if password is not None and isinstance(auth := _resp(reply), Exception):
+                return auth
+            return _resp(reply)
+    except (OSError, ValueError):
+        return None
+
+
+def _resp_array(words: tuple[str, ...]) -> bytes:
+    """A command as a RESP array: any bytes in a word (a password's, say) arrive as they are."""
+    encoded = [word.encode() for word in words]
+    return f"*{len(encoded)}\r\n".encode() + b"".join(b"$%d\r\n%s\r\n" % (len(w), w) for w in encoded)
+
+
+def _resp(reply: io.BufferedReader) -> object:
+    line = reply.readline().decode().rstrip("\r\n")
+    kind, rest = line[:1], line[1:]
+    if kind == "+":
+        return rest
+    if kind == "-":
+        return Exception(rest)
+    if kind == ":":
+        return int(rest)
+    if kind == "$":
+        return None if rest == "-1" else reply.read(int(rest) + 2)[:-2].decode()
+    if kind == "*":
+        return None if rest == "-1" else [_resp(reply) for _ in range(int(rest))]
+    raise ValueError(f"not a RESP reply: {line!r}")
+
+
+def redis_info(host: str, port: int, section: str, *, password: str | None = None) -> dict[str, str]:
+    """INFO `section` as a dict (empty if unreachable, still loading or refused), as `default` with `password`."""
+    text = redis_command(host, port, "INFO", section, password=password)
+    if not isinstance(text, str):
+        return {}
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
+class Stack:
+    """Start, stop and inspect the stack's processes. Safe to use from several commands in turn."""
+
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.state_file = config.state_dir / "state.json"
+        self.log_dir = config.state_dir / "logs"
+
+    @classmethod
+    def load(cls, *, redis_mode: str | None = None, server: str | None = None) -> Stack:
+        """The stack recorded in STACK_DIR, or a fresh one configured from the environment."""
+        config = StackConfig.from_env(redis_mode=redis_mode or "single", server=server)
+        state_file = config.state_dir / "state.json"
+        if state_file.exists():
+            config = StackConfig.from_json(json.loads(state_file.read_text())["config"])
+            if redis_mode and redis_mode != config.redis_mode:
+                raise StackError(
+                    f"the stack in {config.state_dir} is up with --redis {config.redis_mode}; "
+                    "stop it first (python stack.py down)"
+                )
+            if server and server != config.server:
+                raise StackError(
+                    f"the stack in {config.state_dir} is up with --server {config.server}; "
+                    "stop it first (python stack.py down)"
+                )
+        return cls(config)
+
+    # -- what the stack is made of ------------------------------------------------
+
+    def _redis_users(self) -> str:
+        """The Redis servers' ACL, as config file lines (in a file, not argv: `ps` shows argv to everyone)."""
+        c = self.config
+        users = [("default", c.redis_admin_password, "~* &* +@all"), (c.redis_user, c.redis_password, REDIS_KIT_ACL)]
+        if c.redis_mode == "sentinel":
+            users += [
+                (REDIS_SENTINEL_USER, c.redis_sentinel_auth_password, REDIS_SENTINEL_ACL),
+                (REDIS_REPLICATION_USER, c.redis_replication_password, REDIS_REPLICATION_ACL),
+            ]
+        return "".join(f"user {name} reset on >{password} {rules}\n" for name, password, rules in users)
+
+    def _redis_memory_args(self) -> list[str]:
+        """Redis's memory bound, on the command line (no secret in it) so it also holds for a config file
+        Redis or Sentinel rewrote and the stack keeps: past it writes are refused, nothing is evicted."""
+        return ["--maxmemory", self.config.redis_maxmemory, "--maxmemory-policy", "noeviction"]
+
+    def _redis_services(self) -> list[Service]:
+        c = self.config
+        if c.redis_mode == "single":
+            conf = c.state_dir / "redis" / "redis.conf"
+            text = (
+                f"bind {c.host}\nport {c.redis_port}\ndir {conf.parent}\nprotected-mode yes\n"
+                f'appendonly yes\nsave ""\n{self._redis_users()}'
+            )
+            return [
+                Service(
+                    "redis",
+                    ["redis-server", str(conf), *self._redis_memory_args()],
+                    c.redis_port,
+                    config_file=(conf, text),
+                    config_kept=False,
+                )
+            ]
+        services = []
+        for name, port in (("redis-1", c.redis_port), ("redis-2", c.redis_replica_port)):
+            conf = c.state_dir / name / "redis.conf"
+            # AOF fsynced every second, as in compose; redis-2 starts as redis-1's replica. A replica
+            # (re)joining is sent the data at once, not after the default 5 s wait for others to join.
+            # Either server may be a replica after a failover, so both know how to authenticate to a primary.
+            text = (
+                f"bind {c.host}\nport {port}\ndir {conf.parent}\nprotected-mode yes\n"
+                'appendonly yes\nappendfsync everysec\nsave ""\nrepl-diskless-sync-delay 0\n'
+                f"{self._redis_users()}masteruser {REDIS_REPLICATION_USER}\n"
+                f"masterauth {c.redis_replication_password}\n"
+            )
+            if name == "redis-2":
+                text += f"replicaof {c.host} {c.redis_port}\n"
+            services.append(
+                Service(name, ["redis-server", str(conf), *self._redis_memory_args()], port, config_file=(conf, text))
+            )
+        for i, port in enumerate(c.sentinel_ports, start=1):
+            conf = c.state_dir / f"sentinel-{i}" / "sentinel.conf"
+            # Quorum 2 of 3; the primary counts as down after 1 s without an answer. The sentinels
+            # want a password too (`default`, the admin, which they also use with each other), and
+            # the replicas ask them as the kit's user, which may only ask.
+            text = (
+                f"bind {c.host}\nport {port}\ndir {conf.parent}\n"
+                f"user default reset on >{c.redis_admin_password} ~* &* +@all\n"
+                f"user {c.redis_user} reset on >{c.redis_password} {REDIS_SENTINEL_KIT_ACL}\n"
+                f"sentinel sentinel-pass {c.redis_admin_password}\n"
+                f"sentinel monitor {SENTINEL_MASTER} {c.host} {c.redis_port} 2\n"
+                f"sentinel auth-user {SENTINEL_MASTER} {REDIS_SENTINEL_USER}\n"
+                f"sentinel auth-pass {SENTINEL_MASTER} {c.redis_sentinel_auth_password}\n"
+                f"sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n"
+                f"sentinel failover-timeout {SENTINEL_MASTER} 10000\n"
+                f"sentinel parallel-syncs {SENTINEL_MASTER} 1\n"
+            )
+            services.append(
+                Service(f"sentinel-{i}", ["redis-server", str(conf), "--sentinel"], port, config_file=(conf, text))
+            )
+        return services
+
+    def services(self) -> list[Service]:
+        c = self.config
+        store_env = {"REDIS_USERNAME": c.redis_user, "REDIS_PASSWORD": c.redis_password}
+        if c.redis_mode == "sentinel":
+            store_env |= {
+                "REDIS_SENTINELS": c.sentinels,
+                "REDIS_MASTER_NAME": SENTINEL_MASTER,
+                "REDIS_SENTINEL_USERNAME": c.redis_user,
+                "REDIS_SENTINEL_PASSWORD": c.redis_password,
+            }
+        else:
+            store_env |= {"REDIS_URL": c.redis_url}
+        replicas = [
+            Service(
+                name,
+                [c.python, "-m", c.server],
+                port,
+                {
+                    "INSTANCE_ID": name,
+                    "HOST": c.host,
+                    "PORT": str(port),
+                    **store_env,
+                    "REDIS_WAIT_REPLICAS": str(c.redis_wait_replicas),
+                    "SESSION_TTL_SECONDS": str(c.session_ttl_seconds),
+                    "REQUEST_STATE_KEYS": c.request_state_keys,
+                    # A chunked body HAProxy could not measure meets the same bound on the replica.
+                    "MAX_BODY_BYTES": str(c.max_body_bytes),
+                    # Only what this stack was started with, whatever the shell holds.
+                    "MCP_AUTH": "none",
+                    **c.auth,
+                },
+            )
+            for name, port in zip(c.replica_names(), c.replica_ports, strict=True)
+        ]
+        haproxy_env = {
+            "HAPROXY_BIND": f"{c.host}:{c.http_port}",
+            "HAPROXY_STATS_BIND": f"{c.host}:{c.stats_port}",
+            "SESSION_TTL_SECONDS": str(c.session_ttl_seconds),
+            "HAPROXY_STATS_USER": c.stats_user,
+            "HAPROXY_STATS_PASSWORD": c.stats_password,
+            "HAPROXY_RATE_LIMIT": str(c.rate_limit),
+            "HAPROXY_MAX_CONN_PER_SOURCE": str(c.max_conn_per_source),
+            "HAPROXY_MAX_BODY_BYTES": str(c.max_body_bytes),
+            "HAPROXY_ALLOWED_ORIGINS": c.allowed_origins,
+            "HAPROXY_LUA_DIR": str(HAPROXY_DIR),
+            "HAPROXY_TLS_BIND": f"{c.host}:{c.https_port}",
+            "HAPROXY_TLS_CERT": str(c.tls_pem),
+        }
+        for i, port in enumerate(c.replica_ports, start=1):
+            haproxy_env[f"MCP_SERVER_{i}"] = f"{c.host}:{port}"
+        haproxy = Service(
+            "haproxy", ["haproxy", "-db", "-f", str(HAPROXY_DIR / "haproxy.cfg")], c.http_port, haproxy_env
+        )
+        return [*self._redis_services(), *replicas, haproxy]
+
+    def service(self, name: str) -> Service:
+        for svc in self.services():
+            if svc.name == name:
+                return svc
+        known = ", ".join(s.name for s in self.services())
+        raise StackError(f"no service named {name!r}; the stack has: {known}")
+
+    # -- recorded state ------------------------------------------------------------
+
+    def _read(self) -> dict:
+        if self.state_file.exists():
+            return json.loads(self.state_file.read_text())
+        return {"config": self.config.to_json(), "processes": {}}
+
+    def _write(self, state: dict) -> None:
+        self._make_state_dir()
+        # It holds the stats and Redis passwords: readable by this user only.
+        write_private(self.state_file, json.dumps(state, indent=2))
+
+    def _make_state_dir(self) -> None:
+        # This user's only: Redis and Sentinel rewrite their config files (passwords in them) with
+        # the umask's mode, and the logs say what the stack serves. Also a directory that was
+        # already there (an old .stack, a STACK_DIR made by hand).
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        self.config.state_dir.chmod(0o700)
+
+    def _keep_redis_secrets(self) -> None:
+        """The Redis passwords, for the next `up` in this stack dir: its config files and data outlive `down`."""
+        path = self.config.state_dir / REDIS_SECRETS_FILE
+        if not path.exists():
+            write_private(path, json.dumps({name: getattr(self.config, name) for name in REDIS_SECRETS}))
+
+    def _recorded(self, name: str) -> dict | None:
+        return self._read()["processes"].get(name)
+
+    def pid(self, name: str) -> int | None:
+        """The pid of the process this stack started for `name`, if it is still that process."""
+        record = self._recorded(name)
+        if record is None:
+            return None
+        stat = _proc_stat(record["pid"])
+        if stat is None or stat[1] != record["start_ticks"]:
+            return None
+        if stat[0] in "ZX" and _reaped(record["pid"]):
+            return None
+        return record["pid"]
+
+    def state(self, name: str) -> str:
+        pid = self.pid(name)
+        if pid is None:
+            return "exited" if self._recorded(name) else "stopped"
+        stat = _proc_stat(pid)
+        if stat and stat[0] in "ZX":
+            return "exited"
+        return "paused" if stat and stat[0] == "T" else "running"
+
+    def ps(self) -> list[ServiceState]:
+        c = self.config
+        return [
+            ServiceState(svc.name, self.pid(svc.name), f"{c.host}:{svc.port}", self.state(svc.name))
+            for svc in self.services()
+        ]
+
+    # -- health --------------------------------------------------------------------
+
+    def healthy(self, name: str) -> bool:
+        c = self.config
+        if name.startswith("sentinel-"):
+            # It sees the primary up, and has found the other sentinels, so it can take part in a failover.
+            status = self.redis_info(name, "sentinel").get("master0", "")
+            return "status=ok" in status and f"sentinels={len(c.sentinel_ports)}" in status
+        if name.startswith("redis"):
+            # PING answers an error while the AOF is still loading: only PONG is ready.
+            if self.redis_command(name, "PING") != "PONG":
+                return False
+            replication = self.redis_info(name, "replication")
+            return replication.get("role") == "master" or replication.get("master_link_status") == "up"
+        if name == "haproxy":
+            return self.backends_up() == {n for n in c.replica_names() if self.pid(n)}
+        return http_status(f"http://{c.host}:{self.service(name).port}/health") == 200
+
+    def redis_command(self, name: str, *words: str) -> object:
+        """A command to one of the stack's Redis servers or sentinels, as its admin (`default`)."""
+        return redis_command(
+            self.config.host, self.service(name).port, *words, password=self.config.redis_admin_password
+        )
+
+    def redis_info(self, name: str, section: str) -> dict[str, str]:
+        return redis_info(self.config.host, self.service(name).port, section, password=self.config.redis_admin_password)
+
+    def backend_status(self) -> dict[str, str]:
+        """Each replica's status as HAProxy sees it (UP, DOWN, ...), from the stats CSV."""
+        try:
+            text = read_stats_csv(self.config.stats_url, *self.config.stats_auth)
+        except (OSError, ValueError):
+            return {}
+        rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
+        return {
+            row["svname"]: row["status"]
+            for row in rows
+            if row["pxname"] == "mcp_servers" and row["svname"].startswith("mcp-server-")
+        }
+
+    def backends_up(self) -> set[str]:
+        return {name for name, status in self.backend_status().items() if status.startswith("UP")}
+
+    def redis_primary(self) -> str | None:
+        """The Redis service that is the primary now: the sentinels' answer, or "redis" without them."""
+        c = self.config
+        if c.redis_mode == "single":
+            return "redis"
+        by_port = {self.service(n).port: n for n in ("redis-1", "redis-2")}
+        for name in c.redis_names()[2:]:
+            address = self.redis_command(name, "SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER)
+            if isinstance(address, list) and len(address) == 2:
+                return by_port.get(int(address[1]))
+        return None
+
+    def wait_healthy(self, name: str, timeout: float = HEALTH_TIMEOUT_SECONDS) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.pid(name) is None:
+                raise StackError(f"{name} exited while starting:\n{self.tail(name)}")
+            if self.healthy(name):
+                return
+            time.sleep(0.1)
+        raise StackError(f"{name} did not become healthy within {timeout:.0f}s:\n{self.tail(name)}")
+
+    # -- verbs ---------------------------------------------------------------------
+
+    def _check_can_start(self, svc: Service) -> None:
+        if shutil.which(svc.binary) is None:
+            hint = INSTALL_HINT.get(svc.binary, "install it")
+            raise StackError(f"{svc.binary} not found on PATH, needed for {svc.name}: {hint}")
+        ports = [svc.port] + ([self.config.https_port, self.config.stats_port] if svc.name == "haproxy" else [])
+        for port in ports:
+            # A process killed a moment ago may still hold its port while it exits.
+            deadline = time.monotonic() + 2
+            while not port_is_free(self.config.host, port) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not port_is_free(self.config.host, port):
+                raise StackError(
+                    f"port {port} on {self.config.host} is already in use, so {svc.name} cannot start; "
+                    "stop what uses it or choose other ports (docs/operations.md)"
+                )
+
+    def start(self, name: str, *, wait: bool = True) -> None:
+        if self.pid(name) is not None:
+            return
+        svc = self.service(name)
+        self._check_can_start(svc)
+        self._make_state_dir()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if name in self.config.redis_names():
+            self._keep_redis_secrets()
+        if name == "haproxy":
+            ensure_certificate(self.config.tls_cert, self.config.tls_pem, self.config.host)
+        if svc.config_file and not (svc.config_kept and svc.config_file[0].exists()):
+            write_private(*svc.config_file)
+        elif svc.config_file and "\nuser default " not in svc.config_file[0].read_text():
+            raise StackError(
+                f"{svc.config_file[0]} is from before Redis had passwords, so {name} would let anyone "
+                f"in and refuse stack.py's own checks: run `python stack.py down`, remove "
+                f"{self.config.state_dir} and start again"
+            )
+        argv = svc.argv + self._rejoin_args(name)
+        log = open(self.log_dir / f"{name}.log", "ab")
+        proc = subprocess.Popen(
+            argv,
+            cwd=Path.cwd(),
+            env={**{k: v for k, v in os.environ.items() if k not in STACK_SECRETS}, **svc.env},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            # Its own session: Ctrl-C on `up` reaches only this tool, which then
+            # stops each service in order.
+            start_new_session=True,
+        )
+        log.close()
+        stat = _proc_stat(proc.pid)
+        state = self._read()
+        state["processes"][name] = {"pid": proc.pid, "start_ticks": stat[1] if stat else "", "argv": argv}
+        self._write(state)
+        if wait:
+            self.wait_healthy(name)
+            if name in self.config.redis_names()[:2]:
+                self.load_functions(name)
+
+    def load_functions(self, name: str) -> None:
+        """Load the kit's Redis functions into `name` as its admin, if it is a primary (replicas get them
+        from it): the kit's own user may only call them (REDIS_KIT_ACL)."""
+        from .stores.redis_store import functions_library
+
+        if self.redis_info(name, "replication").get("role") != "master":
+            return
+        loaded = self.redis_command(name, "FUNCTION", "LOAD", "REPLACE", functions_library())
+        if isinstance(loaded, Exception) or loaded is None:
+            raise StackError(f"{name} refused the kit's Redis functions: {loaded}")
+
+    def _rejoin_args(self, name: str) -> list[str]:
+        """A Redis server the sentinels no longer name as the primary starts as the new primary's replica.
+
+        Its config file may still say it is the primary (it was killed before
+        Sentinel could rewrite it); started as one, it would take writes nobody
+        reads until Sentinel demotes it, ~8 s later, and a replica-acknowledged
+        write (REDIS_WAIT_REPLICAS) would wait for it just as long.
+        """
+        if self.config.redis_mode != "sentinel" or name not in ("redis-1", "redis-2"):
+            return []
+        # Sentinels not up yet (`up` starts them last): the primary when the stack went down.
+        primary = self.redis_primary() or self._last_primary()
+        if primary == name or self.pid(primary) is None:
+            return []
+        return ["--replicaof", self.config.host, str(self.service(primary).port)]
+
+    @property
+    def _last_primary_file(self) -> Path:
+        return self.config.state_dir / "redis-primary"
+
+    def _last_primary(self) -> str:
+        """The primary when the stack last went down (Sentinel may have moved it from redis-1)."""
+        try:
+            name = self._last_primary_file.read_text().strip()
+        except FileNotFoundError:
+            return "redis-1"
+        return name if name in ("redis-1", "redis-2") else "redis-1"
+
+    def signal(self, name: str, sig: signal.Signals) -> None:
+        pid = self.pid(name)
+        if pid is None:
+            raise StackError(f"{name} is not running")
+        os.kill(pid, sig)
+
+    def stop(self, *names: str, timeout: float = STOP_GRACE_SECONDS) -> None:
+        """SIGTERM, then SIGKILL after `timeout`, like `docker compose stop`; several side by side."""
+        pids = {name: self.pid(name) for name in names}
+        for running in filter(None, pids.values()):
+            os.kill(running, signal.SIGCONT)  # a paused process cannot act on SIGTERM
+            os.kill(running, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while any(self.pid(n) for n in names) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for name, pid in pids.items():
+            if pid is not None and self.pid(name) is not None:
+                os.kill(pid, signal.SIGKILL)
+                while self.pid(name) is not None:
+                    time.sleep(0.05)
+        state = self._read()
+        for name in names:
+            state["processes"].pop(name, None)
+        self._write(state)
+
+    def up(self) -> None:
+        """Start what is not running: redis (and its sentinels), then the replicas side by side, then haproxy."""
+        redis = self.config.redis_names()
+        servers = redis[:2]
+        if self.config.redis_mode == "sentinel" and self._last_primary() == "redis-2":
+            servers.reverse()
+        # The primary first, so its replica and the sentinels find it; the sentinels side by side, so
+        # each can find the others (healthy means it has).
+        for name in servers:
+            self.start(name)
+        for name in redis[2:]:
+            self.start(name, wait=False)
+        for name in redis[2:]:
+            self.wait_healthy(name)
+        replicas = self.config.replica_names()
+        for name in replicas:
+            self.start(name, wait=False)
+        for name in replicas:
+            self.wait_healthy(name)
+        self.start("haproxy")
+
+    def down(self) -> None:
+        """Stop haproxy, then every replica side by side (each drains), then the sentinels and redis."""
+        self.stop("haproxy")
+        self.stop(*self.config.replica_names())
+        redis = self.config.redis_names()
+        if self.config.redis_mode == "sentinel":
+            primary = self.redis_primary()
+            if primary:
+                self._last_primary_file.write_text(primary)
+        self.stop(*redis[2:])
+        for name in reversed(redis[:2]):
+            self.stop(name)
+        self.state_file.unlink(missing_ok=True)
+
+    def restart(self, name: str) -> None:
+        self.stop(name)
+        self.start(name)
+        if name.startswith("mcp-server-") and self.pid("haproxy"):
+            self.wait_healthy("haproxy")
+
+    def tail(self, name: str, lines: int = 20) -> str:
+        path = self.log_dir / f"{name}.log"
+        if not path.exists():
+            return "(no log)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def running_stack() -> Stack:
+    """The stack `python stack.py up` started, for the benchmarks; StackError, saying what is wrong, unless whole."""
+    stack = Stack.load()
+    if not ipaddress.ip_address(stack.config.host).is_loopback:
+        raise StackError(f"the stack listens on {stack.config.host}; the benchmarks only run against loopback")
+    problems = []
+    for svc in stack.services():
+        state = stack.state(svc.name)
+        if state != "running":
+            problems.append(f"{svc.name} is {state}")
+        elif not stack.healthy(svc.name):
+            problems.append(f"{svc.name} is not healthy")
+    if problems:
+        raise StackError(
+            f"the stack in {stack.config.state_dir} is not up and healthy ({'; '.join(problems)}). "
+            "Start it with `python stack.py up -d`, or pass --own-stack to run on a stack of the benchmark's own."
+        )
+    return stack
+
+
+# -- command line --------------------------------------------------------------------
+
+console = Console()
+
+
+def _fail(exc: StackError) -> None:
+    # Plain stderr, never wrapped: scripts and tests read these lines.
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(1)
+
+
+def _run(action: Callable[[], object]) -> None:
+    try:
+        action()
+    except StackError as exc:
+        _fail(exc)
+
+
+def _print_urls(stack: Stack) -> None:
+    c = stack.config
+    console.print(f"MCP endpoint  {c.mcp_url}")
+    console.print(
+        f"MCP over TLS  {c.mcp_https_url}  self-signed certificate {c.tls_cert}  (e.g. curl --cacert {c.tls_cert})"
+    )
+    console.print(f"health        http://{c.host}:{c.http_port}/health")
+    console.print(f"HAProxy stats {c.stats_url}  user {c.stats_user}  password {c.stats_password}")
+    if c.redis_mode == "sentinel":
+        console.print(f"Redis         Sentinel {c.sentinels}, primary {SENTINEL_MASTER!r}")
+    else:
+        console.print(f"Redis         {c.redis_url}")
+    # Where the passwords are, not the passwords: the admin's opens all of Redis, and a
+    # terminal's scrollback or a CI log is no place for it.
+    console.print(
+        f"Redis users   {c.redis_user} (the replicas), default (admin): passwords in {c.state_dir / REDIS_SECRETS_FILE}"
+    )
+
+
+@click.group()
+def cli() -> None:
+    """The HA stack (redis, mcp-server-N, haproxy) as local processes."""
+
+
+@cli.command()
+@click.option("-d", "--detach", is_flag=True, help="Return once healthy and leave the stack running.")
+@click.option(
+    "--redis",
+    "redis_mode",
+    type=click.Choice(["single", "sentinel"]),
+    default=None,
+    help="One redis (default), or a primary, a replica and three sentinels. A stack that is already up keeps its own.",
+)
+@click.option(
+    "--server",
+    "server",
+    default=None,
+    metavar="MODULE",
+    help="The module each replica runs (default: server, the kit's demo; MCP_SERVER_MODULE).",
+)
+def up(detach: bool, redis_mode: str | None, server: str | None) -> None:
+    """Start every service not already running; returns when all are healthy."""
+    stack = Stack.load(redis_mode=redis_mode, server=server)
+
+    def action() -> None:
+        with console.status("starting redis, the replicas and haproxy"):
+            stack.up()
+        for svc in stack.services():
+            console.print(f"[green]✔[/green] {svc.name} healthy on {stack.config.host}:{svc.port}")
+        _print_urls(stack)
+
+    _run(action)
+    if not detach:
+        _follow(stack, [s.name for s in stack.services()], until_interrupted=True)
+        _run(stack.down)
+
+
+@cli.command()
+def down() -> None:
+    """Stop every service this tool started."""
+    _run(Stack.load().down)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def ps(as_json: bool) -> None:
+    """Each service's name, pid, address and state."""
+    stack = Stack.load()
+    rows = stack.ps()
+    if as_json:
+        click.echo(json.dumps([asdict(r) for r in rows], indent=2))
+        return
+    table = Table("NAME", "PID", "ADDRESS", "STATE")
+    for r in rows:
+        table.add_row(r.name, str(r.pid or "-"), r.address, r.state)
+    console.print(table)
+    _print_urls(stack)
+
+
+@cli.command()
+@click.argument("names", nargs=-1, required=True)
+def stop(names: tuple[str, ...]) -> None:
+    """Stop services (SIGTERM, then SIGKILL after a grace period)."""
+    stack = Stack.load()
+    _run(lambda: stack.stop(*[stack.service(n).name for n in names]))
+
+
+@cli.command()
+@click.argument("names", nargs=-1, required=True)
+def start(names: tuple[str, ...]) -> None:
+    """Start stopped services and wait until they are healthy."""
+    stack = Stack.load()
+
+    def action() -> None:
+        for name in names:
+            stack.start(name)
+
+    _run(action)
+
+
+@cli.command()
+@click.argument("names", nargs=-1, required=True)
+def restart(names: tuple[str, ...]) -> None:
+    """Restart services one at a time (a rolling restart when given every replica)."""
+    stack = Stack.load()
+
+    def action() -> None:
+        for name in names:
+            with console.status(f"restarting {name}"):
+                stack.restart(name)
+            console.print(f"[green]✔[/green] {name} restarted")
+
+    _run(action)
+
+
+def parse_signal(value: str) -> signal.Signals:
+    value = value.upper()
+    try:
+        return (
+            signal.Signals(int(value))
+            if value.isdigit()
+            else signal.Signals[value if value.startswith("SIG") else f"SIG{value}"]
+        )
+    except (KeyError, ValueError):
+        raise click.BadParameter(f"unknown signal {value!r}") from None
+
+
+@cli.command()
+@click.option("-s", "--signal", "sig", default="SIGKILL", show_default=True, help="Signal name or number.")
+@click.argument("names", nargs=-1, required=True)
+def kill(sig: str, names: tuple[str, ...]) -> None:
+    """Send a signal to services (SIGKILL by default, like docker compose kill)."""
+    stack = Stack.load()
+    signum = parse_signal(sig)
+
+    def action() -> None:
+        for name in names:
+            stack.signal(name, signum)
+
+    _run(action)
+
+
+@cli.command()
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines.")
+@click.argument("names", nargs=-1)
+def logs(follow: bool, names: tuple[str, ...]) -> None:
+    """Print services' logs (all of them when no name is given)."""
+    stack = Stack.load()
+    selected = list(names) or [s.name for s in stack.services()]
+    _run(lambda: [stack.service(n) for n in selected])
+    _follow(stack, selected, until_interrupted=follow)
+
+
+def _follow(stack: Stack, names: list[str], *, until_interrupted: bool) -> None:
+    offsets = dict.fromkeys(names, 0)
+    try:
+        while True:
+            for name in names:
+                path = stack.log_dir / f"{name}.log"
+                if not path.exists():
+                    continue
+                with path.open("rb") as f:
+                    f.seek(offsets[name])
+                    chunk = f.read()
+                    offsets[name] = f.tell()
+                for line in chunk.decode(errors="replace").splitlines():
+                    click.echo(f"{name:<13}| {line}" if len(names) > 1 else line)
+            if not until_interrupted:
+                return
+            time.sleep(0.3)
+    except KeyboardInterrupt:
+        return
+
+
+def main() -> None:
+    try:
+        cli()
+    except StackError as exc:
+        _fail(exc)
+
+
+if __name__ == "__main__":
+    main()
