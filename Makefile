@@ -12,7 +12,7 @@ UV := $(or $(shell command -v uv 2>/dev/null),.tools/uv/bin/uv)
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-quick lint test-docker down up deps system-deps python-deps node-deps lock
+.PHONY: demo test test-quick test-newest lint test-docker down up deps system-deps python-deps node-deps lock
 
 demo: deps
 	$(PY) stack.py up -d
@@ -33,6 +33,18 @@ test: deps node-deps
 # The tests that start no process (redis, haproxy, replicas): seconds, for every edit.
 test-quick: python-deps
 	$(PY) -m pytest -m quick $(PYTEST_ARGS)
+
+# The quick tests and the SDK fence against the newest FastMCP and MCP SDK the index serves,
+# resolved afresh within pyproject's ranges into .venv-newest: a release that breaks the kit
+# is found here, while uv.lock keeps the versions `make test` runs.
+NEWEST := .venv-newest
+test-newest: python-deps
+	rm -rf $(NEWEST)
+	$(UV) venv --quiet --python $(PY) $(NEWEST)
+	$(UV) pip install --quiet --python $(NEWEST)/bin/python --upgrade -e '.[stack]' --group dev
+	@$(NEWEST)/bin/python -c "import importlib.metadata as m; print('newest:', *(f'{d} {m.version(d)}' for d in ('fastmcp', 'mcp')))"
+	$(NEWEST)/bin/python -m pytest -m quick $(PYTEST_ARGS)
+	$(NEWEST)/bin/python -m pytest tests/mcp_ha/test_sdk.py $(PYTEST_ARGS)
 
 lint: python-deps
 	.venv/bin/ruff check .

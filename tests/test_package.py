@@ -1,8 +1,11 @@
-"""The layer installs from the repository, in the checkout's layout, and serves from outside it."""
+"""The layer installs from the repository as one top-level name, beside a current FastMCP, and serves from anywhere."""
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,25 +20,89 @@ UV = shutil.which("uv") or str(ROOT / ".tools" / "uv" / "bin" / "uv")
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_the_wheel_holds_the_layer_and_installs_into_a_fresh_environment(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
     built = subprocess.run(
-        [UV, "build", "--wheel", "--out-dir", str(tmp_path / "dist"), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=240,
+        [UV, "build", "--wheel", "--out-dir", str(out), str(ROOT)], capture_output=True, text=True, timeout=240
     )
     assert built.returncode == 0, built.stderr
-    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    (found,) = out.glob("*.whl")
+    return found
+
+
+def _metadata(wheel: Path) -> str:
+    archive = zipfile.ZipFile(wheel)
+    (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+    return archive.read(name).decode()
+
+
+def test_the_wheel_installs_one_top_level_name_with_its_types_and_haproxy_config(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {
         "mcp_ha/replica.py",
         "mcp_ha/_sdk.py",
-        "session_store.py",
-        "stores/redis_store.py",
-        "resilient_client.py",
+        "mcp_ha/session_store.py",
+        "mcp_ha/stores/redis_store.py",
+        "mcp_ha/resilient_client.py",
+        "mcp_ha/stack.py",
+        "mcp_ha/py.typed",
+        "mcp_ha/haproxy/haproxy.cfg",
+        "mcp_ha/haproxy/refuse_body.lua",
     } <= names
-    assert not {n for n in names if n.startswith(("tests/", "tools/", "examples/")) or n in ("server.py", "stack.py")}
+    top = {n.split("/")[0] for n in names if ".dist-info/" not in n}
+    assert top == {"mcp_ha"}
+    # The wheel's haproxy.cfg is the checkout's: one file for every deployment.
+    assert zipfile.ZipFile(wheel).read("mcp_ha/haproxy/haproxy.cfg") == (ROOT / "haproxy" / "haproxy.cfg").read_bytes()
 
+
+def _third_party_imports() -> set[str]:
+    """Top-level modules the shipped code imports that are neither the standard library nor mcp_ha."""
+    found = set()
+    for path in (ROOT / "mcp_ha").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return {m for m in found if m not in sys.stdlib_module_names and m not in ("mcp_ha", "__future__")}
+
+
+def _requires(dist: str) -> list[str]:
+    try:
+        return [r for r in importlib.metadata.requires(dist) or [] if "extra ==" not in r]
+    except importlib.metadata.PackageNotFoundError:
+        return []
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_every_import_is_declared_and_every_declaration_imported(wheel: Path) -> None:
+    metadata = _metadata(wheel)
+    declared = {
+        _normal(re.split(r"[\s\[<>=!~;]", line.split(":", 1)[1].strip(), maxsplit=1)[0])
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:")
+    }
+    dists = importlib.metadata.packages_distributions()
+    providers = {m: {_normal(d) for d in dists.get(m, [m])} for m in _third_party_imports()}
+    # A declared distribution covers what it brings directly: fastmcp is fastmcp-slim's client and server.
+    covers = {d: {d} | {_normal(re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0]) for r in _requires(d)} for d in declared}
+    uncovered = {m for m, by in providers.items() if not any(by & covered for covered in covers.values())}
+    assert uncovered == set(), "imported by mcp_ha but not declared"
+    unused = {d for d, covered in covers.items() if not any(by & covered for by in providers.values())}
+    assert unused == set(), "declared but imported by nothing in mcp_ha"
+    # Ranges, not pins, so a project on a newer FastMCP can install the kit; uv.lock pins what CI tests.
+    fastmcp = next(line for line in metadata.splitlines() if re.match(r"Requires-Dist: fastmcp\b", line))
+    assert "==" not in fastmcp and "<" in fastmcp
+    assert re.search(r"Provides-Extra: stack", metadata)
+
+
+def test_the_wheel_installs_into_a_fresh_environment_and_serves_from_outside_the_checkout(
+    wheel: Path, tmp_path: Path
+) -> None:
     venv = tmp_path / "venv"
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     for argv in (
@@ -46,7 +113,8 @@ def test_the_wheel_holds_the_layer_and_installs_into_a_fresh_environment(tmp_pat
         assert done.returncode == 0, done.stderr
     # From a directory that is not the checkout, so only the installed copy can be imported.
     probe = (
-        "import mcp_ha, session_store; from mcp_ha import HighAvailability, Settings; "
+        "import mcp_ha; from mcp_ha import HighAvailability, Settings; "
+        "from mcp_ha.session_store import SessionStore; "
         "ha = HighAvailability(Settings(metrics=False)); app = ha.http_app(ha.server('installed')); "
         "print(mcp_ha.__file__)"
     )
@@ -55,3 +123,5 @@ def test_the_wheel_holds_the_layer_and_installs_into_a_fresh_environment(tmp_pat
     )
     assert ran.returncode == 0, ran.stderr
     assert str(venv) in ran.stdout
+    listed = subprocess.run([venv / "bin" / "mcp-ha", "--help"], capture_output=True, text=True, timeout=60, env=env)
+    assert listed.returncode == 0 and {"stack", "check"} <= set(listed.stdout.split())
