@@ -1,0 +1,230 @@
+"""A job runner that survives its replica: a third server shape, written only against `mcp_ha`.
+
+    python stack.py up -d --server examples.jobs.server
+
+A job is a record in its session's state, `job:<id>` = {"id", "name", "steps",
+"done", "state"}, with `jobs`, the session's job ids, oldest first. `start_job`
+creates one and runs its steps inside the call, recording each step in the
+store and reporting it as progress; every other tool reads or changes the
+record, through any replica. So:
+
+- a cancel sent through any replica is seen by the job at its next step: the
+  job reads its record from the store before every step, and each step
+  commits only while the record is what the step read (`Session.apply_once`);
+- a `start_job` run again under the same idempotency key (its client retried
+  it, or its replica died mid-stream and the kit ran it again elsewhere)
+  creates no second job, and resumes from the last step recorded: creating
+  the job and each step are apply-once blocks named by what they are, so a
+  re-run gets the first run's job back, skips the steps the store already
+  holds, and a step two runs both reach is applied once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import secrets
+from typing import Annotated, Any
+
+from fastmcp import Context
+from fastmcp.exceptions import ToolError
+from fastmcp.server.elicitation import AcceptedElicitation
+from mcp_types import ElicitRequest, ElicitRequestFormParams, ElicitResult, InputRequiredResult
+from pydantic import Field
+
+from mcp_ha import HighAvailability, Session, SessionHandle
+
+# Not re-exported by `mcp_ha`: which generation a call speaks, as the demo server (server.py) asks it.
+from mcp_ha.handles import session_era_id
+from mcp_ha.session_store import Transaction
+
+ha = HighAvailability.from_env()
+mcp = ha.server("jobs")
+
+# A session's jobs, finished ones included, until delete_all_jobs: the bound keeps its state to ~200 KB
+# (a record with a 100-character ASCII name takes ~200 bytes), under the store's own bound on a session's state.
+MAX_JOBS = 1000
+RUNNING, DONE, CANCELLED = "running", "done", "cancelled"
+# A job id as start_job mints it; anything else names no job, and never reaches a state key.
+JOB_ID = re.compile(r"[0-9a-f]{16}")
+# How long a session-era confirmation may wait for its answer: a call is never held open for ever.
+ASK_TIMEOUT_SECONDS = 120
+DELETE_QUESTION = "Delete every job of this session ({count} in all)?"
+CANNOT_ASK = "This client declared no elicitation capability, so delete_all_jobs cannot ask it to confirm."
+# The confirmation form: one boolean, as the spec's restricted schema allows.
+CONFIRM_SCHEMA = {"type": "object", "properties": {"confirm": {"type": "boolean"}}, "required": ["confirm"]}
+
+Name = Annotated[str, Field(min_length=1, max_length=100, description="What to call the job (1-100 characters).")]
+Steps = Annotated[int, Field(ge=0, le=1000, description="How many steps the job takes (0-1000).")]
+StepSeconds = Annotated[float, Field(ge=0, le=5, description="Seconds each step takes (0-5).")]
+JobId = Annotated[str, Field(max_length=64, description="The id start_job gave the job.")]
+
+
+def _mistake(message: str) -> ToolError:
+    """The client's mistake, answered clearly and logged at DEBUG: at ERROR, any client could fill the log."""
+    return ToolError(message, log_level=logging.DEBUG)
+
+
+def _key(job_id: str) -> str:
+    return f"job:{job_id}"
+
+
+def _unknown(job_id: str) -> ToolError:
+    return _mistake(f"This session has no job {job_id!r}; list_jobs shows those it has.")
+
+
+async def _job(session: Session, job_id: str) -> dict[str, Any]:
+    """The job's record now; a tool error when this session has no such job."""
+    record = await session.get(_key(job_id)) if JOB_ID.fullmatch(job_id) else None
+    if record is None:
+        raise _unknown(job_id)
+    return record
+
+
+@mcp.tool
+async def start_job(
+    name: Name,
+    ctx: Context,
+    steps: Steps = 10,
+    step_seconds: StepSeconds = 0.1,
+    session_id: SessionHandle = None,
+) -> dict:
+    """Create a job in this session and run it within the call: each step takes `step_seconds`, is
+    recorded in the session and reported as progress; a cancel_job from any replica stops it at its next
+    step. The job's final record. Sent again with the same idempotency key, it creates no second job and
+    carries on from the last step recorded."""
+    session = await ha.session(ctx, session_id)
+
+    async def create(tx: Transaction) -> dict:
+        jobs = await tx.get("jobs", [])
+        if len(jobs) >= MAX_JOBS:
+            raise _mistake(f"This session holds {MAX_JOBS} jobs, the most it may; delete_all_jobs makes room.")
+        job_id = secrets.token_hex(8)
+        record = {"id": job_id, "name": name, "steps": steps, "done": 0, "state": RUNNING if steps else DONE}
+        tx.set(_key(job_id), record)
+        tx.append("jobs", job_id)
+        return record
+
+    # A re-run of this call gets the first run's job back here, instead of creating another.
+    job_id = (await session.apply_once(create, name="create"))["id"]
+    for _ in range(steps + 1):  # each pass records a step, and the last finds the job ended
+        # Read afresh before every step: a cancel from any replica, or the steps a first run recorded.
+        record = await session.get(_key(job_id))
+        if record is None:
+            raise _mistake(f"Job {job_id} was deleted (delete_all_jobs) while it ran; it stopped.")
+        if record["state"] != RUNNING:
+            break
+        await asyncio.sleep(step_seconds)
+        step = record["done"] + 1
+
+        async def advance(tx: Transaction, step: int = step) -> dict | None:
+            # Checked again at the commit: a cancel or a delete during the sleep wins over the step.
+            current = await tx.get(_key(job_id))
+            if current is None or current["state"] != RUNNING:
+                return current
+            current = {**current, "done": step, "state": DONE if step == steps else RUNNING}
+            tx.set(_key(job_id), current)
+            return current
+
+        # Named by its job and step, so two runs of this call that both reach it apply it once.
+        advanced = await session.apply_once(advance, name=f"step:{job_id}:{step}")
+        if advanced is not None and advanced["done"] == step:
+            await ctx.report_progress(step, steps)
+    return {"job": record, "instance": ha.instance}
+
+
+@mcp.tool(annotations={"readOnlyHint": True})
+async def job_status(job_id: JobId, ctx: Context, session_id: SessionHandle = None) -> dict:
+    """One job of this session as the store has it now: its steps, how many are done, and its state
+    (running, done or cancelled)."""
+    session = await ha.session(ctx, session_id)
+    return {"job": await _job(session, job_id), "instance": ha.instance}
+
+
+@mcp.tool(annotations={"readOnlyHint": True})
+async def list_jobs(ctx: Context, session_id: SessionHandle = None) -> dict:
+    """Every job of this session, oldest first, and how many there are."""
+    session = await ha.session(ctx, session_id)
+    state = await session.items()  # one consistent read: the list and its records agree
+    jobs = [state[_key(job_id)] for job_id in state.get("jobs", [])]
+    return {"jobs": jobs, "count": len(jobs), "instance": ha.instance}
+
+
+@mcp.tool
+async def cancel_job(job_id: JobId, ctx: Context, session_id: SessionHandle = None) -> dict:
+    """Cancel a running job of this session, wherever it runs: it stops at its next step. The job's
+    record after; a job already done or cancelled is left as it is."""
+    session = await ha.session(ctx, session_id)
+    if not JOB_ID.fullmatch(job_id):
+        raise _unknown(job_id)
+
+    async def cancel(tx: Transaction) -> dict:
+        record = await tx.get(_key(job_id))
+        if record is None:
+            raise _unknown(job_id)
+        if record["state"] == RUNNING:
+            record = {**record, "state": CANCELLED}
+            tx.set(_key(job_id), record)
+        return record
+
+    return {"job": await session.apply_once(cancel), "instance": ha.instance}
+
+
+@mcp.tool
+async def delete_all_jobs(ctx: Context, session_id: SessionHandle = None) -> dict | InputRequiredResult:
+    """Delete every job of this session, once the user confirms: by elicitation on the session's stream
+    (session-era clients), or as a multi-round-trip request whose second leg may reach any replica
+    (2026-07-28). A running job stops at its next step. How many were deleted (0 when declined)."""
+    session = await ha.session(ctx, session_id)
+    count = len(await session.get("jobs", []))
+    if count == 0:
+        return {"deleted": 0, "instance": ha.instance}  # nothing to ask about
+    question = DELETE_QUESTION.format(count=count)
+    if session_era_id(ctx) is not None:
+        capabilities = ctx.session.client_capabilities
+        if capabilities is None or capabilities.elicitation is None:
+            # It would never answer: say so now rather than hold the call open.
+            raise _mistake(CANNOT_ASK)
+        try:
+            async with asyncio.timeout(ASK_TIMEOUT_SECONDS):
+                answer = await ctx.elicit(question, response_type=bool)
+        except TimeoutError:
+            raise ToolError(
+                f"No answer to the confirmation within {ASK_TIMEOUT_SECONDS} s; nothing was deleted."
+            ) from None
+        confirmed = isinstance(answer, AcceptedElicitation) and answer.data is True
+    elif ctx.input_responses is None or ctx.request_state is None:
+        # Answers without the state this leg hands out were never asked for here: ask.
+        form = ElicitRequestFormParams(message=question, requested_schema=CONFIRM_SCHEMA)
+        # The state comes back sealed and is opened once (the kit's request state): its return proves
+        # the question was asked. It says how many jobs the question was about.
+        return InputRequiredResult(
+            input_requests={"confirm": ElicitRequest(params=form)}, request_state=json.dumps({"count": count})
+        )
+    else:
+        reply = ctx.input_responses.get("confirm")
+        confirmed = (
+            isinstance(reply, ElicitResult)
+            and reply.action == "accept"
+            and (reply.content or {}).get("confirm") is True
+        )
+    if not confirmed:
+        return {"deleted": 0, "instance": ha.instance}
+
+    async def delete(tx: Transaction) -> int:
+        # Every job there is at the commit, those started since the question included.
+        jobs = await tx.get("jobs", [])
+        for job_id in jobs:
+            tx.delete(_key(job_id))
+        tx.delete("jobs")
+        return len(jobs)
+
+    return {"deleted": await session.apply_once(delete), "instance": ha.instance}
+
+
+app = ha.http_app(mcp)
+
+if __name__ == "__main__":
+    ha.run(app)
