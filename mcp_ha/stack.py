@@ -1,22 +1,35 @@
 """The whole stack as plain local processes, with docker-compose-like verbs.
 
-    python stack.py up -d            redis, mcp-server-1..3, haproxy; returns when all are healthy
-    python stack.py up -d --server examples.cart.server
-                                     the same stack serving another server module
-    python stack.py up -d --redis sentinel
+    mcp-ha stack up -d               redis, mcp-server-1..3, haproxy; returns when all are healthy
+    mcp-ha stack up -d --server jobs_server
+                                     the replicas run `python -m jobs_server` from your project: the
+                                     current folder, or --project DIR
+    mcp-ha stack up -d --redis sentinel
                                      redis-1 (primary at start), redis-2 (its replica) and
                                      sentinel-1..3 instead of one redis
-    python stack.py ps [--json]      each service's pid, address and state
-    python stack.py stop|start|restart NAME...
-    python stack.py kill [-s SIGNAL] NAME...
-    python stack.py logs [-f] NAME
-    python stack.py down             stops everything it started, by pid
+    mcp-ha stack ps [--json]         each service's pid, address and state; the replicas' module and project
+    mcp-ha stack stop|start|restart NAME...
+    mcp-ha stack kill [-s SIGNAL] NAME...
+    mcp-ha stack logs [-f] NAME
+    mcp-ha stack down                stops everything it started, by pid
 
-No Docker: redis-server and haproxy come from the distribution, the replicas
-are `python -m server` (or the module --server names). What `up` started is recorded under STACK_DIR
-(default .stack/) with each process's pid and start time, so later commands
-signal exactly the processes this tool started and nothing that merely reuses
-a pid. The tests drive the same `Stack` class on free ports.
+From the kit's checkout, `python stack.py ...` is the same command. No Docker:
+redis-server and haproxy come from the distribution, the replicas are
+`python -m server` (the kit's demo) or the module --server names, run by the
+interpreter that ran `up`, in the project folder (their cwd, and first on their
+PYTHONPATH), so a module of your project and the mcp_ha installed beside that
+interpreter are what they import.
+
+The stack dir holds what `up` started, with each process's pid and start time,
+so later commands signal exactly the processes this tool started and nothing
+that merely reuses a pid; and what a replica needs to start again: module,
+project, interpreter, and the environment `up` ran in (less the stack's own
+secrets, STACK_SECRETS), in state.json, readable by this user only. So
+`restart`, `stop`/`start` and `ps` work from any shell and give a replica
+exactly what it had at `up`. Every command finds the stack dir by, in order:
+--stack-dir DIR (before the verb: `mcp-ha stack --stack-dir DIR ps`),
+STACK_DIR, or .stack in the current folder (for `up --project DIR`, in DIR);
+`up` prints it. The tests drive the same `Stack` class on free ports.
 """
 
 from __future__ import annotations
@@ -38,10 +51,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TypedDict, Unpack
+from typing import IO, TypedDict, Unpack
 
 import click
 from cryptography import x509
@@ -118,6 +130,11 @@ REDIS_MEMORY_FORM = re.compile(r"[1-9][0-9]*(?:[kmg]b?|b)?", re.IGNORECASE)
 # environment.
 STACK_SECRETS = {*REDIS_SECRETS.values(), "HAPROXY_STATS_PASSWORD", "MCP_AUTH_TOKENS", "REQUEST_STATE_KEYS"}
 
+# The line of a dead process's log that says why: a Python exception, or `python -m`'s own
+# "python: No module named x", which comes without one.
+EXIT_CAUSE = re.compile(r"[\w.]+(?:Error|Exception)\b|.*\bNo module named ")
+MISSING_MODULE = re.compile(r"No module named '?([\w.]+)'?")
+
 INSTALL_HINT = {
     "redis-server": "apt-get install redis-server (make demo installs it)",
     "haproxy": "apt-get install haproxy (make demo installs it)",
@@ -126,6 +143,11 @@ INSTALL_HINT = {
 
 class StackError(Exception):
     """Something the user has to fix; the message says what."""
+
+
+def shell_environment() -> dict[str, str]:
+    """This shell's environment less the stack's own secrets: what every service starts from."""
+    return {name: value for name, value in os.environ.items() if name not in STACK_SECRETS}
 
 
 def new_secret() -> str:
@@ -216,6 +238,7 @@ class StackOptions(TypedDict, total=False):
     allowed_origins: str
     auth: dict[str, str]
     server: str
+    project: Path
     redis_maxmemory: str
 
 
@@ -278,6 +301,12 @@ class StackConfig:
     # The module each replica runs (`python -m MODULE`): the kit's demo server, or
     # any server made with mcp_ha (MCP_SERVER_MODULE, `up --server`).
     server: str = "server"
+    # The folder `server` is found in (the cwd at `up`, or `up --project`): the replicas' cwd and the
+    # first entry of their PYTHONPATH.
+    project: Path = field(default_factory=Path.cwd)
+    # The environment `up` ran in (shell_environment), which every service starts from again whichever
+    # shell restarts it; recorded in the state file, this user's only.
+    env: dict[str, str] = field(default_factory=shell_environment, repr=False)
     # The replicas' REQUEST_STATE_KEYS: one ring for all of them, so a 2026-07-28 multi-round-trip
     # request may take its legs to any replica (mcp_ha/request_state.py). This stack's own unless set.
     request_state_keys: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
@@ -299,12 +328,23 @@ class StackConfig:
                 )
 
     @classmethod
-    def from_env(cls, *, redis_mode: str = "single", server: str | None = None) -> StackConfig:
+    def from_env(
+        cls,
+        *,
+        redis_mode: str = "single",
+        server: str | None = None,
+        project: Path | None = None,
+        state_dir: Path | None = None,
+    ) -> StackConfig:
+        """The stack configured from this shell's environment, serving `server` (else MCP_SERVER_MODULE, else the
+        kit's demo) from `project` (else the cwd), recorded in `state_dir` (else STACK_DIR, else the project's
+        .stack)."""
         replicas = env_int("MCP_REPLICAS", 3)
         if not 1 <= replicas <= 9:
             raise StackError(f"MCP_REPLICAS={replicas}: between 1 and 9 replicas are supported")
         base = env_int("MCP_BASE_PORT", 8001)
-        state_dir = Path(os.environ.get("STACK_DIR") or Path.cwd() / ".stack").resolve()
+        project = (project or Path.cwd()).resolve()
+        state_dir = Path(state_dir or os.environ.get("STACK_DIR") or project / ".stack").resolve()
         try:
             kept = json.loads((state_dir / REDIS_SECRETS_FILE).read_text())
         except FileNotFoundError:
@@ -334,6 +374,8 @@ class StackConfig:
             allowed_origins=" ".join(os.environ.get("HAPROXY_ALLOWED_ORIGINS", "").replace(",", " ").split()),
             auth={name: value for name, value in os.environ.items() if name.startswith("MCP_AUTH")},
             server=server or os.environ.get("MCP_SERVER_MODULE") or "server",
+            project=project,
+            env=shell_environment(),
             redis_maxmemory=os.environ.get("REDIS_MAXMEMORY") or DEFAULT_REDIS_MAXMEMORY,
         )
 
@@ -350,7 +392,7 @@ class StackConfig:
         """A stack beside any other: for tests and benchmarks that start their own.
 
         `haproxy`: rate_limit, max_conn_per_source, max_body_bytes, allowed_origins (the defaults otherwise), and
-        `auth`, the replicas' MCP_AUTH* settings (and `server`, the module the replicas run).
+        `auth`, the replicas' MCP_AUTH* settings (and `server`, the module the replicas run, from `project`).
         """
         http, https, stats, redis, redis_replica, *rest = free_ports(8 + replicas)
         return cls(
@@ -428,6 +470,7 @@ class StackConfig:
     def to_json(self) -> dict:
         data = asdict(self)
         data["state_dir"] = str(self.state_dir)
+        data["project"] = str(self.project)
         return data
 
     @classmethod
@@ -436,6 +479,8 @@ class StackConfig:
             **{
                 **data,
                 "state_dir": Path(data["state_dir"]),
+                # A stack recorded before projects were: its replicas ran in the cwd, and env is the shell's.
+                "project": Path(data.get("project") or Path.cwd()),
                 "replica_ports": tuple(data["replica_ports"]),
                 "sentinel_ports": tuple(data["sentinel_ports"]),
             }
@@ -455,6 +500,8 @@ class Service:
     # False: written afresh at every start instead (nothing rewrites it, and
     # so a changed password or ACL takes effect).
     config_kept: bool = True
+    # Where it runs: a replica in the project it serves, the rest in the stack dir (None).
+    cwd: Path | None = None
 
     @property
     def binary(self) -> str:
@@ -467,6 +514,9 @@ class ServiceState:
     pid: int | None
     address: str
     state: str  # running, paused, exited, stopped
+    # A replica's: the module it runs and the folder it runs it from.
+    module: str | None = None
+    project: str | None = None
 
 
 def _proc_stat(pid: int) -> tuple[str, str] | None:
@@ -593,9 +643,19 @@ class Stack:
         self.log_dir = config.state_dir / "logs"
 
     @classmethod
-    def load(cls, *, redis_mode: str | None = None, server: str | None = None) -> Stack:
-        """The stack recorded in STACK_DIR, or a fresh one configured from the environment."""
-        config = StackConfig.from_env(redis_mode=redis_mode or "single", server=server)
+    def load(
+        cls,
+        *,
+        redis_mode: str | None = None,
+        server: str | None = None,
+        project: Path | None = None,
+        state_dir: Path | None = None,
+    ) -> Stack:
+        """The stack recorded in `state_dir` (else STACK_DIR, else .stack in `project` or the cwd), or a fresh one
+        configured from the environment."""
+        config = StackConfig.from_env(
+            redis_mode=redis_mode or "single", server=server, project=project, state_dir=state_dir
+        )
         state_file = config.state_dir / "state.json"
         if state_file.exists():
             config = StackConfig.from_json(json.loads(state_file.read_text())["config"])
@@ -607,6 +667,11 @@ class Stack:
             if server and server != config.server:
                 raise StackError(
                     f"the stack in {config.state_dir} is up with --server {config.server}; "
+                    "stop it first (python stack.py down)"
+                )
+            if project and project.resolve() != config.project:
+                raise StackError(
+                    f"the stack in {config.state_dir} is up with --project {config.project}; "
                     "stop it first (python stack.py down)"
                 )
         return cls(config)
@@ -697,6 +762,8 @@ class Stack:
             }
         else:
             store_env |= {"REDIS_URL": c.redis_url}
+        # The project first, so its modules win over any of the same name; then what `up`'s shell had.
+        pythonpath = os.pathsep.join(filter(None, [str(c.project), c.env.get("PYTHONPATH")]))
         replicas = [
             Service(
                 name,
@@ -704,6 +771,7 @@ class Stack:
                 port,
                 {
                     "INSTANCE_ID": name,
+                    "PYTHONPATH": pythonpath,
                     "HOST": c.host,
                     "PORT": str(port),
                     **store_env,
@@ -716,6 +784,7 @@ class Stack:
                     "MCP_AUTH": "none",
                     **c.auth,
                 },
+                cwd=c.project,
             )
             for name, port in zip(c.replica_names(), c.replica_ports, strict=True)
         ]
@@ -798,8 +867,15 @@ class Stack:
 
     def ps(self) -> list[ServiceState]:
         c = self.config
+        replicas = c.replica_names()
         return [
-            ServiceState(svc.name, self.pid(svc.name), f"{c.host}:{svc.port}", self.state(svc.name))
+            ServiceState(
+                svc.name,
+                self.pid(svc.name),
+                f"{c.host}:{svc.port}",
+                self.state(svc.name),
+                *((c.server, str(c.project)) if svc.name in replicas else ()),
+            )
             for svc in self.services()
         ]
 
@@ -862,16 +938,20 @@ class Stack:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.pid(name) is None:
-                raise StackError(f"{name} exited while starting:\n{self.tail(name)}")
+                headline = f"{name} exited while starting: {self._exit_cause(name)}"
+                raise StackError("\n".join(filter(None, [headline, self.tail(name)])))
             if self.healthy(name):
                 return
             time.sleep(0.1)
-        raise StackError(f"{name} did not become healthy within {timeout:.0f}s:\n{self.tail(name)}")
+        raise StackError(
+            f"{name} did not become healthy within {timeout:.0f}s:\n{self.tail(name) or '(it wrote nothing)'}"
+        )
 
     # -- verbs ---------------------------------------------------------------------
 
     def _check_can_start(self, svc: Service) -> None:
-        if shutil.which(svc.binary) is None:
+        # Found where the process will look for it: the PATH it gets.
+        if shutil.which(svc.binary, path=self.config.env.get("PATH", os.defpath)) is None:
             hint = INSTALL_HINT.get(svc.binary, "install it")
             raise StackError(f"{svc.binary} not found on PATH, needed for {svc.name}: {hint}")
         ports = [svc.port] + ([self.config.https_port, self.config.stats_port] if svc.name == "haproxy" else [])
@@ -905,12 +985,18 @@ class Stack:
                 f"in and refuse stack.py's own checks: run `python stack.py down`, remove "
                 f"{self.config.state_dir} and start again"
             )
+        if svc.cwd is not None and not svc.cwd.is_dir():
+            raise StackError(f"{name} runs in {svc.cwd}, which is no longer a folder: bring it back, or down and up")
         argv = svc.argv + self._rejoin_args(name)
-        log = open(self.log_dir / f"{name}.log", "ab")
+        log_path = self.log_dir / f"{name}.log"
+        # Where this run's output starts: the log keeps earlier runs' too, which a failure must not show.
+        log_offset = log_path.stat().st_size if log_path.exists() else 0
+        log = open(log_path, "ab")
         proc = subprocess.Popen(
             argv,
-            cwd=Path.cwd(),
-            env={**{k: v for k, v in os.environ.items() if k not in STACK_SECRETS}, **svc.env},
+            cwd=svc.cwd or self.config.state_dir,
+            # What `up` ran with, not this shell's: the same for a restart from anywhere.
+            env={**self.config.env, **svc.env},
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -921,7 +1007,12 @@ class Stack:
         log.close()
         stat = _proc_stat(proc.pid)
         state = self._read()
-        state["processes"][name] = {"pid": proc.pid, "start_ticks": stat[1] if stat else "", "argv": argv}
+        state["processes"][name] = {
+            "pid": proc.pid,
+            "start_ticks": stat[1] if stat else "",
+            "argv": argv,
+            "log_offset": log_offset,
+        }
         self._write(state)
         if wait:
             self.wait_healthy(name)
@@ -993,7 +1084,22 @@ class Stack:
         self._write(state)
 
     def up(self) -> None:
-        """Start what is not running: redis (and its sentinels), then the replicas side by side, then haproxy."""
+        """Start what is not running: redis (and its sentinels), then the replicas side by side, then haproxy.
+
+        One that fails stops everything this call started, Redis too, so a failed `up` leaves nothing running.
+        """
+        running = {svc.name for svc in self.services() if self.pid(svc.name)}
+        try:
+            self._up()
+        except BaseException:
+            redis = self.config.redis_names()
+            for group in (["haproxy"], self.config.replica_names(), redis[2:], *([n] for n in reversed(redis[:2]))):
+                self.stop(*(name for name in group if name not in running))
+            if not running:
+                self.state_file.unlink(missing_ok=True)
+            raise
+
+    def _up(self) -> None:
         redis = self.config.redis_names()
         servers = redis[:2]
         if self.config.redis_mode == "sentinel" and self._last_primary() == "redis-2":
@@ -1033,11 +1139,39 @@ class Stack:
         if name.startswith("mcp-server-") and self.pid("haproxy"):
             self.wait_healthy("haproxy")
 
+    def _this_run_log(self, name: str) -> str:
+        """What `name`'s current (or last recorded) process wrote, without earlier runs' lines."""
+        record = self._recorded(name) or {}
+        try:
+            with (self.log_dir / f"{name}.log").open("rb") as f:
+                f.seek(record.get("log_offset", 0))
+                return f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
     def tail(self, name: str, lines: int = 20) -> str:
-        path = self.log_dir / f"{name}.log"
-        if not path.exists():
-            return "(no log)"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        """The last `lines` lines `name`'s current (or last recorded) process wrote."""
+        return "\n".join(self._this_run_log(name).splitlines()[-lines:])
+
+    def _exit_cause(self, name: str) -> str:
+        """Why `name` exited, in a line: the exception it died of, else its last line."""
+        lines = [line.strip() for line in self._this_run_log(name).splitlines() if line.strip()]
+        cause = next((line for line in reversed(lines) if EXIT_CAUSE.match(line)), lines[-1] if lines else "")
+        c = self.config
+        if name not in c.replica_names():
+            return cause or "it wrote nothing"
+        if not cause:
+            # A module without `ha.run(app)` under `if __name__ == "__main__":` returns at once, silently.
+            return f"it wrote nothing: does `python -m {c.server}` run the server (ha.run(app))?"
+        missing = MISSING_MODULE.search(cause)
+        if missing is None:
+            return cause
+        # `python -m` says "python: No module named x" without the exception's name; said the same way always.
+        module = missing.group(1)
+        cause = f"ModuleNotFoundError: No module named {module!r}"
+        if c.server == module or c.server.startswith(f"{module}."):
+            return f"{cause} (not in {c.project}: run from your project folder, or pass --project)"
+        return f"{cause} (needed by {c.server}: install it into the environment of {c.python})"
 
 
 def running_stack() -> Stack:
@@ -1065,19 +1199,6 @@ def running_stack() -> Stack:
 console = Console()
 
 
-def _fail(exc: StackError) -> None:
-    # Plain stderr, never wrapped: scripts and tests read these lines.
-    click.echo(f"error: {exc}", err=True)
-    sys.exit(1)
-
-
-def _run(action: Callable[[], object]) -> None:
-    try:
-        action()
-    except StackError as exc:
-        _fail(exc)
-
-
 def _print_urls(stack: Stack) -> None:
     c = stack.config
     console.print(f"MCP endpoint  {c.mcp_url}")
@@ -1095,11 +1216,49 @@ def _print_urls(stack: Stack) -> None:
     console.print(
         f"Redis users   {c.redis_user} (the replicas), default (admin): passwords in {c.state_dir / REDIS_SECRETS_FILE}"
     )
+    console.print(f"replicas      {c.python} -m {c.server}  in {c.project}")
+    console.print(f"stack dir     {c.state_dir}  (from another folder: --stack-dir {c.state_dir}, or STACK_DIR)")
 
 
-@click.group()
-def cli() -> None:
+class _Failed(click.ClickException):
+    def show(self, file: IO[str] | None = None) -> None:
+        # Plain stderr, never wrapped: scripts and tests read these lines.
+        click.echo(f"error: {self.message}", err=True)
+
+
+class _StackCommands(click.Group):
+    """Its commands' StackError as `error: …` and exit status 1, as a ClickException: that way also where
+    another group runs this one (`mcp-ha stack`), which handles ClickException but knows no StackError."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except StackError as exc:
+            raise _Failed(str(exc)) from exc
+
+
+def _up_stack(stack_dir: Path | None) -> Stack:
+    """The stack recorded in the stack dir, for the verbs that act on one that is up."""
+    stack = Stack.load(state_dir=stack_dir)
+    if not stack.state_file.exists():
+        raise StackError(
+            f"no stack is up in {stack.config.state_dir}: run this in the folder you ran `up` in, "
+            "or name its stack dir (--stack-dir DIR before the command, or STACK_DIR)"
+        )
+    return stack
+
+
+@click.group(cls=_StackCommands)
+@click.option(
+    "--stack-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where `up` records the stack (default: STACK_DIR, else .stack in the current folder or `up --project`).",
+)
+@click.pass_context
+def cli(ctx: click.Context, stack_dir: Path | None) -> None:
     """The HA stack (redis, mcp-server-N, haproxy) as local processes."""
+    ctx.obj = stack_dir
 
 
 @cli.command()
@@ -1118,34 +1277,42 @@ def cli() -> None:
     metavar="MODULE",
     help="The module each replica runs (default: server, the kit's demo; MCP_SERVER_MODULE).",
 )
-def up(detach: bool, redis_mode: str | None, server: str | None) -> None:
+@click.option(
+    "--project",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    metavar="DIR",
+    help="The folder MODULE is in: the replicas' cwd, first on their PYTHONPATH (default: the current folder).",
+)
+@click.pass_obj
+def up(stack_dir: Path | None, detach: bool, redis_mode: str | None, server: str | None, project: Path | None) -> None:
     """Start every service not already running; returns when all are healthy."""
-    stack = Stack.load(redis_mode=redis_mode, server=server)
-
-    def action() -> None:
-        with console.status("starting redis, the replicas and haproxy"):
-            stack.up()
-        for svc in stack.services():
-            console.print(f"[green]✔[/green] {svc.name} healthy on {stack.config.host}:{svc.port}")
-        _print_urls(stack)
-
-    _run(action)
+    stack = Stack.load(redis_mode=redis_mode, server=server, project=project, state_dir=stack_dir)
+    with console.status("starting redis, the replicas and haproxy"):
+        stack.up()
+    for svc in stack.services():
+        console.print(f"[green]✔[/green] {svc.name} healthy on {stack.config.host}:{svc.port}")
+    _print_urls(stack)
     if not detach:
         _follow(stack, [s.name for s in stack.services()], until_interrupted=True)
-        _run(stack.down)
+        stack.down()
 
 
 @cli.command()
-def down() -> None:
+@click.pass_obj
+def down(stack_dir: Path | None) -> None:
     """Stop every service this tool started."""
-    _run(Stack.load().down)
+    Stack.load(state_dir=stack_dir).down()
 
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def ps(as_json: bool) -> None:
-    """Each service's name, pid, address and state."""
-    stack = Stack.load()
+@click.pass_obj
+def ps(stack_dir: Path | None, as_json: bool) -> None:
+    """Each service's name, pid, address and state; the replicas' module and project."""
+    stack = Stack.load(state_dir=stack_dir)
+    if not stack.state_file.exists():
+        click.echo(f"(no stack is up in {stack.config.state_dir})", err=True)
     rows = stack.ps()
     if as_json:
         click.echo(json.dumps([asdict(r) for r in rows], indent=2))
@@ -1159,38 +1326,33 @@ def ps(as_json: bool) -> None:
 
 @cli.command()
 @click.argument("names", nargs=-1, required=True)
-def stop(names: tuple[str, ...]) -> None:
+@click.pass_obj
+def stop(stack_dir: Path | None, names: tuple[str, ...]) -> None:
     """Stop services (SIGTERM, then SIGKILL after a grace period)."""
-    stack = Stack.load()
-    _run(lambda: stack.stop(*[stack.service(n).name for n in names]))
+    stack = _up_stack(stack_dir)
+    stack.stop(*[stack.service(n).name for n in names])
 
 
 @cli.command()
 @click.argument("names", nargs=-1, required=True)
-def start(names: tuple[str, ...]) -> None:
+@click.pass_obj
+def start(stack_dir: Path | None, names: tuple[str, ...]) -> None:
     """Start stopped services and wait until they are healthy."""
-    stack = Stack.load()
-
-    def action() -> None:
-        for name in names:
-            stack.start(name)
-
-    _run(action)
+    stack = _up_stack(stack_dir)
+    for name in names:
+        stack.start(name)
 
 
 @cli.command()
 @click.argument("names", nargs=-1, required=True)
-def restart(names: tuple[str, ...]) -> None:
+@click.pass_obj
+def restart(stack_dir: Path | None, names: tuple[str, ...]) -> None:
     """Restart services one at a time (a rolling restart when given every replica)."""
-    stack = Stack.load()
-
-    def action() -> None:
-        for name in names:
-            with console.status(f"restarting {name}"):
-                stack.restart(name)
-            console.print(f"[green]✔[/green] {name} restarted")
-
-    _run(action)
+    stack = _up_stack(stack_dir)
+    for name in names:
+        with console.status(f"restarting {name}"):
+            stack.restart(name)
+        console.print(f"[green]✔[/green] {name} restarted")
 
 
 def parse_signal(value: str) -> signal.Signals:
@@ -1208,26 +1370,28 @@ def parse_signal(value: str) -> signal.Signals:
 @cli.command()
 @click.option("-s", "--signal", "sig", default="SIGKILL", show_default=True, help="Signal name or number.")
 @click.argument("names", nargs=-1, required=True)
-def kill(sig: str, names: tuple[str, ...]) -> None:
+@click.pass_obj
+def kill(stack_dir: Path | None, sig: str, names: tuple[str, ...]) -> None:
     """Send a signal to services (SIGKILL by default, like docker compose kill)."""
-    stack = Stack.load()
     signum = parse_signal(sig)
-
-    def action() -> None:
-        for name in names:
-            stack.signal(name, signum)
-
-    _run(action)
+    stack = _up_stack(stack_dir)
+    for name in names:
+        stack.signal(stack.service(name).name, signum)
 
 
 @cli.command()
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines.")
 @click.argument("names", nargs=-1)
-def logs(follow: bool, names: tuple[str, ...]) -> None:
+@click.pass_obj
+def logs(stack_dir: Path | None, follow: bool, names: tuple[str, ...]) -> None:
     """Print services' logs (all of them when no name is given)."""
-    stack = Stack.load()
-    selected = list(names) or [s.name for s in stack.services()]
-    _run(lambda: [stack.service(n) for n in selected])
+    stack = Stack.load(state_dir=stack_dir)
+    if not stack.log_dir.is_dir():
+        raise StackError(
+            f"no logs in {stack.config.state_dir}: run this in the folder you ran `up` in, "
+            "or name its stack dir (--stack-dir DIR before the command, or STACK_DIR)"
+        )
+    selected = [stack.service(n).name for n in names] or [s.name for s in stack.services()]
     _follow(stack, selected, until_interrupted=follow)
 
 
@@ -1253,10 +1417,8 @@ def _follow(stack: Stack, names: list[str], *, until_interrupted: bool) -> None:
 
 
 def main() -> None:
-    try:
-        cli()
-    except StackError as exc:
-        _fail(exc)
+    """`python stack.py` and `python -m mcp_ha.stack`: the same commands as `mcp-ha stack`."""
+    cli()
 
 
 if __name__ == "__main__":

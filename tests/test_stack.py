@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 from conftest import free_ports, running_stack, stack_config
+from fastmcp import Client
 
-from mcp_ha.stack import Stack, StackConfig, StackError
+from mcp_ha.stack import Stack, StackConfig, StackError, port_is_free
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -290,3 +291,244 @@ def test_a_sentinel_stack_comes_back_up_around_the_primary_it_went_down_with(tmp
         assert replication["master_port"] == str(stack.service(went_down_with).port)
     finally:
         stack.down()
+
+
+# A user's own server, in a folder of their own (not the kit's checkout): its tool shows what the replica got.
+JOBS_SERVER = """\
+import os
+
+from mcp_ha import HighAvailability
+
+ha = HighAvailability.from_env()
+mcp = ha.server("jobs")
+
+
+@mcp.tool
+def jobs_max() -> dict:
+    return {"jobs_max": os.environ.get("JOBS_MAX"), "instance": os.environ["INSTANCE_ID"]}
+
+
+app = ha.http_app(mcp)
+
+if __name__ == "__main__":
+    ha.run(app)
+"""
+MCP_HA = Path(sys.executable).parent / "mcp-ha"
+
+
+def stack_ports(replicas: int) -> dict[str, str]:
+    """Environment variables that put the stack `up` starts on free ports; the replicas' are consecutive."""
+    for _ in range(50):
+        http, https, stats, redis, base = free_ports(5)
+        replica_ports = set(range(base, base + replicas))
+        others = {http, https, stats, redis}
+        if not replica_ports & others and all(port_is_free("127.0.0.1", port) for port in replica_ports):
+            return {
+                "MCP_HTTP_PORT": str(http),
+                "MCP_HTTPS_PORT": str(https),
+                "MCP_STATS_PORT": str(stats),
+                "REDIS_PORT": str(redis),
+                "MCP_BASE_PORT": str(base),
+                "MCP_REPLICAS": str(replicas),
+            }
+    raise AssertionError("no run of free ports for the replicas")
+
+
+def scrubbed(**env: str) -> dict[str, str]:
+    """Another shell's environment: none of the user's variables, no PYTHONPATH."""
+    return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/"), **env}
+
+
+def proc_environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().decode()
+    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+
+
+@pytest.fixture(scope="module")
+def user_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`up -d --server jobs_server` run in the user's project folder, with JOBS_MAX=5 in its shell and the kit's
+    checkout nowhere on PYTHONPATH; the stack dir is the default, the project's .stack."""
+    project = tmp_path_factory.mktemp("jobs-project")
+    (project / "jobs_server.py").write_text(JOBS_SERVER)
+    shell = {k: v for k, v in os.environ.items() if k not in ("STACK_DIR", "PYTHONPATH")}
+    result = subprocess.run(
+        [sys.executable, "-m", "mcp_ha.stack", "up", "-d", "--server", "jobs_server"],
+        cwd=project,
+        env={**shell, **stack_ports(2), "JOBS_MAX": "5"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    stack = Stack.load(state_dir=project / ".stack")
+    try:
+        assert result.returncode == 0, result.stdout + result.stderr
+        yield stack
+    finally:
+        stack.down()
+
+
+async def jobs_max(stack: Stack, name: str) -> dict:
+    """The replica's own answer, straight from its port."""
+    async with Client(f"http://127.0.0.1:{stack.service(name).port}/mcp", mode="legacy", timeout=30) as client:
+        return (await client.call_tool("jobs_max", {})).structured_content
+
+
+def test_a_users_server_runs_from_its_project_with_the_interpreter_and_environment_of_up(
+    user_stack: Stack, tmp_path: Path
+) -> None:
+    project = user_stack.config.project
+    assert project == user_stack.config.state_dir.parent
+    ps = subprocess.run(
+        [sys.executable, "-m", "mcp_ha.stack", "--stack-dir", str(user_stack.config.state_dir), "ps", "--json"],
+        cwd=tmp_path,
+        env=scrubbed(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ps.returncode == 0, ps.stderr
+    rows = {row["name"]: row for row in json.loads(ps.stdout)}
+    for name in ("mcp-server-1", "mcp-server-2"):
+        assert rows[name]["state"] == "running"
+        assert (rows[name]["module"], rows[name]["project"]) == ("jobs_server", str(project))
+        pid = user_stack.pid(name)
+        assert pid is not None
+        assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:3] == [
+            sys.executable.encode(),
+            b"-m",
+            b"jobs_server",
+        ]
+        assert Path(f"/proc/{pid}/cwd").resolve() == project
+        environ = proc_environ(pid)
+        assert environ["JOBS_MAX"] == "5"
+        pythonpath = environ["PYTHONPATH"].split(os.pathsep)
+        assert pythonpath[0] == str(project)
+        assert not [entry for entry in pythonpath if Path(entry).resolve().is_relative_to(ROOT)], pythonpath
+    assert (rows["redis"]["module"], rows["haproxy"]["project"]) == (None, None)
+
+
+@pytest.mark.timeout(240)
+async def test_a_replica_restarted_from_another_shell_gets_what_it_had_at_up(user_stack: Stack, tmp_path: Path) -> None:
+    """Another folder and an environment with neither JOBS_MAX nor the project: a rolling restart by STACK_DIR
+    through `mcp-ha stack`, then stop and start by --stack-dir."""
+    state_dir = str(user_stack.config.state_dir)
+    replicas = user_stack.config.replica_names()
+    before = {name: user_stack.pid(name) for name in replicas}
+
+    def elsewhere(*args: str, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(args, cwd=tmp_path, env=scrubbed(**env), capture_output=True, text=True, timeout=150)
+
+    restarted = elsewhere(str(MCP_HA), "stack", "restart", *replicas, STACK_DIR=state_dir)
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    for name in replicas:
+        assert user_stack.pid(name) not in (None, before[name])
+        assert await jobs_max(user_stack, name) == {"jobs_max": "5", "instance": name}
+    for verb in ("stop", "start"):
+        result = elsewhere(sys.executable, "-m", "mcp_ha.stack", "--stack-dir", state_dir, verb, "mcp-server-2")
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert await jobs_max(user_stack, "mcp-server-2") == {"jobs_max": "5", "instance": "mcp-server-2"}
+    assert proc_environ(user_stack.pid("mcp-server-2") or 0)["PYTHONPATH"].split(os.pathsep)[0] == str(
+        user_stack.config.project
+    )
+    user_stack.wait_healthy("haproxy")
+    async with Client(user_stack.config.mcp_url, mode="legacy", timeout=30) as client:
+        assert (await client.call_tool("jobs_max", {})).structured_content["jobs_max"] == "5"
+
+
+def test_a_verb_that_finds_no_stack_says_how_to_name_one(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [str(MCP_HA), "stack", "restart", "mcp-server-1"],
+        cwd=tmp_path,
+        env=scrubbed(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"error: no stack is up in {tmp_path / '.stack'}")
+    assert "--stack-dir" in result.stderr and "STACK_DIR" in result.stderr
+
+
+@pytest.mark.parametrize("command", [[str(MCP_HA), "stack"], [sys.executable, str(ROOT / "stack.py")]])
+@pytest.mark.parametrize(
+    "verb",
+    [
+        ["up", "-d"],
+        ["down"],
+        ["ps"],
+        ["logs"],
+        ["stop", "redis"],
+        ["start", "redis"],
+        ["restart", "redis"],
+        ["kill", "redis"],
+    ],
+)
+def test_every_verb_reports_a_stack_error_as_one_line_through_either_command(
+    tmp_path: Path, command: list[str], verb: list[str]
+) -> None:
+    result = subprocess.run(
+        [*command, *verb],
+        cwd=tmp_path,
+        env={**os.environ, "STACK_DIR": str(tmp_path), "MCP_REPLICAS": "12"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stderr == "error: MCP_REPLICAS=12: between 1 and 9 replicas are supported\n"
+
+
+@pytest.mark.timeout(180)
+def test_a_failed_up_stops_what_it_started_and_shows_only_its_own_log(tmp_path: Path) -> None:
+    """The module is in no project: the replicas die at once, after Redis is up. An earlier run's log lines
+    (here written by hand) are no part of the error. Run from elsewhere with --project: the stack dir is the
+    project's .stack."""
+    project = tmp_path / "project"
+    state_dir = project / ".stack"
+    (state_dir / "logs").mkdir(parents=True)
+    earlier = "a line an earlier run of this service wrote"
+    for name in ("redis", "mcp-server-1", "mcp-server-2", "haproxy"):
+        (state_dir / "logs" / f"{name}.log").write_text(f"{earlier}\n" * 30)
+    ports = stack_ports(2)
+    result = subprocess.run(
+        [str(MCP_HA), "stack", "up", "-d", "--server", "no_such_jobs_server", "--project", str(project)],
+        cwd=tmp_path,
+        env={**{k: v for k, v in os.environ.items() if k != "STACK_DIR"}, **ports},
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith(
+        "error: mcp-server-1 exited while starting: ModuleNotFoundError: No module named 'no_such_jobs_server' "
+        f"(not in {project.resolve()}: run from your project folder, or pass --project)"
+    ), result.stderr
+    assert earlier not in result.stdout + result.stderr
+    assert not (state_dir / "state.json").exists()
+    base = int(ports["MCP_BASE_PORT"])
+    for port in (int(ports["REDIS_PORT"]), base, base + 1):
+        assert port_is_free("127.0.0.1", port), port
+    # Redis did start, and was stopped: its log holds this run's lines after the earlier ones.
+    assert (state_dir / "logs" / "redis.log").read_text().count("\n") > 30
+
+
+@pytest.mark.timeout(180)
+def test_an_up_that_fails_at_haproxy_stops_redis_and_the_replicas(tmp_path: Path) -> None:
+    ports = stack_ports(1)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", int(ports["MCP_HTTP_PORT"])))
+        squatter.listen()
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "stack.py"), "up", "-d"],
+            cwd=ROOT,
+            env={**os.environ, **ports, "STACK_DIR": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
+    assert result.returncode == 1
+    assert f"port {ports['MCP_HTTP_PORT']} on 127.0.0.1 is already in use, so haproxy cannot start" in result.stderr
+    assert (tmp_path / "logs" / "mcp-server-1.log").stat().st_size > 0  # it had started
+    for port in (int(ports["REDIS_PORT"]), int(ports["MCP_BASE_PORT"])):
+        assert port_is_free("127.0.0.1", port), port
+    assert not (tmp_path / "state.json").exists()
