@@ -2,6 +2,7 @@
 
     mcp-ha stack up -d --server my_project.server    the local stack (needs the `stack` extra)
     mcp-ha check URL --shape ha_shape.py ...          the HA check against any deployment
+    mcp-ha deploy compose|kubernetes DIR              the kit's compose files or manifests, written out
 
 Each subcommand is imported when it is named, so `mcp-ha check` never needs
 what only the local stack uses.
@@ -16,6 +17,7 @@ import click
 SUBCOMMANDS = {
     "stack": ("mcp_ha.stack", "cli", "the local stack: redis, replicas and haproxy as processes"),
     "check": ("mcp_ha.check.cli", "check", "the HA check: a deployment's guarantees, under faults"),
+    "deploy": ("mcp_ha.deploy_files", "cli", "the compose files or Kubernetes manifests, written into a directory"),
 }
 
 

@@ -1,6 +1,8 @@
-"""Static checks of the container setup: docker-compose.yaml, the Dockerfile and
-haproxy.cfg as compose runs it. No Docker engine needed; the haproxy.cfg check
-needs the haproxy binary, as `python stack.py` does."""
+"""Static checks of the container setup: docker-compose.yaml, the Dockerfile (and
+examples/jobs/Dockerfile, a server of one's own built on it), haproxy.cfg as
+compose runs it, and `mcp-ha deploy compose`, which writes them out. No Docker
+engine needed; the haproxy.cfg check needs the haproxy binary, as `python
+stack.py` does."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -25,6 +28,8 @@ from mcp_ha.settings import Settings
 ROOT = Path(__file__).resolve().parents[2]
 REPLICAS = ["mcp-server-1", "mcp-server-2", "mcp-server-3"]
 HAPROXY_CFG_IN_CONTAINER = "/usr/local/etc/haproxy/haproxy.cfg"
+# A server module of one's own, as a user's image names it.
+OWN = "my_project.server"
 HAPROXY = shutil.which("haproxy")
 needs_haproxy = pytest.mark.skipif(
     HAPROXY is None, reason="haproxy is not installed (apt-get install haproxy); needed to check haproxy.cfg"
@@ -272,6 +277,18 @@ def test_replicas_share_one_image_built_from_the_dockerfile(compose):
         assert dockerfile.resolve() == ROOT / "Dockerfile"
 
 
+@pytest.mark.quick
+def test_the_replicas_run_the_image_mcp_image_names(compose):
+    """MCP_IMAGE, a server of one's own; by default the image `--build` makes, never the kit's own tag:
+    built from a Dockerfile FROM mcp-ha-kit, it would replace the image it is built on."""
+    image = service(compose, REPLICAS[0])["image"]
+    assert interpolate(image, {**HOST_ENV, "MCP_IMAGE": "registry.example/mine:1"}) == "registry.example/mine:1"
+    default = interpolate(image, HOST_ENV)
+    assert default.split(":")[0] != dockerfile_from(ROOT / "examples" / "jobs" / "Dockerfile").split(":")[0]
+    # The module is the image's (its MCP_SERVER_MODULE): compose would override it for every image.
+    assert "MCP_SERVER_MODULE" not in environment(service(compose, REPLICAS[0]))
+
+
 def test_haproxy_mounts_the_shared_config_read_only(compose):
     mounts = bind_mounts(service(compose, "haproxy"))
     assert HAPROXY_CFG_IN_CONTAINER in mounts
@@ -369,9 +386,9 @@ def test_haproxy_cfg_reads_every_variable_compose_sets(compose):
 # -- Dockerfile ------------------------------------------------------------------------
 
 
-def dockerfile_instructions() -> list[tuple[str, str]]:
+def dockerfile_instructions(path: Path = ROOT / "Dockerfile") -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) of every Dockerfile line, continuation lines joined."""
-    text = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
+    text = re.sub(r"\\\n", " ", path.read_text())
     instructions = []
     for line in text.splitlines():
         line = line.strip()
@@ -382,10 +399,23 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
     return instructions
 
 
-def dockerfile_final_stage() -> list[tuple[str, str]]:
-    instructions = dockerfile_instructions()
+def dockerfile_final_stage(path: Path = ROOT / "Dockerfile") -> list[tuple[str, str]]:
+    instructions = dockerfile_instructions(path)
     last_from = max(i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM")
     return instructions[last_from:]
+
+
+def dockerfile_from(path: Path) -> str:
+    """The image a one-stage Dockerfile starts FROM, its ARG defaults filled in."""
+    instructions = dockerfile_instructions(path)
+    args = dict(a.split("=", 1) for k, a in instructions if k == "ARG" and "=" in a)
+    (base,) = [a for k, a in instructions if k == "FROM"]
+    return interpolate(base, args)
+
+
+def copied(stage: list[tuple[str, str]]) -> set[str]:
+    """The build context's paths a stage COPYs (not those from another stage)."""
+    return {source.rstrip("/") for k, a in stage if k == "COPY" and "--from=" not in a for source in a.split()[:-1]}
 
 
 def instruction(name: str) -> list[str]:
@@ -405,24 +435,42 @@ def test_dockerfile_runs_as_non_root():
     assert user not in ("", "root", "0")
 
 
-def test_dockerfile_cmd_is_exec_form():
-    cmds = instruction("CMD")
-    assert cmds
-    # Shell form would put /bin/sh in front as PID 1, and SIGTERM would stop there.
-    argv = json.loads(cmds[-1])
-    assert isinstance(argv, list) and argv == ["python", "server.py"]
+def image_env(path: Path = ROOT / "Dockerfile") -> dict[str, str]:
+    """The ENV a Dockerfile's final stage sets (KEY=value pairs, unquoted values)."""
+    env = {}
+    for keyword, args in dockerfile_final_stage(path):
+        if keyword == "ENV":
+            env |= dict(pair.split("=", 1) for pair in shlex.split(args))
+    return env
 
 
-def test_dockerfile_copies_files_that_exist_and_are_not_ignored():
+def test_the_image_serves_the_module_it_names_with_python_as_pid_1(tmp_path):
+    """CMD in exec form, a shell that only reads MCP_SERVER_MODULE and execs Python, so Python is PID 1 and
+    gets SIGTERM itself (drain.py); the default module is the demo the image holds."""
+    argv = json.loads(instruction("CMD")[-1])
+    assert argv[:2] == ["sh", "-c"] and len(argv) == 3
+    assert image_env()["MCP_SERVER_MODULE"] == "server" and "server.py" in copied(dockerfile_final_stage())
+    # The script run with a `python` that reports its pid and argv: the shell's own pid, `-m MODULE`.
+    (tmp_path / "python").write_text('#!/bin/sh\necho "$$ $*"\n')
+    (tmp_path / "python").chmod(0o755)
+    for env, module in (({"MCP_SERVER_MODULE": "server"}, "server"), ({"MCP_SERVER_MODULE": OWN}, OWN)):
+        shell = subprocess.Popen(
+            argv, env={"PATH": f"{tmp_path}:/usr/bin:/bin", **env}, stdout=subprocess.PIPE, text=True
+        )
+        out, _ = shell.communicate(timeout=10)
+        assert out.split() == [str(shell.pid), "-m", module]
+    refused = subprocess.run(argv, env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, capture_output=True, text=True)
+    assert refused.returncode != 0 and "set MCP_SERVER_MODULE" in refused.stderr
+
+
+@pytest.mark.parametrize("dockerfile", [ROOT / "Dockerfile", ROOT / "examples" / "jobs" / "Dockerfile"])
+def test_dockerfile_copies_files_that_exist_and_are_not_ignored(dockerfile):
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
-    copied = []
-    for keyword, args in dockerfile_instructions():
-        if keyword == "COPY" and "--from=" not in args:
-            copied += args.split()[:-1]
-    assert copied
-    for source in copied:
-        assert (ROOT / source).exists(), f"Dockerfile copies {source}, which is not in the repo"
-        assert source.rstrip("/") not in ignored
+    sources = copied(dockerfile_instructions(dockerfile))
+    assert sources
+    for source in sources:
+        assert (ROOT / source).exists(), f"{dockerfile.relative_to(ROOT)} copies {source}, which is not in the repo"
+        assert source not in ignored
     assert {".venv", ".git", ".stack", "tests"} <= ignored
 
 
@@ -444,15 +492,11 @@ def test_the_image_installs_only_what_a_replica_needs():
     assert not packages & {"matplotlib", "pytest", "hypothesis", "ruff", "mypy"}
 
 
-def test_the_image_holds_every_module_the_server_imports():
-    """A module server.py imports but the Dockerfile leaves out would only fail when a container starts."""
-    copied = set()
-    for keyword, args in dockerfile_final_stage():
-        if keyword == "COPY" and "--from=" not in args:
-            copied |= {source.rstrip("/") for source in args.split()[:-1]}
+def repository_files_imported(module: str) -> set[str]:
+    """The repository's files (not the venv's) that importing `module` loads, relative to the root."""
     probe = (
-        "import sys, pathlib; sys.path.insert(0, '.'); import server; root = pathlib.Path('.').resolve(); "
-        "print('\\n'.join(sorted({pathlib.Path(m.__file__).resolve().relative_to(root).parts[0] "
+        f"import sys, pathlib, importlib; importlib.import_module({module!r}); root = pathlib.Path('.').resolve(); "
+        "print('\\n'.join(sorted({str(pathlib.Path(m.__file__).resolve().relative_to(root)) "
         "for m in list(sys.modules.values()) if getattr(m, '__file__', None) "
         "and pathlib.Path(m.__file__).resolve().is_relative_to(root) "
         "and '.venv' not in pathlib.Path(m.__file__).parts})))"
@@ -466,9 +510,48 @@ def test_the_image_holds_every_module_the_server_imports():
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    imported = set(result.stdout.split())
-    assert {"server.py", "session_store.py", "mcp_ha", "stores"} <= imported
-    assert imported <= copied, f"imported by server.py but not copied into the image: {imported - copied}"
+    return set(result.stdout.split())
+
+
+def installed_by_the_kits_image() -> set[str]:
+    """The packages the kit's wheel holds (pyproject.toml), which the build stage installs from the
+    sources it copies: in the image they are the venv's, not /app's."""
+    wheel = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    stages = dockerfile_instructions()
+    build_stage = stages[: max(i for i, (k, _) in enumerate(stages) if k == "FROM")]
+    assert set(wheel["packages"]) <= copied(build_stage)
+    assert any(k == "RUN" and "uv sync" in a and "--no-install-project" not in a for k, a in build_stage)
+    return set(wheel["packages"])
+
+
+def covered(path: str, sources: set[str]) -> bool:
+    return any(path == source or path.startswith(source + "/") for source in sources)
+
+
+@pytest.mark.parametrize(
+    "dockerfile,module",
+    [(ROOT / "Dockerfile", "server"), (ROOT / "examples" / "jobs" / "Dockerfile", "examples.jobs.server")],
+)
+def test_the_image_holds_every_module_its_server_imports(dockerfile, module):
+    """A file the server imports that its image leaves out would only fail when a container starts: each
+    is in the kit's installed packages, or copied by the image's Dockerfile (or the kit's, under it)."""
+    imported = repository_files_imported(module)
+    assert f"{module.replace('.', '/')}.py" in imported and any(p.startswith("mcp_ha/") for p in imported)
+    assert image_env(dockerfile)["MCP_SERVER_MODULE"] == module
+    sources = installed_by_the_kits_image() | copied(dockerfile_final_stage(dockerfile))
+    if dockerfile != ROOT / "Dockerfile":
+        sources |= copied(dockerfile_final_stage())
+    missing = {p for p in imported if not covered(p, sources)}
+    assert not missing, f"imported by {module} but not in its image: {missing}"
+
+
+def test_a_server_image_is_the_kits_with_its_code_and_module_added():
+    """examples/jobs/Dockerfile, a user's as docs/deploy.md has it: FROM the kit's image, adding code and
+    the module's name only, so the kit's user, health check, stop signal and command hold unchanged."""
+    dockerfile = ROOT / "examples" / "jobs" / "Dockerfile"
+    assert dockerfile_from(dockerfile) == "mcp-ha-kit:latest"
+    assert {k for k, _ in dockerfile_final_stage(dockerfile)} == {"FROM", "COPY", "ENV"}
+    assert set(image_env(dockerfile)) == {"MCP_SERVER_MODULE"}
 
 
 # -- docker-compose.sentinel.yaml ---------------------------------------------------------
@@ -687,3 +770,44 @@ def test_composes_redis_command_runs_with_its_acl(compose, tmp_path: Path) -> No
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+# -- `mcp-ha deploy compose DIR`: the files, outside the checkout ---------------------------------
+
+
+def deploy(*args: str):
+    from click.testing import CliRunner
+
+    from mcp_ha.cli import main
+
+    return CliRunner().invoke(main, ["deploy", *args])
+
+
+@pytest.mark.quick
+def test_the_deploy_command_writes_the_compose_files_and_all_they_mount(compose, sentinel_file, tmp_path):
+    """The repository's own files, byte for byte, in its layout: every bind mount of both compose files
+    finds its source in the directory written."""
+    from mcp_ha.deploy_files import FILES
+
+    result = deploy("compose", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    written = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()}
+    assert written == set(FILES["compose"])
+    for path in written:
+        assert (tmp_path / path).read_bytes() == (ROOT / path).read_bytes(), path
+    for svc in [*compose["services"].values(), *sentinel_file["services"].values()]:
+        for source, _ in bind_mounts(svc).values():
+            if source.startswith("./"):
+                assert (tmp_path / source).is_file(), source
+
+
+@pytest.mark.quick
+def test_the_deploy_command_leaves_a_changed_file_alone_unless_forced(tmp_path):
+    assert deploy("compose", str(tmp_path)).exit_code == 0
+    cfg = tmp_path / "haproxy" / "haproxy.cfg"
+    cfg.write_text("# mine\n")
+    again = deploy("compose", str(tmp_path))
+    assert again.exit_code != 0 and "haproxy/haproxy.cfg" in again.output and "--force" in again.output
+    assert cfg.read_text() == "# mine\n"
+    assert "unchanged" in deploy("compose", str(tmp_path), "--force").output
+    assert cfg.read_bytes() == (ROOT / "haproxy" / "haproxy.cfg").read_bytes()

@@ -60,7 +60,7 @@ KUBECTL = shutil.which("kubectl")
 # -- kustomize, for what the kit's kustomizations use ----------------------------------------------
 
 # Anything else in a kustomization fails the build here rather than being ignored.
-KUSTOMIZATION_KEYS = {"apiVersion", "kind", "resources", "patches", "configMapGenerator", "secretGenerator"}
+KUSTOMIZATION_KEYS = {"apiVersion", "kind", "resources", "patches", "images", "configMapGenerator", "secretGenerator"}
 # Lists a strategic merge patch merges item by item, by this key (the Kubernetes API's patchMergeKey),
 # for the fields the kit's patches touch; any other list in a patch replaces the one it patches.
 MERGE_KEYS = {"containers": "name", "env": "name", "volumeMounts": "name", "volumes": "name"}
@@ -90,7 +90,7 @@ def build(directory: Path, given: dict[Path, str]) -> list[dict]:
     contents of files the repository does not ship (the user's secrets.env)."""
     kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
     assert set(kustomization) <= KUSTOMIZATION_KEYS, set(kustomization) - KUSTOMIZATION_KEYS
-    assert kustomization["kind"] == "Kustomization"
+    assert kustomization.get("kind", "Kustomization") == "Kustomization"  # kustomize reads either
     objects = []
     for resource in kustomization.get("resources", []):
         path = directory / resource
@@ -103,6 +103,9 @@ def build(directory: Path, given: dict[Path, str]) -> list[dict]:
         for doc in yaml.safe_load_all(inside(directory / patch["path"], directory).read_text()):
             target = find(objects, doc["kind"], doc["metadata"]["name"])
             objects[objects.index(target)] = strategic_merge(target, doc)
+    for image in kustomization.get("images", []):
+        assert set(image) <= {"name", "newName", "newTag"}, image
+        retag(objects, image)
     for generator in kustomization.get("configMapGenerator", []):
         assert set(generator) <= {"name", "files", "literals"}, generator
         data = {Path(f).name: inside(directory / f, directory).read_text() for f in generator.get("files", [])}
@@ -129,6 +132,15 @@ def build(directory: Path, given: dict[Path, str]) -> list[dict]:
             }
         )
     return objects
+
+
+def retag(objects: list[dict], image: dict[str, str]) -> None:
+    """An `images:` entry: every container whose image is `name` (with any tag) gets the new name and tag."""
+    for workload in (o for o in objects if o["kind"] in ("Deployment", "StatefulSet")):
+        for c in workload["spec"]["template"]["spec"]["containers"]:
+            name, _, tag = c["image"].partition(":")
+            if name == image["name"]:
+                c["image"] = f"{image.get('newName', name)}:{image.get('newTag', tag)}".rstrip(":")
 
 
 def strategic_merge(target, patch, field: str = ""):
@@ -265,17 +277,19 @@ def test_every_reference_names_an_object_and_key_that_exist(each_kit):
                 find(objects, "ConfigMap", volume["configMap"]["name"])
 
 
-@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed: its kustomize checks what build() does here")
-def test_real_kustomize_builds_the_same_objects(each_kit, tmp_path):
-    """kubectl's own kustomize, on a copy of the files it reads plus a secrets.env: the same objects,
-    once its hash suffixes are taken off the generated names (and the references to them)."""
-    directory, objects = each_kit
-    for part in ("deploy", "haproxy"):
-        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns(SECRETS_ENV.name))
-    (tmp_path / SECRETS_ENV.relative_to(ROOT)).write_text(secrets_env_text())
-    result = subprocess.run(
-        [KUBECTL, "kustomize", str(tmp_path / directory.relative_to(ROOT))], capture_output=True, text=True, timeout=60
-    )
+needs_kubectl = pytest.mark.skipif(
+    KUBECTL is None, reason="kubectl is not installed: its kustomize checks what build() does here"
+)
+
+
+def by_id(objects: list[dict]) -> list[dict]:
+    return sorted(objects, key=lambda o: (o["kind"], o["metadata"]["name"]))
+
+
+def real_kustomize(directory: Path) -> list[dict]:
+    """`kubectl kustomize directory`, its hash suffixes taken off the generated names (and the references to them)."""
+    assert KUBECTL is not None
+    result = subprocess.run([KUBECTL, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     built = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
     text = json.dumps(built)
@@ -283,8 +297,107 @@ def test_real_kustomize_builds_the_same_objects(each_kit, tmp_path):
         if obj["kind"] in ("ConfigMap", "Secret"):
             hashed = obj["metadata"]["name"]
             text = text.replace(f'"{hashed}"', f'"{hashed.rsplit("-", 1)[0]}"')
-    key = lambda o: (o["kind"], o["metadata"]["name"])  # noqa: E731
-    assert sorted(json.loads(text), key=key) == sorted(objects, key=key)
+    return json.loads(text)
+
+
+@needs_kubectl
+def test_real_kustomize_builds_the_same_objects(each_kit, tmp_path):
+    """kubectl's own kustomize, on a copy of the files it reads plus a secrets.env: the same objects."""
+    directory, objects = each_kit
+    for part in ("deploy", "haproxy"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns(SECRETS_ENV.name))
+    (tmp_path / SECRETS_ENV.relative_to(ROOT)).write_text(secrets_env_text())
+    assert by_id(real_kustomize(tmp_path / directory.relative_to(ROOT))) == by_id(objects)
+
+
+# -- a server of one's own -------------------------------------------------------------------------
+
+# An overlay as docs/deploy.md has a user write it, beside the files `mcp-ha deploy kubernetes DIR` writes.
+OWN_IMAGE = ("registry.example/my-server", "1")
+OWN_MODULE = "my_project.server"
+OVERLAY = f"""\
+resources: [../{{base}}]
+images:
+  - name: mcp-ha-kit
+    newName: {OWN_IMAGE[0]}
+    newTag: "{OWN_IMAGE[1]}"
+patches:
+  - path: module.yaml
+"""
+MODULE_PATCH = f"""\
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: mcp-server
+spec:
+  template:
+    spec:
+      containers:
+        - name: mcp-server
+          env:
+            - name: MCP_SERVER_MODULE
+              value: {OWN_MODULE}
+"""
+
+
+def write_kit(directory: Path) -> None:
+    """`mcp-ha deploy kubernetes directory`, and the secrets.env a user writes there."""
+    from click.testing import CliRunner
+
+    from mcp_ha.cli import main
+
+    result = CliRunner().invoke(main, ["deploy", "kubernetes", str(directory)])
+    assert result.exit_code == 0, result.output
+    (directory / SECRETS_ENV.relative_to(ROOT)).write_text(secrets_env_text())
+
+
+@pytest.mark.quick
+def test_the_deploy_command_writes_every_file_the_kustomizations_read(tmp_path):
+    """What `mcp-ha deploy kubernetes` writes is the repository's files, all of them: each kit builds
+    from the written copy alone (build() refuses a file it lacks) into the same objects."""
+    from mcp_ha.deploy_files import FILES
+
+    shipped = subprocess.run(
+        ["git", "ls-files", "deploy/kubernetes", "deploy/kubernetes-sentinel", "deploy/redis", "haproxy"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert shipped and set(FILES["kubernetes"]) == set(shipped)
+    write_kit(tmp_path)
+    for name, directory in KUSTOMIZATIONS.items():
+        written = tmp_path / directory.relative_to(ROOT)
+        assert by_id(build(written, {})) == by_id(build_kit(directory)), name
+
+
+@pytest.mark.parametrize("base", list(KUSTOMIZATIONS))
+def test_a_server_of_ones_own_is_an_overlay_naming_its_image_and_module(base, tmp_path):
+    """The kit's objects, the replicas' image and module only changed: HAProxy and Redis keep theirs, the
+    replicas every setting of the kit (Sentinel's too), and the result is valid Kubernetes."""
+    write_kit(tmp_path)
+    kit = KUSTOMIZATIONS[base]
+    overlay = tmp_path / "deploy" / "my-server"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(OVERLAY.format(base=kit.name))
+    (overlay / "module.yaml").write_text(MODULE_PATCH)
+    objects, kit_objects = build(overlay, {}), build_kit(kit)
+    deployment = find(objects, "Deployment", "mcp-server")
+    assert container(deployment)["image"] == ":".join(OWN_IMAGE)
+    env = pod_env(objects, deployment)
+    assert env == {
+        **pod_env(kit_objects, find(kit_objects, "Deployment", "mcp-server")),
+        "MCP_SERVER_MODULE": OWN_MODULE,
+    }
+    # The kit names no module: the image's own (its MCP_SERVER_MODULE) serves unless an overlay sets one.
+    assert "MCP_SERVER_MODULE" not in pod_env(kit_objects, find(kit_objects, "Deployment", "mcp-server"))
+    others = [o for o in objects if o is not deployment]
+    assert by_id(others) == by_id(
+        [o for o in kit_objects if (o["kind"], o["metadata"]["name"]) != ("Deployment", "mcp-server")]
+    )
+    for obj in objects:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[-1], strict=True)
+    if KUBECTL is not None:
+        assert by_id(real_kustomize(overlay)) == by_id(objects)
 
 
 # -- the replicas ----------------------------------------------------------------------------------
@@ -651,7 +764,10 @@ def test_haproxy_follows_the_pods_the_headless_service_resolves_to(haproxy_env, 
     password = env["HAPROXY_STATS_PASSWORD"]
     try:
         for ip in pods:
-            wait_for(lambda ip=ip: http_status(f"http://{ip}:{pod_port}/health") == 200, f"the replica on {ip}")
+            # A loaded machine may take 20 s to import a server; the wait ends as soon as it answers.
+            wait_for(
+                lambda ip=ip: http_status(f"http://{ip}:{pod_port}/health") == 200, f"the replica on {ip}", timeout=60
+            )
         dns.addresses = ["127.0.0.2"]
         # Its own mount namespace, where /etc/resolv.conf names the fake DNS; the host's is untouched.
         script = (
