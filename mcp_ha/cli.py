@@ -46,3 +46,7 @@ class _Lazy(click.Group):
 @click.group(cls=_Lazy)
 def main() -> None:
     """High availability for stateful MCP servers."""
+
+
+if __name__ == "__main__":
+    main()

@@ -51,7 +51,7 @@ from mcp.server.subscriptions import ServerEvent
 from mcp_types import SubscribeRequestParams, SubscriptionsListenRequestParams, UnsubscribeRequestParams
 from starlette.middleware import Middleware as StarletteMiddleware
 from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import _sdk
 from .adoption import AdoptSessions, Ownership, RecordSessions
@@ -102,6 +102,31 @@ def make_store(settings: Settings, *, on_replay: Callable[[Any], None] | None = 
     from .stores.memory_store import InMemorySessionStore
 
     return InMemorySessionStore(**limits)
+
+
+# Every HTTP answer of a replica names it, so the HA check (mcp_ha.check) sees which replica serves a
+# session without any of the server's own tools reporting it. HAProxy passes it through; the name is
+# INSTANCE_ID, which /health already answers to anyone.
+REPLICA_HEADER = b"mcp-ha-replica"
+
+
+class NameReplica:
+    """ASGI middleware: the `Mcp-Ha-Replica: <INSTANCE_ID>` header on every HTTP answer."""
+
+    def __init__(self, app: ASGIApp, instance: str) -> None:
+        self.app = app
+        self.header = (REPLICA_HEADER, instance.encode("latin-1"))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def named(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, named)
 
 
 class HighAvailability:
@@ -315,8 +340,11 @@ class HighAvailability:
 
         app.router.lifespan_context = lifespan
         guarded = OneAnswerPerId(app, in_flight=in_flight, path=path)
-        return RequestIds(
-            self.drain.middleware(BodyLimit(guarded, max_bytes=self.settings.max_body_bytes, path=path), path=path)
+        return NameReplica(
+            RequestIds(
+                self.drain.middleware(BodyLimit(guarded, max_bytes=self.settings.max_body_bytes, path=path), path=path)
+            ),
+            self.instance,
         )
 
     def run(self, app: ASGIApp) -> None:

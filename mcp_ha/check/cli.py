@@ -1,0 +1,154 @@
+"""`mcp-ha check`: the HA check from the command line.
+
+    mcp-ha check http://127.0.0.1:8080/mcp --shape ha_shape.py --faults local --junit report.xml
+
+Exit status: 0 when every promise held, 1 when one did not (each is listed), 2 when the check could not
+run (a URL that does not answer as an HA server, a shape file that does not load or fit, bad options).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from .checks import SUITES, CheckSetupError
+from .clients import KINDS
+from .faults import PRESETS, VERBS, FaultError, parse_faults
+from .report import summary_table, write_junit
+from .runner import DEFAULT_DURATION, DEFAULT_SESSIONS, run_check
+from .shape import ShapeError, load_shape
+
+# Piped output would otherwise wrap the table at 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 200)
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+@click.command()
+@click.argument("url")
+@click.option(
+    "--shape",
+    "shape_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A Python file defining `shape = Shape(...)`: how to drive this server (mcp_ha.check.Shape).",
+)
+@click.option(
+    "--faults",
+    "faults_text",
+    default=None,
+    metavar="SET",
+    help=f"How to inject faults: {', '.join(PRESETS)}, or 'verb=command,...' with {{replica}} in each command "
+    f"(verbs: {', '.join(VERBS)}). Without it, the checks that need a fault are skipped.",
+)
+@click.option(
+    "--suite",
+    type=click.Choice([*SUITES, "all"]),
+    default="all",
+    show_default=True,
+    help="lb (load balancing) or resilience (faults); all runs both.",
+)
+@click.option(
+    "--clients",
+    default=",".join(KINDS),
+    show_default=True,
+    help="The kinds of client to drive, comma-separated.",
+)
+@click.option(
+    "--sessions",
+    type=click.IntRange(1, 20),
+    default=DEFAULT_SESSIONS,
+    show_default=True,
+    help="Sessions of each kind of client, per check.",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(3, 120),
+    default=DEFAULT_DURATION,
+    show_default=True,
+    help="Seconds of load in each check under load (at least; it goes on until the deployment is whole again).",
+)
+@click.option(
+    "--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write JUnit XML here."
+)
+@click.option(
+    "--node-clients",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="A folder whose node_modules holds @modelcontextprotocol/sdk, for the ts_sdk client (default: "
+    "installed with npm ci into ~/.cache/mcp-ha when node and npm are present).",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Print each check and fault as it happens.")
+def check(
+    url: str,
+    shape_path: Path,
+    faults_text: str | None,
+    suite: str,
+    clients: str,
+    sessions: int,
+    duration: float,
+    junit_path: Path | None,
+    node_clients: Path | None,
+    verbose: bool,
+) -> None:
+    """Check a deployment of an MCP server built on mcp_ha keeps its HA promises, under faults."""
+    # Retries and broken connections are the point of the run, not news: the table counts them. The
+    # server's own log notifications (FastMCP's clients print them) are not the check's either.
+    logging.basicConfig(level=logging.CRITICAL)
+    logging.getLogger("fastmcp").setLevel(logging.CRITICAL)
+    kinds = [k.strip() for k in clients.split(",") if k.strip()]
+    if unknown := [k for k in kinds if k not in KINDS]:
+        raise click.BadParameter(
+            f"unknown client {', '.join(unknown)}; choose from {', '.join(KINDS)}", param_hint="--clients"
+        )
+    try:
+        faults = parse_faults(faults_text) if faults_text else None
+        shape = load_shape(shape_path)
+    except (FaultError, ShapeError) as exc:
+        _fail(str(exc))
+        return
+
+    def say(text: str) -> None:
+        if verbose:
+            console.print(f"[dim]{text}[/dim]", markup=True)
+
+    try:
+        with console.status(f"checking {url}"):
+            report = asyncio.run(
+                run_check(
+                    url,
+                    shape,
+                    faults=faults,
+                    suites=list(SUITES) if suite == "all" else [suite],
+                    clients=kinds,
+                    sessions=sessions,
+                    duration=duration,
+                    node_clients=node_clients,
+                    say=say,
+                )
+            )
+    except (CheckSetupError, ShapeError) as exc:
+        _fail(str(exc))
+        return
+    console.print(summary_table(report))
+    if junit_path is not None:
+        write_junit(report, junit_path)
+        console.print(f"JUnit XML written to {junit_path}")
+    if not report.ok:
+        console.print("[red]promises broken:[/red]")
+        for line in report.failures():
+            console.print(f"  - {line}", markup=False)
+        sys.exit(1)
+    console.print("[green]every promise held[/green]")
+
+
+if __name__ == "__main__":
+    check()

@@ -1,0 +1,124 @@
+"""mcp_ha/check/cli.py: `mcp-ha check`, run as a user runs it: exit 0 when every promise holds, 1 when
+one does not, 2 when the check cannot run (bad options, a shape file that does not load, a URL that
+does not answer)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT, running_stack
+
+from mcp_ha.check.cli import check
+from mcp_ha.stack import Stack
+
+MCP_HA = Path(sys.executable).parent / "mcp-ha"
+LYING_SHAPE = """
+from mcp_ha.check import Call, Shape
+
+# Claims one write more than the server holds: every session looks as if a write was applied twice.
+shape = Shape(write=Call("increment_counter"), read=Call("get_counter"), count=lambda r: r["counter"] + 1)
+"""
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--shape", "nowhere.py"], "nowhere.py: no such file"),
+        (["--shape", "ha_shape.py", "--faults", "chaos"], "one of local, compose, kubectl"),
+        (["--shape", "ha_shape.py", "--clients", "plain,telnet"], "unknown client telnet"),
+        (["--shape", "ha_shape.py", "--suite", "speed"], "'speed' is not one of"),
+    ],
+)
+def test_bad_options_exit_2_with_a_plain_message(args: list[str], says: str) -> None:
+    result = CliRunner().invoke(check, ["http://127.0.0.1:9/mcp", *args], catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    assert says in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.quick
+def test_an_unreachable_url_exits_2_with_a_plain_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    url = f"http://127.0.0.1:{closed_port()}/mcp"
+    result = CliRunner().invoke(check, [url, "--shape", "ha_shape.py"], catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    assert f"error: {url} does not answer" in result.output and "Traceback" not in result.output
+
+
+@pytest.fixture(scope="module")
+def demo_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running_stack(tmp_path_factory.mktemp("check-cli")) as s:
+        yield s
+
+
+def mcp_ha(stack: Stack, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "STACK_DIR": str(stack.config.state_dir)}
+    return subprocess.run(
+        [str(MCP_HA), "check", stack.config.mcp_url, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+
+
+@pytest.mark.timeout(300)
+def test_the_command_checks_a_local_stack_and_writes_junit(demo_stack: Stack, tmp_path: Path) -> None:
+    junit = tmp_path / "report.xml"
+    done = mcp_ha(
+        demo_stack,
+        "--shape",
+        "ha_shape.py",
+        "--faults",
+        "local",
+        "--suite",
+        "lb",
+        "--clients",
+        "plain,fastmcp_legacy",
+        "--junit",
+        str(junit),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "every promise held" in done.stdout and "replica gone" in done.stdout
+    [suite] = ET.parse(junit).getroot().iter("testsuite")
+    assert suite.get("name") == "lb" and suite.get("failures") == "0" and suite.get("skipped") == "0"
+    cases = {c.get("name") for c in suite.iter("testcase")}
+    assert cases == {
+        "health [-]",
+        "sticky [plain]",
+        "sticky [fastmcp_legacy]",
+        "spread [plain]",
+        "replica gone [plain]",
+    }
+    assert [demo_stack.state(n) for n in demo_stack.config.replica_names()] == ["running"] * 3
+
+
+@pytest.mark.timeout(300)
+def test_a_broken_promise_exits_1_and_is_named(demo_stack: Stack, tmp_path: Path) -> None:
+    shape = tmp_path / "lying_shape.py"
+    shape.write_text(LYING_SHAPE)
+    junit = tmp_path / "report.xml"
+    done = mcp_ha(demo_stack, "--shape", str(shape), "--suite", "lb", "--clients", "plain", "--junit", str(junit))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "promises broken" in done.stdout and "sticky [plain]" in done.stdout
+    assert "applied twice" in done.stdout
+    failures = [c for c in ET.parse(junit).getroot().iter("testcase") if c.find("failure") is not None]
+    assert [c.get("name") for c in failures] == ["sticky [plain]"]
+    # Without faults, the check that needs one is skipped, not failed.
+    skipped = [c for c in ET.parse(junit).getroot().iter("testcase") if c.find("skipped") is not None]
+    assert [c.get("name") for c in skipped] == ["replica gone [plain]"]

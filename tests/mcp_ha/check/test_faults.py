@@ -1,0 +1,85 @@
+"""mcp_ha/check/faults.py: the ready-made fault sets, the user's own templates, and a command's failure."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+import pytest
+
+from mcp_ha.check.faults import COMPOSE, KUBECTL, VERBS, FaultError, Faults, local, parse_faults
+
+pytestmark = pytest.mark.quick
+
+
+def test_the_local_set_runs_the_stack_command_of_this_python_in_its_stack_dir() -> None:
+    faults = parse_faults("local")
+    assert faults.missing(*VERBS) is None
+    assert faults.command("kill", "mcp-server-2") == [
+        sys.executable,
+        "-m",
+        "mcp_ha.stack",
+        "kill",
+        "-s",
+        "SIGKILL",
+        "mcp-server-2",
+    ]
+    assert faults.command("pause", "mcp-server-1")[-3:] == ["-s", "SIGSTOP", "mcp-server-1"]
+    assert faults.command("resume", "mcp-server-1")[-3:] == ["-s", "SIGCONT", "mcp-server-1"]
+    assert faults.command("drain", "mcp-server-3")[-2:] == ["restart", "mcp-server-3"]
+    assert local("/tmp/stack").env == {"STACK_DIR": "/tmp/stack"}
+
+
+def test_compose_names_its_services_and_kubectl_says_what_it_cannot_do() -> None:
+    assert parse_faults("compose") is COMPOSE
+    assert COMPOSE.command("kill", "mcp-server-1") == ["docker-compose", "kill", "-s", "SIGKILL", "mcp-server-1"]
+    assert COMPOSE.command("pause", "mcp-server-1") == ["docker-compose", "pause", "mcp-server-1"]
+    assert COMPOSE.command("resume", "mcp-server-1") == ["docker-compose", "unpause", "mcp-server-1"]
+    assert parse_faults("kubectl") is KUBECTL
+    assert KUBECTL.command("kill", "mcp-server-7d9f") == [
+        "kubectl",
+        "delete",
+        "pod",
+        "--grace-period=0",
+        "--force",
+        "mcp-server-7d9f",
+    ]
+    assert KUBECTL.missing("kill", "drain") is None
+    assert KUBECTL.missing("pause") == "kubectl cannot pause a pod's processes"
+
+
+def test_the_users_own_commands_commas_in_them_included() -> None:
+    faults = parse_faults(
+        "kill=kubectl delete pod --grace-period=0 --force {replica}, drain=ssh host 'a,b' restart {replica}"
+    )
+    assert faults.name == "custom" and set(faults.commands) == {"kill", "drain"}
+    assert faults.command("drain", "r1") == ["ssh", "host", "a,b", "restart", "r1"]
+    assert faults.missing("pause") == "no pause command in the custom faults"
+    # The replica's name is one argument, whatever it holds.
+    assert faults.command("kill", "a b;rm")[-1] == "a b;rm"
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("chaos", "one of local, compose, kubectl"),
+        ("explode=boom {replica}", "one of local, compose, kubectl"),
+        ("kill=", "kill= has no command"),
+        ("kill=kill -9 1234", "does not name {replica}"),
+        ("kill=a {replica},kill=b {replica}", "kill given twice"),
+    ],
+)
+def test_a_bad_fault_set_is_refused_with_the_reason(text: str, says: str) -> None:
+    with pytest.raises(FaultError, match=None) as raised:
+        parse_faults(text)
+    assert says in str(raised.value)
+
+
+async def test_a_fault_command_that_fails_says_so_with_its_output() -> None:
+    command = shlex.quote(sys.executable) + " -c 'import sys; sys.exit(\"no {replica}\")'"
+    faults = Faults("custom", {"kill": command})
+    with pytest.raises(FaultError, match=r"kill r9: .* exited 1: no r9"):
+        await faults.run("kill", "r9")
+    missing = Faults("custom", {"kill": "/nonexistent/bin/kill-it {replica}"})
+    with pytest.raises(FaultError, match="cannot run /nonexistent/bin/kill-it"):
+        await missing.run("kill", "r9")
