@@ -24,7 +24,9 @@ and Redis faults (the faulted one is Redis's primary):
     redis-outage   stop every Redis server for 10 s, then start them again
 
 Each scenario runs, through HAProxy, `--sessions` sessions of each kind of
-client, each calling `increment_counter` in a loop:
+client, each calling `increment_counter` in a loop. The clients, and the load's
+plumbing (each call recorded, the final counters read), are the HA check's
+(mcp_ha/check/clients.py and load.py), driving the demo's shape (DEMO):
 
     plain        session-era MCP over raw HTTP (mcp_ha/check/wire.py): initialize
                  once, keep the session id, never retry, 5 s per call
@@ -39,7 +41,7 @@ theirs after 6 s and counts it failed):
 
     ts_sdk          the official TypeScript SDK (@modelcontextprotocol/sdk, pinned
                     in tests/clients/ts): Client over StreamableHTTPClientTransport,
-                    driven by tests/clients/ts/failover_client.mjs (Node; make node-deps)
+                    driven by the HA check's mcp_ha/check/ts_client.mjs (Node; make node-deps)
     python_sdk      the MCP Python SDK's ClientSession over streamable_http_client
     fastmcp_legacy  FastMCP's Client in mode="legacy" (session-era, 2025-11-25)
 
@@ -67,34 +69,35 @@ import asyncio
 import itertools
 import json
 import logging
-import random
 import shutil
 import signal
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar, TypedDict
 
 import click
-import httpx2
-from fastmcp import Client
-from fastmcp.client.transports import StreamableHttpTransport
-from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp.types import CallToolResult, TextContent
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from mcp_ha.check.wire import RawSession
-from mcp_ha.resilient_client import ResilientClient
+from mcp_ha.check.clients import (
+    GUARD_SLACK_SECONDS,
+    PLAIN_CALL_TIMEOUT,
+    RESILIENT_SETTINGS,
+    STOCK_CALL_BOUND,
+    STOCK_KINDS,
+    ClientFactory,
+    SessionlessClient,
+)
+from mcp_ha.check.load import SessionRun, close_all, drive, read_final
+from mcp_ha.check.node import node_clients_missing
+from mcp_ha.check.shape import Call, Shape
 from mcp_ha.stack import Stack, StackConfig, StackError, running_stack
 from tools.bench import (
     MarkdownError,
@@ -108,36 +111,14 @@ from tools.bench import (
     write_between_markers,
 )
 
-
-class ResilientSettings(TypedDict):
-    """ResilientClient's keyword arguments, typed per key so `**RESILIENT_SETTINGS` checks."""
-
-    max_retries: int
-    call_timeout: float
-    total_timeout: float
-
-
 REPLICA_SCENARIOS = ("kill", "pause", "rolling", "restart-all")
 REDIS_SCENARIOS = ("redis-kill", "redis-restart", "redis-outage")
 SCENARIOS = REPLICA_SCENARIOS + REDIS_SCENARIOS
 # The load alone, no fault: the baseline every client must pass clean (not part of "all").
 BASELINE = "none"
 
-PLAIN_CALL_TIMEOUT = 5.0
-# The stock SDK clients keep their own defaults (no request timeout, or a minute); the benchmark
-# abandons a call of theirs with no outcome after this (plus GUARD_SLACK_SECONDS) and counts it failed.
-STOCK_CALL_BOUND = 5.0
-# The resilient sessions' settings. A call stuck on a hung replica is re-sent by
-# HAProxy itself when it takes the replica out (within about 2.6 s), so the
-# per-attempt timeout is set above that: a client retry racing HAProxy's own
-# only adds load. Retries go on for 20 s, so a restart of every replica costs
-# the calls caught in it time, not an error.
-RESILIENT_SETTINGS: ResilientSettings = {"max_retries": 20, "call_timeout": 4.0, "total_timeout": 20.0}
-THINK_SECONDS = (0.02, 0.05)
-MAX_CALLS_PER_SESSION = 5000
-# Past its own timeout a call is cut off here, so the run stays bounded even if
-# a client breaks its promise; such a call counts against the targets.
-GUARD_SLACK_SECONDS = 1.0
+# The clients' timeouts and bounds (PLAIN_CALL_TIMEOUT, STOCK_CALL_BOUND, RESILIENT_SETTINGS,
+# GUARD_SLACK_SECONDS) and the load's think time are the HA check's: mcp_ha/check/clients.py and load.py.
 
 KILL_DOWN_SECONDS = 3.0
 PAUSE_SECONDS = 4.0
@@ -164,308 +145,25 @@ MARKDOWN_MARKERS = "failover"
 log = logging.getLogger("failover_bench")
 
 
-# -- the clients under test ------------------------------------------------------------
-
-
-class BenchClient:
-    """One session of one kind of client, as the benchmark drives it: open, call tools, close."""
-
-    kind: ClassVar[str]
-    # The longest one call may take by the client's own timeouts; `_drive` cuts it off GUARD_SLACK_SECONDS later.
-    bound: ClassVar[float]
-    # Whether the client retries a failed call itself. One that does not sees whatever HAProxy cannot
-    # rescue, and cannot know whether a call that failed was applied first: each failed call may account
-    # for one increment (at most one: HAProxy's re-sends share an idempotency key). A call that fails
-    # despite the client's own retries is a missed target in itself, never an allowance.
-    retries: ClassVar[bool] = False
-    # Reading the final counter is not a measured call: the stack is whole again, so a transient error
-    # there says nothing about failover, and a client with no retries of its own gets a few tries.
-    final_read_attempts: ClassVar[int] = 5
-
-    def __init__(self, url: str) -> None:
-        """A client for one session at `url` (the MCP endpoint); nothing is sent until `open`."""
-        raise NotImplementedError
-
-    async def open(self) -> None:
-        raise NotImplementedError
-
-    async def call(self, tool: str) -> dict:
-        """The structured result of `tool`, called on this client's session."""
-        raise NotImplementedError
-
-    async def aclose(self) -> None:
-        """End the session; safe to call whether or not `open` got anywhere."""
-        raise NotImplementedError
-
-    async def reconnect(self) -> None:
-        """Before another try at reading the final counter: a new connection to the same session, if need be."""
-
-    @property
-    def new_sessions(self) -> int:
-        """Sessions the client had to open anew during the run."""
-        return 0
-
-
-class PlainClient(BenchClient):
-    """Session-era MCP over plain HTTP as a naive client speaks it (mcp_ha/check/wire's RawSession): one
-    session id for life, no retries, each call bounded as a whole by its timeout."""
-
-    kind = "plain"
-    bound = PLAIN_CALL_TIMEOUT
-
-    def __init__(self, url: str) -> None:
-        self.http = httpx2.AsyncClient(timeout=self.bound)
-        self.session = RawSession(self.http, url, timeout=self.bound, client_name="failover-bench")
-
-    async def open(self) -> None:
-        await self.session.open()
-
-    async def call(self, tool: str) -> dict:
-        return await self.session.call_tool(tool)
-
-    async def aclose(self) -> None:
-        try:
-            await self.session.close()
-        finally:
-            await self.http.aclose()
-
-
-class ResilientBenchClient(BenchClient):
-    kind = "resilient"
-    # stamina starts no attempt after total_timeout; the client caps one attempt (recovery + call)
-    # at twice call_timeout.
-    bound = RESILIENT_SETTINGS["total_timeout"] + 2 * RESILIENT_SETTINGS["call_timeout"]
-    retries = True
-    final_read_attempts = 1  # it retries on its own
-
-    def __init__(self, url: str) -> None:
-        self.client = ResilientClient(url, **RESILIENT_SETTINGS)
-
-    async def open(self) -> None:
-        await self.client.__aenter__()
-
-    async def call(self, tool: str) -> dict:
-        return (await self.client.call_tool(tool, {})).data
-
-    async def aclose(self) -> None:
-        await self.client.aclose()
-
-    @property
-    def new_sessions(self) -> int:
-        return max(len(self.client.sessions) - 1, 0)
-
-
-class SessionlessClient(BenchClient):
-    """FastMCP's Client in its default (sessionless, 2026-07-28) mode, as is: no retries of its own.
-
-    Its state lives under the handle `create_session` returned, passed to every call; each request
-    stands alone, so HAProxy spreads them by load and re-sends one a replica could not take.
-
-    A transport error on one request (a connection closed with no answer) ends this client for
-    good (FastMCP 4.0.11, mcp 2.3.0): every later call raises again, so such a session stops
-    working. Its state is the handle's, not the connection's: reading the final counter, which is
-    not a measured call, goes through a new Client with the same handle when the first try fails.
-    """
-
-    kind = "sessionless"
-    bound = PLAIN_CALL_TIMEOUT
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.client = Client(url, timeout=self.bound)
-        self.handle: str | None = None
-        self._entered = False
-
-    async def open(self) -> None:
-        await self.client.__aenter__()
-        self._entered = True
-        self.handle = (await self.client.call_tool("create_session", {})).data["session_id"]
-
-    async def call(self, tool: str) -> dict:
-        return (await self.client.call_tool(tool, {"session_id": self.handle})).data
-
-    async def aclose(self) -> None:
-        # A handle has no end: it expires with the session TTL, like any idle session.
-        if self._entered:
-            self._entered = False
-            await self.client.__aexit__(None, None, None)
-
-    async def reconnect(self) -> None:
-        try:
-            async with asyncio.timeout(5):
-                await self.aclose()
-        except Exception as exc:  # a broken client re-raises its transport's error on the way out too
-            log.debug("closing a broken sessionless client: %r", exc)
-        self.client = Client(self.url, timeout=self.bound)
-        await self.client.__aenter__()
-        self._entered = True
-
-
-class ToolAnsweredError(Exception):
-    """A tool result with isError set, as a client that does not raise on one hands it back."""
-
-
-def _tool_error_text(result: CallToolResult) -> str:
-    text = next((block.text for block in result.content if isinstance(block, TextContent)), "")
-    return text or repr(result.content)[:160]
-
-
-class StockSessionClient(BenchClient):
-    """A stock session-era client at its defaults: no timeout, no retries of ours.
-
-    `bound` is the benchmark's, not the client's: a call with no outcome within it (plus
-    GUARD_SLACK_SECONDS) is abandoned and counted as failed (and as overran). Its session id is
-    noted on the way in, so the final counter, which is not a measured call, can still be read
-    under it by a raw client when the stock one no longer can.
-    """
-
-    bound = STOCK_CALL_BOUND
-    session_id: str | None = None
-
-
-class FastMCPLegacyClient(StockSessionClient):
-    """FastMCP's Client in `mode="legacy"`: the session-era (2025-11-25) `initialize` handshake, the
-    session pinned by its Mcp-Session-Id; every other setting its default."""
-
-    kind = "fastmcp_legacy"
-
-    def __init__(self, url: str) -> None:
-        self.client = Client(url, mode="legacy")
-        self._entered = False
-
-    async def open(self) -> None:
-        await self.client.__aenter__()
-        self._entered = True
-        transport = self.client.transport
-        self.session_id = transport.get_session_id() if isinstance(transport, StreamableHttpTransport) else None
-
-    async def call(self, tool: str) -> dict:
-        return (await self.client.call_tool(tool, {})).data
-
-    async def aclose(self) -> None:
-        if self._entered:
-            self._entered = False
-            await self.client.__aexit__(None, None, None)
-
-
-class PythonSDKClient(StockSessionClient):
-    """The MCP Python SDK's own `ClientSession` over its `streamable_http_client`, both at their defaults
-    (the SDK's own HTTP client: 30 s to connect, 300 s per read; no request timeout).
-
-    The transport's task group must be left by the task that entered it, so one task of its own holds
-    the session open until `aclose`; calls come from any task. The one addition is an httpx event hook
-    that notes the Mcp-Session-Id answered (FastMCP's own transport does the same): it only reads.
-    """
-
-    kind = "python_sdk"
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.session: ClientSession | None = None
-        self._closing = asyncio.Event()
-        self._holder: asyncio.Task | None = None
-
-    async def _note_session_id(self, response: httpx2.Response) -> None:
-        if session_id := response.headers.get("mcp-session-id"):
-            self.session_id = session_id
-
-    async def _hold(self, ready: asyncio.Future[None]) -> None:
-        try:
-            http = create_mcp_http_client()
-            http.event_hooks.setdefault("response", []).append(self._note_session_id)
-            async with (
-                http,
-                streamable_http_client(self.url, http_client=http) as (read, write),
-                ClientSession(read, write) as session,
-            ):
-                await session.initialize()
-                self.session = session
-                ready.set_result(None)
-                await self._closing.wait()
-        except BaseException as exc:
-            if not ready.done():
-                ready.set_exception(exc)
-            elif not isinstance(exc, asyncio.CancelledError):
-                # The transport ended on an error: every later call fails, which the figures count.
-                log.debug("a python_sdk session ended: %r", exc)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-
-    async def open(self) -> None:
-        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._holder = asyncio.create_task(self._hold(ready))
-        await ready
-
-    async def call(self, tool: str) -> dict:
-        if self.session is None:
-            raise RuntimeError("the session is not open")
-        result = await self.session.call_tool(tool, {})
-        if not isinstance(result, CallToolResult):
-            raise TypeError(f"{tool} answered a {type(result).__name__}, not a CallToolResult")
-        if result.is_error:
-            raise ToolAnsweredError(_tool_error_text(result))
-        if not isinstance(result.structured_content, dict):
-            raise TypeError(f"{tool} answered no structured content")
-        return result.structured_content
-
-    async def aclose(self) -> None:
-        self._closing.set()
-        if self._holder is not None:
-            holder, self._holder = self._holder, None
-            try:
-                async with asyncio.timeout(5):
-                    await holder
-            finally:
-                holder.cancel()
-
+# -- the clients under test: the HA check's (mcp_ha/check/clients.py) ---------------------
 
 # The kinds that always run; the stock SDK clients (the TypeScript SDK's, the Python SDK's, FastMCP's
 # in legacy mode) run too when asked for (run_scenario's `stock`, the command's default).
 BASE_KINDS = ("plain", "resilient", "sessionless")
 EXTRA_KINDS = ("ts_sdk", "python_sdk", "fastmcp_legacy")
 KINDS = BASE_KINDS + EXTRA_KINDS
-# The clients nobody here wrote, driven as they come (FastMCP's default, sessionless, among them):
-# held to the issue's targets for a call that streams nothing (see check_targets).
-STOCK_KINDS = ("ts_sdk", "python_sdk", "fastmcp_legacy", "sessionless")
+# The demo's counter, as the HA check's clients drive a server: increment_counter adds one.
+DEMO = Shape(write=Call("increment_counter"), read=Call("get_counter"), count=lambda result: result["counter"])
+# The TypeScript SDK (pinned in tests/clients/ts/package.json) as `make node-deps` installs it.
+NODE_CLIENT_DIR = Path(__file__).resolve().parent.parent / "tests" / "clients" / "ts"
+
+
+def node_client_missing() -> str | None:
+    """Why the TypeScript SDK client cannot run here, or None when it can."""
+    return node_clients_missing(NODE_CLIENT_DIR)
 
 
 # -- what one run records ---------------------------------------------------------------
-
-
-@dataclass
-class Call:
-    start: float
-    end: float
-    ok: bool
-    counter: int | None = None
-    instance: str | None = None
-    error: str | None = None
-    overran: bool = False
-
-
-@dataclass
-class SessionRun:
-    kind: str
-    calls: list[Call] = field(default_factory=list)
-    in_flight: bool = False
-    final: int | None = None
-    final_error: str | None = None
-    # The client could not read its own session's final counter; a raw client read it under the session id.
-    final_read_raw: bool = False
-    new_sessions: int = 0
-
-    @property
-    def acknowledged(self) -> int:
-        return sum(c.ok for c in self.calls)
-
-    @property
-    def failed(self) -> int:
-        return sum(not c.ok for c in self.calls)
-
-    def instance_at(self, t: float) -> str | None:
-        """The replica that answered this session's last successful call that ended before `t`."""
-        answered = [c for c in self.calls if c.ok and c.end <= t]
-        return answered[-1].instance if answered else None
 
 
 @dataclass
@@ -539,270 +237,6 @@ class RunStatus:
     def set_phase(self, phase: str) -> None:
         self.phase = phase
         log.info("%s: %s", self.scenario, phase)
-
-
-# -- driving load -----------------------------------------------------------------------
-
-
-async def _drive(run: SessionRun, call: Callable[[], Awaitable[Any]], bound: float, stop: asyncio.Event) -> None:
-    while not stop.is_set() and len(run.calls) < MAX_CALLS_PER_SESSION:
-        record = Call(start=time.monotonic(), end=0.0, ok=False)
-        run.in_flight = True
-        guard = asyncio.timeout(bound + GUARD_SLACK_SECONDS)
-        try:
-            async with guard:
-                result = await call()
-            record.ok = True
-            record.counter, record.instance = int(result["counter"]), result.get("instance")
-        except Exception as exc:
-            record.overran = guard.expired()
-            record.error = (
-                f"TimeoutError: no outcome within {bound + GUARD_SLACK_SECONDS:g} s (the benchmark's bound)"
-                if record.overran
-                else f"{type(exc).__name__}: {exc}"[:200]
-            )
-        record.end = time.monotonic()
-        run.in_flight = False
-        run.calls.append(record)
-        try:
-            await asyncio.wait_for(stop.wait(), random.uniform(*THINK_SECONDS))
-        except TimeoutError:
-            pass
-
-
-class SessionGroup:
-    """`sessions` sessions of one kind of client, as run_scenario drives them: open them (each reads its
-    counter once), run the load until `stop`, read the final counters, close them."""
-
-    kind: str
-    bound: float  # the longest one call may take before the benchmark cuts it off (plus slack)
-    retries: bool
-    runs: list[SessionRun]
-
-    def __init__(self, url: str, sessions: int) -> None:
-        raise NotImplementedError
-
-    async def open(self) -> None:
-        raise NotImplementedError
-
-    def start(self, stop: asyncio.Event) -> list[asyncio.Task]:
-        """The load, begun: tasks that end once `stop` is set and each session's last call is in."""
-        raise NotImplementedError
-
-    async def read_finals(self) -> None:
-        raise NotImplementedError
-
-    async def aclose(self) -> None:
-        raise NotImplementedError
-
-
-def session_group(kind: str, url: str, sessions: int) -> SessionGroup:
-    client = CLIENTS[kind]
-    if isinstance(client, type) and issubclass(client, SessionGroup):
-        return client(url, sessions)
-    return InProcessGroup(client, url, sessions)
-
-
-class InProcessGroup(SessionGroup):
-    """Sessions of a client that runs in this process (a BenchClient each), driven by `_drive`."""
-
-    def __init__(self, client: type[BenchClient], url: str, sessions: int) -> None:
-        self.kind, self.bound, self.retries = client.kind, client.bound, client.retries
-        self.clients = [client(url) for _ in range(sessions)]
-        self.runs = [SessionRun(self.kind) for _ in self.clients]
-        self.url = url
-
-    async def open(self) -> None:
-        await asyncio.gather(*(c.open() for c in self.clients))
-        # A replica's first tool call pays for lazy set-up (0.4 s when idle, seconds under this load):
-        # a cost of starting, not of failing over, so it stays out of the figures.
-        await asyncio.gather(*(c.call("get_counter") for c in self.clients))
-
-    def start(self, stop: asyncio.Event) -> list[asyncio.Task]:
-        return [
-            asyncio.create_task(_drive(r, partial(c.call, "increment_counter"), c.bound, stop))
-            for r, c in zip(self.runs, self.clients, strict=True)
-        ]
-
-    async def read_finals(self) -> None:
-        await asyncio.gather(
-            *(_read_final_counter(c, r, self.url) for c, r in zip(self.clients, self.runs, strict=True))
-        )
-
-    async def aclose(self) -> None:
-        await _close_all([c.aclose for c in self.clients])
-
-
-NODE_CLIENT_DIR = Path(__file__).resolve().parent.parent / "tests" / "clients" / "ts"
-NODE_FAILOVER_CLIENT = NODE_CLIENT_DIR / "failover_client.mjs"
-
-
-def node_client_missing() -> str | None:
-    """Why the TypeScript SDK client cannot run here, or None when it can."""
-    if shutil.which("node") is None:
-        return "node is not installed (make node-deps installs it)"
-    if not (NODE_CLIENT_DIR / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
-        return f"the TypeScript SDK is not installed in {NODE_CLIENT_DIR} (make node-deps)"
-    return None
-
-
-class TypeScriptSDKGroup(SessionGroup):
-    """The official TypeScript SDK's `Client` over its `StreamableHTTPClientTransport` (v1, pinned in
-    tests/clients/ts/package.json), at their defaults, in one Node process: tests/clients/ts/failover_client.mjs.
-
-    The script opens the sessions, then, told "go" on its stdin, calls `increment_counter` in a loop on
-    each until its stdin is closed, printing one JSON line per call; then it reads the final counters.
-    Its clock is the epoch (ms), mapped onto this one's monotonic clock. It abandons a call after `bound`
-    plus GUARD_SLACK_SECONDS (the benchmark's bound, through the SDK's own AbortSignal), as `_drive` does.
-    """
-
-    kind = "ts_sdk"
-    bound = STOCK_CALL_BOUND
-    retries = False
-
-    def __init__(self, url: str, sessions: int) -> None:
-        self.url = url
-        self.runs = [SessionRun(self.kind) for _ in range(sessions)]
-        self.session_ids: list[str | None] = [None] * sessions
-        self.proc: asyncio.subprocess.Process | None = None
-        self._stderr = bytearray()
-        self._tasks: list[asyncio.Task] = []
-        self._stopped = asyncio.Event()  # every loop ended (or the script did)
-        self._done = asyncio.Event()  # the final counters are in (or the script ended)
-        # Epoch seconds minus monotonic seconds, to place the script's calls on this clock.
-        self._offset = time.time() - time.monotonic()
-
-    async def open(self) -> None:
-        if why := node_client_missing():
-            raise RuntimeError(f"the ts_sdk client cannot run: {why}")
-        self.proc = await asyncio.create_subprocess_exec(
-            shutil.which("node") or "node",
-            str(NODE_FAILOVER_CLIENT),
-            self.url,
-            str(len(self.runs)),
-            f"{self.bound + GUARD_SLACK_SECONDS:g}",
-            *(f"{t:g}" for t in THINK_SECONDS),
-            str(MAX_CALLS_PER_SESSION),
-            cwd=NODE_CLIENT_DIR,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            limit=1 << 20,
-        )
-        self._tasks.append(asyncio.create_task(self._drain_stderr()))
-        while True:
-            message = await self._next_message()
-            if message is None:
-                raise RuntimeError(f"the ts_sdk client ended before its sessions were open: {self._stderr_text()}")
-            if message.get("type") == "ready":
-                for s in message["sessions"]:
-                    self.session_ids[int(s["session"])] = s.get("session_id")
-                break
-        self._offset = time.time() - time.monotonic()
-        self._tasks.append(asyncio.create_task(self._read()))
-
-    def _stderr_text(self) -> str:
-        return self._stderr.decode(errors="replace").strip()[-800:] or "(nothing on stderr)"
-
-    async def _drain_stderr(self) -> None:
-        assert self.proc is not None and self.proc.stderr is not None
-        while chunk := await self.proc.stderr.read(65536):
-            self._stderr += chunk
-
-    async def _next_message(self) -> dict | None:
-        assert self.proc is not None and self.proc.stdout is not None
-        while raw := await self.proc.stdout.readline():
-            try:
-                message = json.loads(raw)
-            except ValueError:
-                log.warning("ts_sdk client: not a JSON line: %r", raw[:200])
-                continue
-            if isinstance(message, dict):
-                return message
-        return None
-
-    async def _read(self) -> None:
-        try:
-            while (message := await self._next_message()) is not None:
-                kind = message.get("type")
-                if kind == "call":
-                    start = message["start"] / 1000 - self._offset
-                    self.runs[int(message["session"])].calls.append(
-                        Call(
-                            start=start,
-                            end=start + message["duration"] / 1000,
-                            ok=bool(message["ok"]),
-                            counter=message.get("counter"),
-                            instance=message.get("instance"),
-                            error=message.get("error"),
-                            overran=bool(message.get("overran")),
-                        )
-                    )
-                elif kind == "stopped":
-                    self._stopped.set()
-                elif kind == "final":
-                    run = self.runs[int(message["session"])]
-                    run.final, run.final_error = message.get("counter"), message.get("error")
-                elif kind == "done":
-                    self._done.set()
-        finally:
-            # The script ended, however: nobody waits for lines that will not come.
-            if not self._done.is_set():
-                why = f"the ts_sdk client ended early: {self._stderr_text()}"[:200]
-                for run in self.runs:
-                    if run.final is None and run.final_error is None:
-                        run.final_error = why
-            self._stopped.set()
-            self._done.set()
-
-    async def _load(self, stop: asyncio.Event) -> None:
-        assert self.proc is not None and self.proc.stdin is not None
-        self.proc.stdin.write(b"go\n")
-        await self.proc.stdin.drain()
-        await stop.wait()
-        self.proc.stdin.close()  # the script's signal to stop
-        await self._stopped.wait()
-
-    def start(self, stop: asyncio.Event) -> list[asyncio.Task]:
-        return [asyncio.create_task(self._load(stop))]
-
-    async def read_finals(self) -> None:
-        await self._done.wait()
-        for run, session_id in zip(self.runs, self.session_ids, strict=True):
-            if run.final is None and session_id is not None:
-                await _read_final_raw(run, self.url, session_id, self.kind)
-
-    async def aclose(self) -> None:
-        proc = self.proc
-        if proc is None:
-            return
-        try:
-            if proc.stdin is not None and not proc.stdin.is_closing():
-                proc.stdin.close()
-            try:
-                async with asyncio.timeout(10):
-                    await proc.wait()
-            except TimeoutError:
-                proc.kill()  # the benchmark's own child
-                await proc.wait()
-        finally:
-            for task in self._tasks:
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-CLIENTS: dict[str, type[BenchClient] | type[SessionGroup]] = {
-    c.kind: c
-    for c in (
-        PlainClient,
-        ResilientBenchClient,
-        SessionlessClient,
-        TypeScriptSDKGroup,
-        PythonSDKClient,
-        FastMCPLegacyClient,
-    )
-}
-assert set(CLIENTS) == set(KINDS)
 
 
 async def _watch_backends(
@@ -942,11 +376,11 @@ def _client_report(
             continue
         final += r.final
         lost += max(r.acknowledged - r.final, 0)
-        allowance = 0 if CLIENTS[kind].retries else r.failed
+        allowance = 0 if ClientFactory.kind_class(kind).retries else r.failed
         duplicated += max(r.final - (r.acknowledged + allowance), 0)
     counters = [(r.final, r.acknowledged) for r in runs]
-    exposed = [r for r in runs if r.instance_at(struck) == replica]
-    moved = [r for r in exposed if any(c.ok and c.start >= struck and c.instance != replica for c in r.calls)]
+    exposed = [r for r in runs if r.replica_at(struck) == replica]
+    moved = [r for r in exposed if any(c.ok and c.start >= struck and c.replica != replica for c in r.calls)]
     errors = Counter(c.error for c in calls if c.error)
     return ClientReport(
         kind=kind,
@@ -982,53 +416,6 @@ def _first(
     return None
 
 
-async def _read_final_raw(run: SessionRun, url: str, session_id: str, kind: str) -> None:
-    """The final counter of a session-era session whose own client no longer reads it, read by a raw one."""
-    log.warning("a %s session could not read its own final counter (%s); reading it raw", kind, run.final_error)
-    async with httpx2.AsyncClient(timeout=PLAIN_CALL_TIMEOUT) as http:
-        session = RawSession(http, url, timeout=PLAIN_CALL_TIMEOUT, client_name="failover-bench-final-read")
-        session.session_id = session_id
-        for attempt in range(3):
-            try:
-                if attempt:
-                    await asyncio.sleep(0.3)
-                run.final = int((await session.call_tool("get_counter"))["counter"])
-                run.final_read_raw = True
-                return
-            except Exception as exc:
-                run.final_error = f"{type(exc).__name__}: {exc}"[:200]
-
-
-async def _read_final_counter(client: BenchClient, run: SessionRun, url: str) -> None:
-    for attempt in range(client.final_read_attempts):
-        try:
-            if attempt:
-                await asyncio.sleep(0.3)
-                await client.reconnect()
-            async with asyncio.timeout(client.bound + GUARD_SLACK_SECONDS):
-                run.final = int((await client.call("get_counter"))["counter"])
-            break
-        except Exception as exc:
-            run.final_error = f"{type(exc).__name__}: {exc}"[:200]
-    else:
-        if isinstance(client, StockSessionClient) and client.session_id is not None:
-            await _read_final_raw(run, url, client.session_id, client.kind)
-        if run.final is None:
-            log.warning("the final counter of a %s session could not be read: %s", client.kind, run.final_error)
-    run.new_sessions = client.new_sessions
-
-
-async def _close_all(closers: list[Callable[[], Awaitable[Any]]]) -> None:
-    async def close(closer: Callable[[], Awaitable[Any]]) -> None:
-        try:
-            async with asyncio.timeout(5):
-                await closer()
-        except Exception as exc:  # ending sessions is housekeeping; the run's figures are already in
-            log.debug("closing a session failed: %r", exc)
-
-    await asyncio.gather(*(close(c) for c in closers))
-
-
 async def run_scenario(
     stack: Stack,
     scenario: str,
@@ -1051,8 +438,10 @@ async def run_scenario(
     status.scenario = scenario
     url = stack.config.mcp_url
     kinds = KINDS if stock else BASE_KINDS
-    groups = [session_group(kind, url, sessions) for kind in kinds]
-    runs = [r for g in groups for r in g.runs]
+    factory = ClientFactory(url, node_clients=NODE_CLIENT_DIR)
+    clients = [factory.new(kind) for kind in kinds for _ in range(sessions)]
+    runs = [SessionRun(c.kind) for c in clients]
+    pairs = list(zip(clients, runs, strict=True))
     plain_runs = [r for r in runs if r.kind == "plain"]
     status.runs = runs
     stop = asyncio.Event()
@@ -1062,16 +451,19 @@ async def run_scenario(
     try:
         status.set_phase("opening sessions and warming up")
         async with asyncio.timeout(30):
-            await asyncio.gather(*(g.open() for g in groups))
+            await asyncio.gather(*(c.open() for c in clients))
+            # A replica's first tool call pays for lazy set-up (0.4 s when idle, seconds under this load):
+            # a cost of starting, not of failing over, so it stays out of the figures.
+            await asyncio.gather(*(c.call(DEMO.read) for c in clients))
 
         load_start = status.started = time.monotonic()
         watcher = asyncio.create_task(_watch_backends(stack, timeline, status, watch_stop))
-        tasks = [task for g in groups for task in g.start(stop)]
+        tasks = [asyncio.create_task(drive(r, c, DEMO, stop)) for c, r in pairs]
 
         status.set_phase("steady load")
         await asyncio.sleep(fault_at)
         struck = time.monotonic()
-        serving = Counter(r.instance_at(struck) for r in plain_runs)
+        serving = Counter(r.replica_at(struck) for r in plain_runs)
         serving.pop(None, None)
         replicas = stack.config.replica_names()
         replica = max(replicas, key=lambda n: (serving.get(n, 0), -replicas.index(n)))
@@ -1080,7 +472,7 @@ async def run_scenario(
         elif scenario == BASELINE:
             replica = "(none)"
         in_flight = [r for r in plain_runs if r.in_flight]
-        in_flight_on_replica = sum(r.instance_at(struck) == replica for r in in_flight)
+        in_flight_on_replica = sum(r.replica_at(struck) == replica for r in in_flight)
         try:
             async with asyncio.timeout(OVERRUN_CAP_SECONDS):
                 struck = await _inject(stack, scenario, replica, status)
@@ -1091,7 +483,7 @@ async def run_scenario(
             await asyncio.sleep(remaining)
             stop.set()
             status.set_phase("waiting for the last calls")
-            await asyncio.wait(tasks, timeout=max(g.bound for g in groups) + GUARD_SLACK_SECONDS + 1)
+            await asyncio.wait(tasks, timeout=max(c.bound for c in clients) + GUARD_SLACK_SECONDS + 1)
         load_end = time.monotonic()
         watch_stop.set()
         await watcher
@@ -1099,7 +491,7 @@ async def run_scenario(
         status.set_phase("reading final counters")
         await asyncio.to_thread(stack.wait_healthy, "haproxy")
         async with asyncio.timeout(60):
-            await asyncio.gather(*(g.read_finals() for g in groups))
+            await asyncio.gather(*(read_final(c, r, url, DEMO) for c, r in pairs))
     finally:
         stop.set()
         watch_stop.set()
@@ -1109,7 +501,8 @@ async def run_scenario(
         status.set_phase("making sure every replica is running and UP")
         await asyncio.to_thread(heal, stack)
         status.set_phase("closing sessions")
-        await asyncio.gather(*(g.aclose() for g in groups), return_exceptions=True)
+        await close_all([c.aclose for c in clients])
+        await factory.__aexit__(None, None, None)
 
     # Redis faults take no replica out on purpose: a replica rides out a failover (see server.StoreHealth).
     mark_down = (
@@ -1179,7 +572,7 @@ def check_targets(report: ScenarioReport) -> list[str]:
             f"acknowledged {c.acknowledged}, failed {c.failed})",
         )
         within = (
-            f"the benchmark's bound ({CLIENTS[k].bound + GUARD_SLACK_SECONDS:g} s)"
+            f"the benchmark's bound ({ClientFactory.kind_class(k).bound + GUARD_SLACK_SECONDS:g} s)"
             if k in EXTRA_KINDS
             else "their timeout"
         )
@@ -1229,7 +622,7 @@ def check_targets(report: ScenarioReport) -> list[str]:
         f"plain: a session stalled {p.longest_stall_s:.2f} s (target < {TARGET_STALL:.0f} s)",
     )
     # The clients with no retries of their own (plain, sessionless) see what HAProxy cannot rescue for them.
-    unretried = [c for c in report.clients if not CLIENTS[c.kind].retries]
+    unretried = [c for c in report.clients if not ClientFactory.kind_class(c.kind).retries]
     if s in ("kill", "pause"):
         # The calls a fault can catch in flight are those under way between the fault and the moment
         # HAProxy knows of it (a dead replica: tens of ms; a hung one: about 2.6 s). Such a client has
@@ -1438,7 +831,7 @@ def report_json(reports: list[ScenarioReport]) -> dict:
             "plain_longest_stall_s": TARGET_STALL,
             "mark_down_s": TARGET_MARK_DOWN,
             "resilient_client": RESILIENT_SETTINGS,
-            "plain_call_timeout_s": PlainClient.bound,
+            "plain_call_timeout_s": ClientFactory.kind_class("plain").bound,
             "sessionless_call_timeout_s": SessionlessClient.bound,
             "stock_call_bound_s": STOCK_CALL_BOUND + GUARD_SLACK_SECONDS,
             "stock_kinds": list(STOCK_KINDS),
