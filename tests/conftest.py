@@ -29,7 +29,7 @@ from fastmcp.server.auth.providers.jwt import RSAKeyPair
 from jwt.algorithms import RSAAlgorithm
 
 from mcp_ha.check.wire import RawSession
-from mcp_ha.stack import Service, Stack, StackConfig, free_ports
+from mcp_ha.stack import Service, Stack, StackConfig, free_ports, port_is_free
 
 ROOT = Path(__file__).resolve().parent.parent
 # mcp_ha's modules that are not the server layer: a client, the local stack, the command.
@@ -398,3 +398,26 @@ def header_probe(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iter
         log.close()
         server.shutdown()
         server.server_close()
+
+
+def stack_ports(replicas: int) -> dict[str, str]:
+    """Environment variables that put the stack `up` starts on free ports; the replicas' are consecutive."""
+    for _ in range(50):
+        http, https, stats, redis, base = free_ports(5)
+        replica_ports = set(range(base, base + replicas))
+        others = {http, https, stats, redis}
+        if not replica_ports & others and all(port_is_free("127.0.0.1", port) for port in replica_ports):
+            return {
+                "MCP_HTTP_PORT": str(http),
+                "MCP_HTTPS_PORT": str(https),
+                "MCP_STATS_PORT": str(stats),
+                "REDIS_PORT": str(redis),
+                "MCP_BASE_PORT": str(base),
+                "MCP_REPLICAS": str(replicas),
+            }
+    raise AssertionError("no run of free ports for the replicas")
+
+
+def scrubbed(**env: str) -> dict[str, str]:
+    """Another shell's environment: none of the user's variables, no PYTHONPATH."""
+    return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/"), **env}

@@ -11,8 +11,10 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
+from conftest import scrubbed, stack_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 UV = shutil.which("uv") or str(ROOT / ".tools" / "uv" / "bin" / "uv")
@@ -49,7 +51,10 @@ def test_the_wheel_installs_one_top_level_name_with_its_types_and_haproxy_config
         "mcp_ha/py.typed",
         "mcp_ha/haproxy/haproxy.cfg",
         "mcp_ha/haproxy/refuse_body.lua",
+        "mcp_ha/deploy/docker-compose.yaml",
+        "mcp_ha/deploy/kubernetes/kustomization.yaml",
     } <= names
+    assert not [n for n in names if n.endswith("secrets.env")]
     top = {n.split("/")[0] for n in names if ".dist-info/" not in n}
     assert top == {"mcp_ha"}
     # The wheel's haproxy.cfg is the checkout's: one file for every deployment.
@@ -125,3 +130,93 @@ def test_the_wheel_installs_into_a_fresh_environment_and_serves_from_outside_the
     assert str(venv) in ran.stdout
     listed = subprocess.run([venv / "bin" / "mcp-ha", "--help"], capture_output=True, text=True, timeout=60, env=env)
     assert listed.returncode == 0 and {"stack", "check"} <= set(listed.stdout.split())
+
+
+# The newest FastMCP when this was written: a project on it installs the kit beside it.
+NEWER_FASTMCP = "fastmcp==4.2.3"
+
+USERS_SERVER = '''
+"""A user's own server, in a folder of its own: a tally per session."""
+from fastmcp import Context
+
+from mcp_ha import HighAvailability, SessionHandle
+
+ha = HighAvailability.from_env()
+mcp = ha.server("tally")
+
+
+@mcp.tool
+async def bump(ctx: Context, session_id: SessionHandle = None) -> dict:
+    session = await ha.session(ctx, session_id)
+    return {"tally": await session.incr("tally")}
+
+
+@mcp.tool
+async def tally(ctx: Context, session_id: SessionHandle = None) -> dict:
+    session = await ha.session(ctx, session_id)
+    return {"tally": await session.get("tally", 0)}
+
+
+app = ha.http_app(mcp)
+
+if __name__ == "__main__":
+    ha.run(app)
+'''
+
+USERS_SHAPE = """
+from mcp_ha.check import Call, Shape
+
+shape = Shape(write=Call("bump"), read=Call("tally"), count=lambda result: result["tally"])
+"""
+
+
+@pytest.mark.timeout(900)
+def test_a_server_in_its_own_project_runs_as_the_stack_and_passes_the_ha_check(wheel: Path, tmp_path: Path) -> None:
+    """The issue's new user: an empty folder and virtual environment, the kit installed from the repository
+    beside a newer FastMCP; their server runs as the local stack, survives a rolling restart started from
+    another shell, and the HA check run from their folder passes and writes JUnit XML."""
+    venv, project, elsewhere = tmp_path / "venv", tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "STACK_DIR")}
+    kit = f"mcp-ha-kit[stack] @ {wheel.as_uri()}"
+    for argv in (
+        [UV, "venv", "--python", sys.executable, str(venv)],
+        [UV, "pip", "install", "--python", str(venv / "bin" / "python"), kit, NEWER_FASTMCP],
+    ):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr
+    (project / "tally_server.py").write_text(USERS_SERVER)
+    (project / "ha_shape.py").write_text(USERS_SHAPE)
+    mcp_ha = str(venv / "bin" / "mcp-ha")
+    ports = stack_ports(3)
+    user_env = {**env, **ports, "PATH": f"{venv / 'bin'}:{env['PATH']}"}
+
+    def run(argv: list[str], cwd: Path, run_env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+        return subprocess.run(argv, cwd=cwd, env=run_env, capture_output=True, text=True, timeout=timeout)
+
+    up = run([mcp_ha, "stack", "up", "-d", "--server", "tally_server"], project, user_env, 240)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        # Another shell: elsewhere, with none of the first one's variables.
+        other_shell = scrubbed(PATH=user_env["PATH"])
+        stack_dir = str(project / ".stack")
+        replicas = ["mcp-server-1", "mcp-server-2", "mcp-server-3"]
+        rolled = run([mcp_ha, "stack", "--stack-dir", stack_dir, "restart", *replicas], elsewhere, other_shell, 300)
+        assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+        url = f"http://127.0.0.1:{ports['MCP_HTTP_PORT']}/mcp"
+        report = project / "report.xml"
+        checked = run(
+            [mcp_ha, "check", url, "--shape", "ha_shape.py", "--faults", "local", "--junit", str(report)],
+            project,
+            user_env,
+            600,
+        )
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        suites = ElementTree.parse(report).getroot()
+        cases = suites.findall(".//testcase")
+        assert cases and not suites.findall(".//failure") and not suites.findall(".//error")
+        names = " ".join(case.get("name", "") for case in cases)
+        assert "kill" in names and "retr" in names, names  # the resilience suite ran, not only the easy checks
+    finally:
+        run([mcp_ha, "stack", "down"], project, user_env, 120)

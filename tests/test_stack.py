@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import free_ports, running_stack, stack_config
+from conftest import free_ports, running_stack, scrubbed, stack_config, stack_ports
 from fastmcp import Client
 
 from mcp_ha.stack import Stack, StackConfig, StackError, port_is_free
@@ -314,29 +314,6 @@ if __name__ == "__main__":
     ha.run(app)
 """
 MCP_HA = Path(sys.executable).parent / "mcp-ha"
-
-
-def stack_ports(replicas: int) -> dict[str, str]:
-    """Environment variables that put the stack `up` starts on free ports; the replicas' are consecutive."""
-    for _ in range(50):
-        http, https, stats, redis, base = free_ports(5)
-        replica_ports = set(range(base, base + replicas))
-        others = {http, https, stats, redis}
-        if not replica_ports & others and all(port_is_free("127.0.0.1", port) for port in replica_ports):
-            return {
-                "MCP_HTTP_PORT": str(http),
-                "MCP_HTTPS_PORT": str(https),
-                "MCP_STATS_PORT": str(stats),
-                "REDIS_PORT": str(redis),
-                "MCP_BASE_PORT": str(base),
-                "MCP_REPLICAS": str(replicas),
-            }
-    raise AssertionError("no run of free ports for the replicas")
-
-
-def scrubbed(**env: str) -> dict[str, str]:
-    """Another shell's environment: none of the user's variables, no PYTHONPATH."""
-    return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/"), **env}
 
 
 def proc_environ(pid: int) -> dict[str, str]:
