@@ -95,7 +95,7 @@ from mcp_ha.check.clients import (
     ClientFactory,
     SessionlessClient,
 )
-from mcp_ha.check.load import SessionRun, close_all, drive, read_final
+from mcp_ha.check.load import SessionRun, close_all, drive, figures, read_final
 from mcp_ha.check.node import node_clients_missing
 from mcp_ha.check.shape import Call, Shape
 from mcp_ha.stack import Stack, StackConfig, StackError, running_stack
@@ -367,40 +367,31 @@ def _client_report(
     load_end: float,
     detected: float | None,
 ) -> ClientReport:
+    # The check's own figures (calls, longest, lost, doubled), and what only this benchmark reports.
+    seen = figures(kind, runs, retries=ClientFactory.kind_class(kind).retries)
     calls = [c for r in runs for c in r.calls]
-    lost = duplicated = unreadable = 0
-    final = 0
-    for r in runs:
-        if r.final is None:
-            unreadable += 1
-            continue
-        final += r.final
-        lost += max(r.acknowledged - r.final, 0)
-        allowance = 0 if ClientFactory.kind_class(kind).retries else r.failed
-        duplicated += max(r.final - (r.acknowledged + allowance), 0)
     counters = [(r.final, r.acknowledged) for r in runs]
     exposed = [r for r in runs if r.replica_at(struck) == replica]
     moved = [r for r in exposed if any(c.ok and c.start >= struck and c.replica != replica for c in r.calls)]
-    errors = Counter(c.error for c in calls if c.error)
     return ClientReport(
         kind=kind,
-        sessions=len(runs),
-        calls=len(calls),
-        failed=sum(not c.ok for c in calls),
+        sessions=seen.sessions,
+        calls=seen.calls,
+        failed=seen.failed,
         failed_after_detection=sum(not c.ok and c.start > detected for c in calls) if detected else 0,
-        overran=sum(c.overran for c in calls),
-        longest_call_s=round(max((c.end - c.start for c in calls), default=0.0), 3),
+        overran=seen.overran,
+        longest_call_s=seen.longest_call_s,
         longest_stall_s=round(max((_longest_stall(r, load_start, load_end) for r in runs), default=0.0), 3),
-        acknowledged=sum(r.acknowledged for r in runs),
-        final=None if unreadable else final,
-        lost=lost,
-        duplicated=duplicated,
-        unreadable=unreadable,
+        acknowledged=seen.acknowledged,
+        final=seen.final,
+        lost=seen.lost,
+        duplicated=seen.doubled,
+        unreadable=seen.unreadable,
         working_after=sum(any(c.ok and c.end >= over for c in r.calls) for r in runs),
         exposed=len(exposed),
         moved=len(moved),
         new_sessions=sum(r.new_sessions for r in runs),
-        errors=[f"{n}× {e}" for e, n in errors.most_common(5)],
+        errors=seen.errors,
         counters=counters,
         inexact=sum(final != acknowledged for final, acknowledged in counters),
         final_read_raw=sum(r.final_read_raw for r in runs),
