@@ -872,7 +872,9 @@ async def test_replay_floods_are_refused_past_the_per_session_and_per_replica_bo
 
             sessions = [await open_session(clients[1], abuse.url, token, name="replayer") for _ in range(4)]
             async with contextlib.AsyncExitStack() as calls:
-                ids = [(await calls.enter_async_context(long_call(s, 3)))[0] for s in sessions]
+                # Calls that outlast the launch of every replay on a loaded machine: the bound is on replays
+                # at once, and one launched after a call had ended would be served as a new one.
+                ids = [(await calls.enter_async_context(long_call(s, 8)))[0] for s in sessions]
                 direct = replica_urls(abuse.stack)[0]
 
                 async def at_replica(i: int) -> None:
