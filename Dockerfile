@@ -30,8 +30,10 @@ RUN /opt/uv/bin/uv venv --seed --python python3 /opt/venv
 COPY pyproject.toml uv.lock ./
 RUN /opt/uv/bin/uv sync --frozen --no-default-groups --no-install-project
 # The kit itself, as a package (not editable: /src stays in this stage).
-COPY README.md ./
+# The wheel carries haproxy/ and the deployment files (`mcp-ha deploy`; pyproject's force-include).
+COPY README.md docker-compose.yaml docker-compose.sentinel.yaml ./
 COPY haproxy/ ./haproxy/
+COPY deploy/ ./deploy/
 COPY mcp_ha/ ./mcp_ha/
 RUN /opt/uv/bin/uv sync --frozen --no-default-groups --no-editable
 
