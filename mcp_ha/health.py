@@ -16,16 +16,19 @@ still open on a replica it takes out (`drain.py` has the same reason to do
 things in this order). A replica that has never reached its store has nothing
 to ride out, and fails from its first check.
 
-The body also carries the store's memory pressure (`store_memory`: bytes
-used, Redis `maxmemory`, and `pressure` past 90%), read at most every
-MEMORY_SECONDS: a full store refuses writes cleanly (`StoreFull`) and
-evicts nothing, so pressure is a warning for the operator, not a reason to
-take the replica out of rotation.
+A health check also reads the store's memory (bytes used, Redis
+`maxmemory`) at most every MEMORY_SECONDS, for the replica's /metrics
+(`mcp_store_memory_used_bytes`, `mcp_store_memory_max_bytes`). Not in the
+body: /health answers anyone, and how full the store is would tell an
+attacker how near a flood is to refusing everyone's writes. A full store
+refuses writes cleanly (`StoreFull`) and evicts nothing, so pressure is for
+the operator to watch, not a reason to take the replica out of rotation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
@@ -40,8 +43,6 @@ from .session_store import STORE_UNAVAILABLE, SessionStore
 PING_SECONDS = 0.5
 # How often a health check also reads the store's memory (one INFO, not one per check).
 MEMORY_SECONDS = 5.0
-# The share of maxmemory past which the health detail says "pressure".
-PRESSURE_RATIO = 0.9
 
 STORE_GONE = JSONResponse(
     {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": STORE_UNAVAILABLE}},
@@ -59,26 +60,16 @@ class StoreHealth:
         self.grace_seconds = grace_seconds
         self.unreachable_since: float | None = None
         self.reached = False
-        self.memory: dict[str, object] | None = None
         self._memory_read_at = -MEMORY_SECONDS
 
-    async def read_memory(self) -> dict[str, object] | None:
-        """The store's memory pressure, read again when the last read is MEMORY_SECONDS old."""
+    async def read_memory(self) -> None:
+        """Read the store's memory again when the last read is MEMORY_SECONDS old: a metered store
+        (metrics.MeteredStore) exports what it reads."""
         now = time.monotonic()
         if now - self._memory_read_at >= MEMORY_SECONDS:
             self._memory_read_at = now
-            try:
-                found = await asyncio.wait_for(self.store.memory(), PING_SECONDS)
-            except TimeoutError:
-                found = None
-            if found is not None:
-                used, most = found
-                self.memory = {
-                    "used_bytes": used,
-                    "max_bytes": most,
-                    "pressure": bool(most and used >= PRESSURE_RATIO * most),
-                }
-        return self.memory
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.store.memory(), PING_SECONDS)
 
     async def check(self) -> bool:
         try:
@@ -108,9 +99,8 @@ def health_endpoint(
         if not drain.health_checked(balancer=request.headers.get(BALANCER_CHECK_HEADER)):
             return JSONResponse({"status": "draining", "instance": instance}, status_code=503)
         if await store_health.check():
-            memory = await store_health.read_memory()
-            detail = {} if memory is None else {"store_memory": memory}
-            return JSONResponse({"status": "ok", "instance": instance, **detail})
+            await store_health.read_memory()
+            return JSONResponse({"status": "ok", "instance": instance})
         return JSONResponse({"status": "degraded", "instance": instance, "store": "unreachable"}, status_code=503)
 
     return health

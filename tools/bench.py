@@ -650,6 +650,8 @@ class Floor:
             "HAPROXY_MAX_CONN_PER_SOURCE": str(c.max_conn_per_source),
             "HAPROXY_MAX_BODY_BYTES": str(c.max_body_bytes),
             "HAPROXY_ALLOWED_ORIGINS": c.allowed_origins,
+            # The floor's endpoint is not the MCP one: HAProxy passes on only the paths listed.
+            "HAPROXY_ALLOWED_PATHS": "/incr /health",
             "HAPROXY_LUA_DIR": str(HAPROXY_DIR),
         }
         for i, port in enumerate(self.ports, start=1):

@@ -20,10 +20,11 @@ from pathlib import Path
 import httpx2
 import pytest
 from conftest import running_stack
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from mcp_ha.check.wire import RawSession
+from mcp_ha.check.wire import RawSession, SessionlessSession
 from mcp_ha.drain import BALANCER_CHECK_HEADER
-from mcp_ha.stack import Stack, read_stats_csv
+from mcp_ha.stack import Stack, free_ports, read_stats_csv
 
 CONFIG = Path(__file__).resolve().parents[2] / "haproxy" / "haproxy.cfg"
 
@@ -442,8 +443,8 @@ async def test_haproxy_tells_replicas_the_clients_scheme_and_not_what_the_client
     async with httpx2.AsyncClient(verify=_trusting(stack.config.tls_cert), timeout=10) as client:
         for scheme, expected in (("http", None), ("https", "https")):
             probe = uuid.uuid4().hex
-            assert (await client.get(f"{urls[scheme]}/probe?{probe}", headers=forged)).status_code == 200
-            (headers,) = [h for h in seen if h[":path"] == f"/probe?{probe}"]
+            assert (await client.get(f"{urls[scheme]}/mcp?{probe}", headers=forged)).status_code == 200
+            (headers,) = [h for h in seen if h[":path"] == f"/mcp?{probe}"]
             assert headers.get("x-forwarded-proto") == expected, (scheme, headers)
             assert "forwarded" not in headers
             assert headers["x-forwarded-for"] == "127.0.0.1"
@@ -466,3 +467,197 @@ async def test_only_haproxys_health_checks_carry_the_balancer_check_header(
     assert len(names) == 1 and None not in names
     host, _, pid = names.pop().rpartition("/")
     assert host == socket.gethostname() and pid.isdigit()
+
+
+# -- routing the client does not choose (issue 25) ---------------------------------------
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def _h2_frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def _h2_streams_answered(sock: socket.socket, streams: int, path: str = "/health") -> tuple[bytes, int]:
+    """An HTTP/2 client with prior knowledge: the preface, then `streams` GETs of `path` at once on this one
+    connection. (The server's first bytes, how many of the streams it answered.)"""
+    # HPACK without Huffman: :method GET and :scheme http from the static table (2, 6), :path and
+    # :authority as literals under the table's names (4, 1).
+    block = b"\x82\x86\x04" + bytes([len(path)]) + path.encode() + b"\x01\x03mcp"
+    sock.sendall(
+        H2_PREFACE + _h2_frame(4, 0, 0) + b"".join(_h2_frame(1, 0x5, 2 * i + 1, block) for i in range(streams))
+    )
+    received, answered = b"", set()
+    while len(answered) < streams and not received.startswith(b"HTTP/"):
+        try:
+            chunk = sock.recv(65536)
+        except (TimeoutError, ConnectionResetError):
+            break
+        if not chunk:
+            break
+        received += chunk
+        frames = received
+        while len(frames) >= 9 and len(frames) >= 9 + int.from_bytes(frames[:3], "big"):
+            stream = int.from_bytes(frames[5:9], "big") & 0x7FFFFFFF
+            if frames[3] == 1 and stream:  # HEADERS of a response
+                answered.add(stream)
+            frames = frames[9 + int.from_bytes(frames[:3], "big") :]
+    return received[:16], len(answered)
+
+
+def test_http2_with_prior_knowledge_is_refused_on_both_addresses(stack: Stack) -> None:
+    """HTTP/2 would carry up to 100 requests at once on each connection the per-address cap counts."""
+    with socket.create_connection((stack.config.host, stack.config.http_port), timeout=5) as plain:
+        first, answered = _h2_streams_answered(plain, 10)
+    assert answered == 0 and (first == b"" or first.startswith(b"HTTP/1.")), first
+    tls = _trusting(stack.config.tls_cert)
+    tls.set_alpn_protocols(["h2", "http/1.1"])
+    with (
+        socket.create_connection((stack.config.host, stack.config.https_port), timeout=5) as raw,
+        tls.wrap_socket(raw, server_hostname=stack.config.host) as sock,
+    ):
+        assert sock.selected_alpn_protocol() == "http/1.1"
+        first, answered = _h2_streams_answered(sock, 10)
+    assert answered == 0 and (first == b"" or first.startswith(b"HTTP/1.")), first
+    # HTTP/1.1 is served as ever.
+    with socket.create_connection((stack.config.host, stack.config.http_port), timeout=5) as sock:
+        assert _status(sock) == 200
+
+
+async def test_a_request_with_two_session_ids_is_refused_and_moves_no_session(
+    stack: Stack, http: httpx2.AsyncClient, mcp_url: str
+) -> None:
+    """HAProxy's stick table read the last mcp-session-id header, the hash and the replica the first: a
+    request carrying its session's id first reached the replica the id hashes to, which adopted it."""
+    sessions = [RawSession(http, mcp_url) for _ in range(6)]
+    homes = {}
+    for session in sessions:
+        await session.initialize()
+        homes[session.session_id] = (await session.call("increment_counter"))["instance"]
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "increment_counter", "arguments": {}}}
+    for session in sessions:
+        assert session.session_id is not None
+        others = [(k, v) for k, v in session.headers().items() if k != "mcp-session-id"]
+        for ids in ((session.session_id, uuid.uuid4().hex), (uuid.uuid4().hex, session.session_id)):
+            response = await http.post(mcp_url, headers=[*others, *(("mcp-session-id", i) for i in ids)], json=call)
+            assert response.status_code == 400, response.text
+            assert response.json()["error"] == {"code": -32600, "message": "More than one mcp-session-id header"}
+    for session in sessions:
+        result = await session.call("get_counter")
+        assert (result["counter"], result["instance"]) == (1, homes[session.session_id])
+    assert not [line for sid in homes for line in _access_lines(stack, f"adopted session {sid}")]
+
+
+async def test_sessionless_requests_with_a_made_up_session_id_go_to_every_replica(
+    stack: Stack, http: httpx2.AsyncClient, mcp_url: str
+) -> None:
+    """A 2026-07-28 request has no session, and the SDK ignores its mcp-session-id: routed by it, every
+    request carrying one made-up id went to one replica. (One shaped like the kit's ids was also taken up by
+    the replica, which answered 404 for a session it could not find.)"""
+    session = SessionlessSession(http, mcp_url)
+    for junk in (f"junk-{uuid.uuid4().hex}", uuid.uuid4().hex):
+        served = Counter()
+        for _ in range(30):
+            served[(await session.call_tool("get_server_info", headers={"mcp-session-id": junk}))["instance"]] += 1
+        assert set(served) == set(stack.config.replica_names()), served
+
+
+def test_the_session_era_versions_are_the_sdks() -> None:
+    """HAProxy tells a sessionless request by its MCP-Protocol-Version, as the SDK's router does."""
+    (line,) = [line for line in CONFIG.read_text().splitlines() if "acl session_era_version" in line]
+    assert line.split(" -m str ")[1].split() == list(HANDSHAKE_PROTOCOL_VERSIONS)
+
+
+METRICS_SPELLINGS = (
+    "/metrics",
+    "/%6detrics",
+    "/%6Detrics",
+    "/%6d%65%74%72%69%63%73",
+    "//metrics",
+    "/./metrics",
+    "/mcp/../metrics",
+    "/health/../metrics",
+    "/%2Fmetrics",
+    "/METRICS",
+    "/Metrics",
+    "/metrics/",
+    "/metrics?x=1",
+    "/metrics;x",
+    "http://mcp/metrics",
+)
+
+
+def _answer(stack: Stack, path: str) -> tuple[int, bytes]:
+    """GET `path` through HAProxy exactly as written (httpx would normalise it): (status, body)."""
+    with socket.create_connection((stack.config.host, stack.config.http_port), timeout=5) as sock:
+        reply = _get(sock, path)
+    assert reply is not None, path
+    return reply[0], reply[2]
+
+
+async def test_metrics_is_refused_through_haproxy_however_it_is_spelled(
+    stack: Stack, http: httpx2.AsyncClient, raw: RawSession
+) -> None:
+    # uvicorn decodes the path: straight to a replica, a spelling HAProxy would match raw is /metrics.
+    replica = stack.config.replica_ports[0]
+    assert (await http.get(f"http://127.0.0.1:{replica}/%6detrics")).status_code == 200
+    refused = {path: _answer(stack, path) for path in METRICS_SPELLINGS}
+    assert {reply[0] for reply in refused.values()} == {404}, refused
+    assert json.loads(refused["/%6detrics"][1])["error"]["message"] == "Not found"
+    # What is meant to be there is served.
+    assert _answer(stack, "/health")[0] == 200 and _answer(stack, "/health?probe=1")[0] == 200
+    assert (await raw.call("increment_counter"))["counter"] == 1
+
+
+@contextlib.contextmanager
+def _haproxy(stack: Stack, tmp_path: Path, **env: str) -> Iterator[str]:
+    """The stack's haproxy.cfg, its environment with `env` on top, on ports of its own: its base URL."""
+    http_port, https_port, stats_port = free_ports(3)
+    env = {
+        **os.environ,
+        **stack.service("haproxy").env,
+        "HAPROXY_BIND": f"127.0.0.1:{http_port}",
+        "HAPROXY_TLS_BIND": f"127.0.0.1:{https_port}",
+        "HAPROXY_STATS_BIND": f"127.0.0.1:{stats_port}",
+        **env,
+    }
+    with open(tmp_path / "haproxy.log", "wb") as log:
+        proc = subprocess.Popen(
+            ["haproxy", "-db", "-f", str(CONFIG)], cwd=CONFIG.parents[1], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            yield f"http://127.0.0.1:{http_port}"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def _wait_for_health(base: str) -> None:
+    """Until HAProxy has a replica up (two good checks)."""
+    deadline = time.monotonic() + 15
+    while True:
+        with contextlib.suppress(httpx2.HTTPError):
+            if httpx2.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        assert time.monotonic() < deadline, "haproxy served no /health"
+        time.sleep(0.1)
+
+
+def test_the_allowed_paths_come_from_the_environment(stack: Stack, tmp_path: Path) -> None:
+    with _haproxy(stack, tmp_path, HAPROXY_ALLOWED_PATHS="/health /elsewhere") as base:
+        _wait_for_health(base)
+        mcp = httpx2.post(f"{base}/mcp", json={}, timeout=5)
+        assert mcp.status_code == 404 and mcp.json()["error"]["message"] == "Not found"
+    # Empty, as compose passes an unset variable: the default list.
+    with _haproxy(stack, tmp_path, HAPROXY_ALLOWED_PATHS="") as base:
+        _wait_for_health(base)
+        assert httpx2.post(f"{base}/mcp", json={}, timeout=5).status_code != 404
+
+
+async def test_health_says_nothing_of_the_stores_memory(stack: Stack, http: httpx2.AsyncClient) -> None:
+    """/health answers anyone; how full Redis is, is for the operator, on a replica's /metrics
+    (tests/test_server.py::test_health_names_the_replica)."""
+    base = stack.config.mcp_url.removesuffix("/mcp")
+    assert set((await http.get(f"{base}/health")).json()) == {"status", "instance"}
+    for port in stack.config.replica_ports:
+        assert set((await http.get(f"http://127.0.0.1:{port}/health")).json()) == {"status", "instance"}
