@@ -84,11 +84,11 @@ async def create_handle(store: SessionStore) -> str:
     """Mint a handle and record it (with the caller's principal as its owner, when authenticated: `principals.py`)."""
     handle = uuid.uuid4().hex
     # Counted against the caller's sessions (MAX_SESSIONS_PER_CLIENT): past it, a tool error (errors.py).
-    await store.open_session(handle, {"kind": _KIND, **owned_by(owner())}, holder=_client())
+    await store.open_session(handle, {"kind": _KIND, **owned_by(owner())}, holder=current_client())
     return handle
 
 
-def _client() -> str | None:
+def current_client() -> str | None:
     """Who the current request counts against (`principals.client_of`); None when not over HTTP."""
     try:
         return client_of(get_http_request().scope)
@@ -124,7 +124,7 @@ async def end_handle(handle: str, store: SessionStore) -> None:
     Its state is not copied anywhere and expires with the session TTL; an
     unknown, ended, expired or foreign handle gets the one unknown-handle error.
     """
-    await store.end_session(await _own_handle(handle, store), holder=_client())
+    await store.end_session(await _own_handle(handle, store), holder=current_client())
 
 
 async def _own_handle(handle: str, store: SessionStore) -> str:
@@ -237,7 +237,7 @@ class FastMCPSessions:
         handle = await self._handle(key)
         if handle is None:
             return bool(await self.others.delete(key, collection=collection))
-        return await self.store.end_session(handle, holder=_client())
+        return await self.store.end_session(handle, holder=current_client())
 
     async def ttl(self, key: str, *, collection: str | None = None) -> tuple[dict[str, Any] | None, float | None]:
         return await self.get(key, collection=collection), None

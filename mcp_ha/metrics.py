@@ -241,6 +241,7 @@ class MeteredStore(SessionStore):
             max_state_bytes=store.max_state_bytes,
             max_sessions=store.max_sessions,
             max_sessions_per_holder=store.max_sessions_per_holder,
+            max_bytes_per_holder=store.max_bytes_per_holder,
         )
         self.store = store
         s = _StoreSeries
@@ -249,9 +250,10 @@ class MeteredStore(SessionStore):
         self._open, self._record = s("open_session"), s("session_record")
         self._adopt, self._end, self._owner = s("adopt_session"), s("end_session"), s("owner")
         self._add_event, self._events_after = s("add_event"), s("events_after")
+        self._stream_since = s("stream_since")
         self._delete, self._apply, self._recall = s("delete"), s("apply"), s("recall")
         self._publish, self._claim, self._update = s("publish"), s("claim"), s("update_record")
-        self._claimed = s("claimed")
+        self._claimed, self._release = s("claimed"), s("release")
 
     def replayed(self, op: Op) -> None:
         self.store.replayed(op)
@@ -342,8 +344,16 @@ class MeteredStore(SessionStore):
     async def events_after(self, session_id: str, event_id: str) -> tuple[str, list[tuple[str, str | None]]] | None:
         return await _metered(self._events_after, self.store.events_after, session_id, event_id)
 
-    async def claim(self, name: str, holder: str, ttl_seconds: int) -> bool:
-        return await _metered(self._claim, self.store.claim, name, holder, ttl_seconds)
+    async def stream_since(
+        self, session_id: str, stream_id: str, event_id: str
+    ) -> tuple[str, list[tuple[str, str | None]]] | None:
+        return await _metered(self._stream_since, self.store.stream_since, session_id, stream_id, event_id)
+
+    async def claim(self, name: str, claimant: str, ttl_seconds: int, *, holder: str | None = None) -> bool:
+        return await _metered(self._claim, self.store.claim, name, claimant, ttl_seconds, holder=holder)
+
+    async def release(self, name: str) -> None:
+        await _metered(self._release, self.store.release, name)
 
     async def claimed(self, name: str) -> str | None:
         return await _metered(self._claimed, self.store.claimed, name)

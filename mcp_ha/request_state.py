@@ -22,7 +22,8 @@ for as long as the state lives: a retry of that same request (the same
 idempotency key or `X-Request-Id`, which HAProxy keeps across its own
 re-sends) passes, and its writes replay (`idempotency.py`); any other use is
 refused with -32602 and changes nothing. Only a state the SDK has opened is
-claimed, so a forged one costs the store nothing.
+claimed, so a forged one costs the store nothing; a claim counts against the
+quota of the client that brings the state (MAX_CLIENT_BYTES).
 
 The claim is taken before the call runs and kept however the call ends:
 releasing it after a failure could let a retry under another key apply the
@@ -46,6 +47,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 from mcp_types.methods import INPUT_REQUIRED_METHODS
 
+from .handles import current_client
 from .idempotency import key_of
 from .session_store import SessionStore
 from .settings import Settings
@@ -98,7 +100,8 @@ class RefuseReplays(Middleware):
         # Set only once the SDK opened the state: a forged or expired one never gets here.
         sealed = _sealed.get()
         if sealed is not None:
-            holder = key_of(context) or uuid.uuid4().hex
-            if not await self.store.claim(f"request-state:{sealed}", holder, self.ttl_seconds):
+            claimant = key_of(context) or uuid.uuid4().hex
+            name = f"request-state:{sealed}"
+            if not await self.store.claim(name, claimant, self.ttl_seconds, holder=current_client()):
                 raise MCPError(INVALID_PARAMS, REPLAYED)
         return await call_next(context)

@@ -35,10 +35,25 @@ you got it right.
 - **Session events**, for SSE streams that resume on any replica
   (`mcp_ha/streams.py`): `add_event` appends a stream's message to the
   session's event log and names it; `events_after` answers a `Last-Event-ID`
-  with what that stream sent since. The log is bounded by count
+  with what that stream sent since, and `stream_since` gives a replay following
+  a stream only what was added after the last event it read. The log is bounded by count
   (`max_events`) and kept `event_ttl_seconds` after its latest event (a cut
   stream is resumed within seconds; later, a client sends its call again),
   and an event id only ever names an event of its own session.
+- **Quotas**: everything the store keeps is charged to a holder (a principal,
+  or a client's address: `principals.client_of`), in bytes, and a write that
+  would take a holder past `max_bytes_per_holder` is refused (`LimitExceeded`,
+  naming MAX_CLIENT_BYTES), with nothing applied. A session's keys (its state
+  and record, its calls' op records, its event log) are charged to the holder
+  `open_session` was given, recorded with the session, whoever writes
+  (a `copy` into it counts what it copies); a claim to the `holder` given to
+  `claim`. What the store keeps without a holder is charged to nobody. A
+  charge lasts as long as what it counts: it is freed when that expires or is
+  released (`release`), and a session's record is charged only what is left
+  of it once the session ended. Each key counts
+  what it holds plus a fixed cost for the key and its bookkeeping
+  (`KEY_BYTES` and three times its name; `ENTRY_BYTES` per entry of a hash,
+  `EVENT_BYTES` per event), close to what Redis spends on it.
 
 State keys are chosen by tool code; keys starting with "." are the store's own.
 """
@@ -73,6 +88,14 @@ DEFAULT_MAX_STATE_BYTES = 256 * 1024
 # Live sessions (and handles): in all, and per holder (a principal, or a client address).
 DEFAULT_MAX_SESSIONS = 200_000
 DEFAULT_MAX_SESSIONS_PER_HOLDER = 5_000
+# Everything the store keeps for one holder, in bytes (what the quotas count: module docstring).
+DEFAULT_MAX_BYTES_PER_HOLDER = 32 * 1024 * 1024
+# What a key costs beyond what it holds: Redis's own (~190 bytes for a small hash with a TTL) and the
+# quota's record of it (~300), plus three times its name (the key, and twice in that record); each
+# entry of a hash ~64 (Redis's hash table), each event of a log ~16. Measured on Redis 7.0.
+KEY_BYTES = 384
+ENTRY_BYTES = 64
+EVENT_BYTES = 16
 # The session record's entry naming the principal that opened the session
 # (`mcp_ha/principals.py`): the one entry that outlives `end_session`, read by `owner`.
 OWNER = "owner"
@@ -118,6 +141,34 @@ def event_position(session_id: str, event_id: str) -> str | None:
         return None
     position, _, tag = event_id.partition(".")
     return position if tag == _event_tag(session_id) else None
+
+
+def key_bytes(name: str) -> int:
+    """What a key named `name` (as Redis names it) is charged beyond what it holds."""
+    return KEY_BYTES + 3 * len(name.encode())
+
+
+def entry_bytes(name: str, text: str) -> int:
+    """What one entry of a hash is charged: its name and text, and its place in the hash."""
+    return len(name.encode()) + len(text.encode()) + ENTRY_BYTES
+
+
+def payer_of(holder: str) -> str:
+    """The holder as a session records whom it is charged to: short and fixed, for Redis's compact hashes.
+
+    A principal is its owner digest (principals.py), which an authenticated session keeps anyway, so it
+    needs no entry of its own; an address, 12 hex: a collision only merges two addresses' quotas."""
+    if holder.startswith("principal:"):
+        return holder.removeprefix("principal:")
+    return hashlib.blake2b(holder.encode(), digest_size=6).hexdigest()
+
+
+def over_quota(total: int, quota: int) -> str:
+    """Why a write that would take a holder to `total` bytes is refused (the Redis store says the same)."""
+    return (
+        f"this client's stored data would take {total:,} bytes; "
+        f"the store keeps at most {quota:,} per client (MAX_CLIENT_BYTES)"
+    )
 
 
 def check_key(key: str) -> str:
@@ -194,6 +245,7 @@ class StoreLimits(TypedDict, total=False):
     max_state_bytes: int
     max_sessions: int
     max_sessions_per_holder: int
+    max_bytes_per_holder: int
     on_replay: Callable[[Op], None] | None
 
 
@@ -211,6 +263,7 @@ class SessionStore(ABC):
         max_state_bytes: int = DEFAULT_MAX_STATE_BYTES,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         max_sessions_per_holder: int = DEFAULT_MAX_SESSIONS_PER_HOLDER,
+        max_bytes_per_holder: int = DEFAULT_MAX_BYTES_PER_HOLDER,
         on_replay: Callable[[Op], None] | None = None,
     ) -> None:
         """`on_replay` is told of each write answered from its op record instead of applied (metrics).
@@ -219,11 +272,13 @@ class SessionStore(ABC):
         `max_log_bytes` bytes (the oldest go first); its state at most
         `max_state_bytes` bytes of JSON text (a write past it is refused,
         `LimitExceeded`); and `open_session` refuses a session past
-        `max_sessions` in all or `max_sessions_per_holder` for its holder.
+        `max_sessions` in all or `max_sessions_per_holder` for its holder; and
+        a holder's keys together take at most `max_bytes_per_holder` (module docstring).
         """
         if min(ttl_seconds, op_ttl_seconds, event_ttl_seconds) <= 0:
             raise ValueError("TTLs must be positive")
-        if min(max_events, max_log_bytes, max_state_bytes, max_sessions, max_sessions_per_holder) <= 0:
+        bounds = (max_events, max_log_bytes, max_state_bytes, max_sessions, max_sessions_per_holder)
+        if min(*bounds, max_bytes_per_holder) <= 0:
             raise ValueError("store bounds must be positive")
         self.ttl_seconds = ttl_seconds
         self.op_ttl_seconds = op_ttl_seconds
@@ -233,6 +288,7 @@ class SessionStore(ABC):
         self.max_state_bytes = max_state_bytes
         self.max_sessions = max_sessions
         self.max_sessions_per_holder = max_sessions_per_holder
+        self.max_bytes_per_holder = max_bytes_per_holder
         self._on_replay = on_replay
 
     def replayed(self, op: Op) -> None:
@@ -339,7 +395,9 @@ class SessionStore(ABC):
         session's state (Redis: one field each, in the session's hash).
         Refused (`LimitExceeded`, nothing recorded) when the store holds
         `max_sessions` live sessions, or `holder` (who opens it: a principal,
-        or a client's address) `max_sessions_per_holder`.
+        or a client's address) `max_sessions_per_holder`, or when the record
+        would take `holder` past its quota. `holder` is the one the session's
+        keys are charged to from now on (the first one given, if opened again).
         """
 
     @abstractmethod
@@ -358,7 +416,8 @@ class SessionStore(ABC):
     async def end_session(self, session_id: str, *, holder: str | None = None) -> bool:
         """Forget the session's record, so nobody adopts it again; whether there was one.
 
-        With the `holder` it was opened for, it no longer counts against that holder.
+        With the `holder` it was opened for, it no longer counts against that holder's
+        sessions. Its payer is charged only what is left of the record (and its state, while it lives).
 
         The record's `owner` entry stays while the state lives.
         """
@@ -377,7 +436,8 @@ class SessionStore(ABC):
         `message` is the JSON text of a JSON-RPC message, or None for a priming
         event (a place to resume from, with nothing to replay). The log keeps
         the session's last `max_events` events within `max_log_bytes`, for the event
-        TTL from the latest add.
+        TTL from the latest add. Charged to the session's holder (`open_session`):
+        refused (`LimitExceeded`, nothing added) past its quota.
         """
 
     @abstractmethod
@@ -388,16 +448,33 @@ class SessionStore(ABC):
         trimmed, malformed or another session's. Reads this session's log only.
         """
 
+    @abstractmethod
+    async def stream_since(
+        self, session_id: str, stream_id: str, event_id: str
+    ) -> tuple[str, list[tuple[str, str | None]]] | None:
+        """For a replay following `stream_id`: the id of the log's latest event (the `event_id` to pass
+        next) and that stream's events after `event_id`, which may be an event of any stream of the
+        session, oldest first, as (id, message).
+
+        Costs what was added after `event_id`, not the log. None as for `events_after`: the log no
+        longer holds `event_id`.
+        """
+
     # -- claims ---------------------------------------------------------------------------
 
     @abstractmethod
-    async def claim(self, name: str, holder: str, ttl_seconds: int) -> bool:
-        """Atomically take `name` for `holder` for `ttl_seconds`, unless another holder has it.
+    async def claim(self, name: str, claimant: str, ttl_seconds: int, *, holder: str | None = None) -> bool:
+        """Atomically take `name` for `claimant` for `ttl_seconds`, unless another claimant has it.
 
-        True when `holder` holds it now (it was free, or already theirs: a retry of the
-        same holder is not refused, and renews it for `ttl_seconds`); False when another
-        holder does. Names are data.
+        True when `claimant` holds it now (it was free, or already theirs: a retry of the
+        same claimant is not refused, and renews it for `ttl_seconds`); False when another
+        claimant does. Names are data. The claim is charged to `holder` (the first one
+        given), `claimant` being what it keeps: refused (`LimitExceeded`) past its quota.
         """
+
+    @abstractmethod
+    async def release(self, name: str) -> None:
+        """Drop the claim of `name`, whoever holds it, and free what it was charged."""
 
     @abstractmethod
     async def claimed(self, name: str) -> str | None:
@@ -413,7 +490,7 @@ class SessionStore(ABC):
     def watch(self, *, events: bool = False) -> AbstractAsyncContextManager[AsyncIterator[str]]:
         """Once entered, the messages from every replica, in order: each `publish`ed message, and the
         id of each session whose state a write (or copy) changed, as the write commits. With
-        `events`, instead, the id of each session an event is added to (`add_event`), as it is.
+        `events`, instead, "<session id> <stream id>" for each event added (`add_event`), as it is.
 
         Entering returns only once watching has begun, so nothing sent after it is missed. The
         iterator raises StoreUnavailable when the store's connection is lost: what was sent

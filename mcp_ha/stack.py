@@ -91,7 +91,7 @@ REDIS_KIT_ACL = (
     "resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +info +fcall +wait "
     "+time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget "
     "+hexists +hdel +hstrlen +exists +zscore +zrem +get +set +lindex +rpush +lpop +lrange "
-    "+publish +subscribe +unsubscribe"
+    "+publish +subscribe +unsubscribe +zrange +pttl +llen"
 )
 # Sentinel's connections to the servers (`sentinel auth-user`): what Sentinel
 # needs to watch the servers, announce itself and reconfigure them in a failover.

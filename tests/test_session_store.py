@@ -14,6 +14,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 from conftest import free_ports
@@ -1403,6 +1404,189 @@ async def test_sessions_are_bounded_per_holder_and_in_all(bounded_store: Session
     assert await bounded_store.count_sessions() == 6
     with pytest.raises(LimitExceeded, match="6 sessions"):
         await bounded_store.open_session(new_id(), {"v": 1}, holder="carol")
+
+
+# Quotas: everything the store keeps for a holder, in bytes (MAX_CLIENT_BYTES). 20,000 bytes here: a few
+# 6 KB entries, or some tens of small keys (each key is charged ~500 bytes beyond what it holds).
+QUOTA = 20_000
+QUOTA_REFUSAL = (
+    r"this client's stored data would take [\d,]+ bytes; the store keeps at most 20,000 per client \(MAX_CLIENT_BYTES\)"
+)
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def quota_store(request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., SessionStore]]:
+    """Stores with a 20,000-byte quota per holder (and any other limits a test gives)."""
+    made: list[SessionStore] = []
+
+    def make(**limits: Any) -> SessionStore:
+        limits = {"max_bytes_per_holder": QUOTA, **limits}
+        if request.param == "memory":
+            made.append(InMemorySessionStore(**limits))
+        else:
+            redis_stack: Stack = request.getfixturevalue("redis_stack")
+            config = redis_stack.config
+            made.append(
+                RedisSessionStore(config.redis_url, **config.redis_auth, prefix=f"mcp:t{new_id()[:8]}", **limits)
+            )
+        return made[-1]
+
+    yield make
+    for s in made:
+        await s.aclose()
+
+
+async def opened(store: SessionStore, holder: str | None) -> str:
+    sid = new_id()
+    await store.open_session(sid, RECORD, holder=holder)
+    return sid
+
+
+async def test_a_write_past_the_holders_quota_is_refused_and_changes_nothing(
+    quota_store: Callable[..., SessionStore],
+) -> None:
+    store = quota_store()
+    sid, other = await opened(store, "alice"), await opened(store, "alice")
+    await store.set(sid, "a", "x" * 6000)
+    await store.set(other, "b", "x" * 6000)
+    for refused in (
+        lambda: store.set(sid, "c", "y" * 9000),
+        lambda: store.append(other, "l", "y" * 9000),
+        lambda: store.apply(sid, [("set", "c", "y" * 4000), ("set", "d", "y" * 5000)], expect={}, result=1),
+        lambda: store.set(sid, "c", "y" * 9000, op=Op("k", "d")),
+    ):
+        with pytest.raises(LimitExceeded, match=QUOTA_REFUSAL):
+            await refused()
+    assert await store.items(sid) == {"a": "x" * 6000}
+    assert await store.items(other) == {"b": "x" * 6000}
+    assert await store.recall(sid, Op("k", "d")) == (False, None)
+    # What frees room makes room: a write that shrinks always passes, and then a larger one fits.
+    await store.set(sid, "a", "short")
+    await store.set(sid, "c", "y" * 9000)
+    await store.delete(other, "b")
+    await store.append(other, "l", "y" * 5000)
+    # Another holder has a quota of its own, and a session opened for nobody is charged to nobody.
+    bob = await opened(store, "bob")
+    await store.set(bob, "a", "z" * 15_000)
+    nobody = await opened(store, None)
+    for key in "abcd":
+        await store.set(nobody, key, "n" * 15_000)
+
+
+async def test_a_copy_is_charged_what_it_copies_to_the_holder_of_its_target(
+    quota_store: Callable[..., SessionStore],
+) -> None:
+    store = quota_store()
+    source, target = await opened(store, "alice"), await opened(store, "alice")
+    await store.set(source, "big", "x" * 11_000)
+    with pytest.raises(LimitExceeded, match=QUOTA_REFUSAL):
+        await store.copy(source, target)
+    assert await store.items(target) == {}
+    # Into bob's session, bob pays: alice's quota is untouched, and bob's own bounds what he copies.
+    bobs = await opened(store, "bob")
+    assert await store.copy(source, bobs) == 1
+    with pytest.raises(LimitExceeded, match=QUOTA_REFUSAL):
+        await store.copy(source, await opened(store, "bob"))
+    await store.set(source, "more", "x" * 4000)
+
+
+async def test_a_calls_op_records_count_against_its_sessions_holder(quota_store: Callable[..., SessionStore]) -> None:
+    store = quota_store()
+    sid = await opened(store, "alice")
+    applied = 0
+    with pytest.raises(LimitExceeded, match=QUOTA_REFUSAL):
+        for n in range(100):  # each call's record: its key, digest and result, ~700 bytes
+            await store.incr(sid, "counter", op=Op(f"call-{n}", "d"))
+            applied += 1
+    assert 10 < applied < 40
+    assert await store.get(sid, "counter") == applied
+    assert await store.recall(sid, Op(f"call-{applied}", "d")) == (False, None)
+    # Without ops the same writes keep no records: only the state counts.
+    bob = await opened(store, "bob")
+    for _ in range(100):
+        await store.incr(bob, "counter")
+    assert await store.get(bob, "counter") == 100
+
+
+async def test_a_sessions_events_count_against_its_holder(quota_store: Callable[..., SessionStore]) -> None:
+    store = quota_store()
+    sid = await opened(store, "alice")
+    ids: list[str] = []
+    with pytest.raises(LimitExceeded, match=QUOTA_REFUSAL):
+        for n in range(100):
+            ids.append(await store.add_event(sid, "s", json.dumps({"n": n, "pad": "x" * 1000})))
+    assert 5 < len(ids) < 20
+    found = await store.events_after(sid, ids[0])
+    assert found is not None
+    assert [json.loads(m or "")["n"] for _, m in found[1]] == list(range(1, len(ids)))  # the refused one is not there
+    # The log's own bound still trims it: at that bound, an event takes the room of those it pushes out.
+    bounded = quota_store(max_log_bytes=5000)
+    sid = await opened(bounded, "alice")
+    for n in range(100):
+        await bounded.add_event(sid, "s", json.dumps({"n": n, "pad": "x" * 1000}))
+
+
+async def test_claims_count_against_their_holder_until_released(quota_store: Callable[..., SessionStore]) -> None:
+    store = quota_store()
+    names = [f"call:{new_id()}" for _ in range(20)]
+    taken = 0
+    with pytest.raises(LimitExceeded, match=QUOTA_REFUSAL):
+        for name in names:
+            await store.claim(name, "r" * 3000, 60, holder="alice")
+            taken += 1
+    assert 3 <= taken < 8
+    assert await store.claimed(names[taken]) is None
+    assert await store.claim(names[0], "r" * 3000, 60, holder="alice")  # renewing costs nothing more
+    await store.release(names[0])
+    assert await store.claimed(names[0]) is None
+    assert await store.claim(names[taken], "r" * 3000, 60, holder="alice")
+    # Unheld names release to nothing; claims of nobody's and other holders' are not alice's.
+    await store.release(f"call:{new_id()}")
+    assert await store.claim(f"call:{new_id()}", "r" * 3000, 60, holder="bob")
+    for _ in range(10):
+        assert await store.claim(f"call:{new_id()}", "r" * 3000, 60)
+
+
+async def test_what_expires_or_ends_frees_its_holders_quota(quota_store: Callable[..., SessionStore]) -> None:
+    store = quota_store(ttl_seconds=1, op_ttl_seconds=1, event_ttl_seconds=1)
+    sid = await opened(store, "alice")
+    await store.set(sid, "a", "x" * 6000, op=Op("k", "d"))
+    await store.add_event(sid, "s", "x" * 3000)
+    await store.claim(f"call:{new_id()}", "r" * 3000, 1, holder="alice")
+    with pytest.raises(LimitExceeded, match=QUOTA_REFUSAL):
+        await store.set(await opened(store, "alice"), "a", "x" * 6000)
+    await asyncio.sleep(2.2)
+    # The state, its call's record, the log and the claim are gone, and so are their charges.
+    await store.set(await opened(store, "alice"), "a", "x" * 17_000)
+
+
+async def test_ending_a_session_frees_what_its_record_held(quota_store: Callable[..., SessionStore]) -> None:
+    store = quota_store()
+    records: list[str] = []
+    with pytest.raises(LimitExceeded, match=QUOTA_REFUSAL):
+        for _ in range(100):  # each record, with its key, ~950 bytes
+            records.append(new_id())
+            await store.open_session(records[-1], RECORD, holder="carol")
+    assert await store.session_record(records.pop()) is None
+    assert 10 < len(records) < 30
+    # The key stays until its state expires, and is charged: ending one frees only what its record held.
+    assert await store.end_session(records[0], holder="carol")
+    with pytest.raises(LimitExceeded, match=QUOTA_REFUSAL):
+        await opened(store, "carol")
+    for sid in records[1:5]:
+        assert await store.end_session(sid, holder="carol")
+    await opened(store, "carol")
+
+
+async def test_a_charge_lasts_as_long_as_reads_keep_what_it_counts(quota_store: Callable[..., SessionStore]) -> None:
+    store = quota_store(ttl_seconds=2)
+    sid = await opened(store, "alice")
+    await store.set(sid, "a", "x" * 15_000)
+    for _ in range(8):  # 4 s of reads, twice the TTL: the state lives on, and so does its charge
+        await asyncio.sleep(0.5)
+        assert await store.get(sid, "a") == "x" * 15_000
+    with pytest.raises(LimitExceeded, match=QUOTA_REFUSAL):
+        await store.set(await opened(store, "alice"), "a", "x" * 6000)
 
 
 async def test_a_write_past_redis_maxmemory_is_store_full_and_evicts_nothing(redis_stack: Stack) -> None:

@@ -1,49 +1,473 @@
-#!lua name=mcp_ha_6f569ec3995f
-redis.register_function{function_name='mcp_ha_6f569ec3995f_get', callback=function(KEYS, ARGV)
+#!lua name=mcp_ha_e212601d50dc
+redis.register_function{function_name='mcp_ha_e212601d50dc_get', callback=function(KEYS, ARGV)
+local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
+
+local function key_bytes(name) return KEY_BYTES + 3 * #name end
+local function entry_bytes(name, length)
+  if length == 0 then return 0 end
+  return #name + length + ENTRY_BYTES
+end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
+local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+-- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
+-- digest, the `.owner` entry without its JSON quotes. False for nobody.
+local function payer_of(hash)
+  local payer = redis.call('HGET', hash, '..h')
+  if payer then return payer end
+  local owner = redis.call('HGET', hash, '.owner')
+  return owner and string.sub(owner, 2, -2)
+end
+-- Keeps `key` at least `ms` longer.
+local function outlive(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
+end
+local function grouped(n)
+  local text, k = string.format('%.0f', n), 1
+  while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
+  return text
+end
+local function usage(set, quota)
+  local t = redis.call('TIME')
+  local u = {set = set, bytes = set .. ':bytes', quota = tonumber(quota), delta = 0, changes = {},
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+  local freed = 0
+  for _, member in ipairs(redis.call('ZRANGE', set, '-inf', u.now, 'BYSCORE', 'LIMIT', 0, 8)) do
+    local left = redis.call('PTTL', string.sub(member, 2))
+    if left > 0 then
+      redis.call('ZADD', set, u.now + left, member)
+      outlive(set, left)
+      outlive(u.bytes, left)
+    else
+      freed = freed + tonumber(redis.call('HGET', u.bytes, member) or '0')
+      redis.call('ZREM', set, member)
+      redis.call('HDEL', u.bytes, member)
+    end
+  end
+  if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  return u
+end
+-- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
+-- charged now plus `grow`, where `bytes` (a number, or a function working it out) is what it is
+-- charged when it has no charge yet or its key is `fresh` (new).
+local function charge(u, member, bytes, ttl, grow, fresh)
+  u.changes[#u.changes + 1] = {member = member, bytes = bytes, ms = tonumber(ttl) * 1000, grow = grow, fresh = fresh}
+end
+-- Reads what the noted members are charged now (one HMGET), works out their new charges, and
+-- answers the refusal when they would take the holder past its quota; nil otherwise.
+local function over(u)
+  local fields = {'total'}
+  for i, change in ipairs(u.changes) do fields[i + 1] = change.member end
+  local charged = redis.call('HMGET', u.bytes, unpack(fields))
+  local total = tonumber(charged[1]) or 0
+  for i, change in ipairs(u.changes) do
+    local old = tonumber(charged[i + 1]) or 0
+    if change.grow then
+      local from = old
+      if change.fresh or old == 0 then
+        from = type(change.bytes) == 'function' and change.bytes() or change.bytes
+      end
+      change.bytes = from + change.grow
+    end
+    u.delta = u.delta + change.bytes - old
+  end
+  if u.delta > 0 and total + u.delta > u.quota then
+    return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
+      .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
+local usage_kept = false
+local function commit(u)
+  local fields, scores, longest = {}, {}, 0
+  for i, change in ipairs(u.changes) do
+    fields[2 * i - 1], fields[2 * i] = change.member, change.bytes
+    scores[2 * i - 1], scores[2 * i] = u.now + change.ms, change.member
+    longest = math.max(longest, change.ms)
+  end
+  redis.call('HSET', u.bytes, unpack(fields))
+  redis.call('ZADD', u.set, unpack(scores))
+  if u.delta ~= 0 then redis.call('HINCRBY', u.bytes, 'total', u.delta) end
+  outlive(u.set, longest)
+  outlive(u.bytes, longest)
+  usage_kept = true
+end
+local function uncharge(set, member)
+  local bytes = set .. ':bytes'
+  local had = tonumber(redis.call('HGET', bytes, member) or '0')
+  if had > 0 then
+    redis.call('HDEL', bytes, member)
+    redis.call('ZREM', set, member)
+    redis.call('HINCRBY', bytes, 'total', -had)
+  end
+end
 
 local function touch()
   local now = redis.call('TIME')[1]
   redis.call('EXPIRE', KEYS[1], ARGV[2])
   redis.call('ZADD', KEYS[2], now, ARGV[1])
   redis.call('EXPIRE', KEYS[2], ARGV[2])
+  local payer = not usage_kept and payer_of(KEYS[1])
+  if payer then
+    local set = usage_set(KEYS[2], payer)
+    outlive(set, ARGV[2] * 1000)
+    outlive(set .. ':bytes', ARGV[2] * 1000)
+  end
 end
 
 touch()
 return redis.call('HGET', KEYS[1], ARGV[3])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_6f569ec3995f_items', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_e212601d50dc_items', callback=function(KEYS, ARGV)
+local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
+
+local function key_bytes(name) return KEY_BYTES + 3 * #name end
+local function entry_bytes(name, length)
+  if length == 0 then return 0 end
+  return #name + length + ENTRY_BYTES
+end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
+local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+-- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
+-- digest, the `.owner` entry without its JSON quotes. False for nobody.
+local function payer_of(hash)
+  local payer = redis.call('HGET', hash, '..h')
+  if payer then return payer end
+  local owner = redis.call('HGET', hash, '.owner')
+  return owner and string.sub(owner, 2, -2)
+end
+-- Keeps `key` at least `ms` longer.
+local function outlive(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
+end
+local function grouped(n)
+  local text, k = string.format('%.0f', n), 1
+  while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
+  return text
+end
+local function usage(set, quota)
+  local t = redis.call('TIME')
+  local u = {set = set, bytes = set .. ':bytes', quota = tonumber(quota), delta = 0, changes = {},
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+  local freed = 0
+  for _, member in ipairs(redis.call('ZRANGE', set, '-inf', u.now, 'BYSCORE', 'LIMIT', 0, 8)) do
+    local left = redis.call('PTTL', string.sub(member, 2))
+    if left > 0 then
+      redis.call('ZADD', set, u.now + left, member)
+      outlive(set, left)
+      outlive(u.bytes, left)
+    else
+      freed = freed + tonumber(redis.call('HGET', u.bytes, member) or '0')
+      redis.call('ZREM', set, member)
+      redis.call('HDEL', u.bytes, member)
+    end
+  end
+  if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  return u
+end
+-- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
+-- charged now plus `grow`, where `bytes` (a number, or a function working it out) is what it is
+-- charged when it has no charge yet or its key is `fresh` (new).
+local function charge(u, member, bytes, ttl, grow, fresh)
+  u.changes[#u.changes + 1] = {member = member, bytes = bytes, ms = tonumber(ttl) * 1000, grow = grow, fresh = fresh}
+end
+-- Reads what the noted members are charged now (one HMGET), works out their new charges, and
+-- answers the refusal when they would take the holder past its quota; nil otherwise.
+local function over(u)
+  local fields = {'total'}
+  for i, change in ipairs(u.changes) do fields[i + 1] = change.member end
+  local charged = redis.call('HMGET', u.bytes, unpack(fields))
+  local total = tonumber(charged[1]) or 0
+  for i, change in ipairs(u.changes) do
+    local old = tonumber(charged[i + 1]) or 0
+    if change.grow then
+      local from = old
+      if change.fresh or old == 0 then
+        from = type(change.bytes) == 'function' and change.bytes() or change.bytes
+      end
+      change.bytes = from + change.grow
+    end
+    u.delta = u.delta + change.bytes - old
+  end
+  if u.delta > 0 and total + u.delta > u.quota then
+    return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
+      .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
+local usage_kept = false
+local function commit(u)
+  local fields, scores, longest = {}, {}, 0
+  for i, change in ipairs(u.changes) do
+    fields[2 * i - 1], fields[2 * i] = change.member, change.bytes
+    scores[2 * i - 1], scores[2 * i] = u.now + change.ms, change.member
+    longest = math.max(longest, change.ms)
+  end
+  redis.call('HSET', u.bytes, unpack(fields))
+  redis.call('ZADD', u.set, unpack(scores))
+  if u.delta ~= 0 then redis.call('HINCRBY', u.bytes, 'total', u.delta) end
+  outlive(u.set, longest)
+  outlive(u.bytes, longest)
+  usage_kept = true
+end
+local function uncharge(set, member)
+  local bytes = set .. ':bytes'
+  local had = tonumber(redis.call('HGET', bytes, member) or '0')
+  if had > 0 then
+    redis.call('HDEL', bytes, member)
+    redis.call('ZREM', set, member)
+    redis.call('HINCRBY', bytes, 'total', -had)
+  end
+end
 
 local function touch()
   local now = redis.call('TIME')[1]
   redis.call('EXPIRE', KEYS[1], ARGV[2])
   redis.call('ZADD', KEYS[2], now, ARGV[1])
   redis.call('EXPIRE', KEYS[2], ARGV[2])
+  local payer = not usage_kept and payer_of(KEYS[1])
+  if payer then
+    local set = usage_set(KEYS[2], payer)
+    outlive(set, ARGV[2] * 1000)
+    outlive(set .. ':bytes', ARGV[2] * 1000)
+  end
 end
 
 touch()
 return redis.call('HGETALL', KEYS[1])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_6f569ec3995f_touch', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_e212601d50dc_touch', callback=function(KEYS, ARGV)
+local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
+
+local function key_bytes(name) return KEY_BYTES + 3 * #name end
+local function entry_bytes(name, length)
+  if length == 0 then return 0 end
+  return #name + length + ENTRY_BYTES
+end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
+local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+-- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
+-- digest, the `.owner` entry without its JSON quotes. False for nobody.
+local function payer_of(hash)
+  local payer = redis.call('HGET', hash, '..h')
+  if payer then return payer end
+  local owner = redis.call('HGET', hash, '.owner')
+  return owner and string.sub(owner, 2, -2)
+end
+-- Keeps `key` at least `ms` longer.
+local function outlive(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
+end
+local function grouped(n)
+  local text, k = string.format('%.0f', n), 1
+  while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
+  return text
+end
+local function usage(set, quota)
+  local t = redis.call('TIME')
+  local u = {set = set, bytes = set .. ':bytes', quota = tonumber(quota), delta = 0, changes = {},
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+  local freed = 0
+  for _, member in ipairs(redis.call('ZRANGE', set, '-inf', u.now, 'BYSCORE', 'LIMIT', 0, 8)) do
+    local left = redis.call('PTTL', string.sub(member, 2))
+    if left > 0 then
+      redis.call('ZADD', set, u.now + left, member)
+      outlive(set, left)
+      outlive(u.bytes, left)
+    else
+      freed = freed + tonumber(redis.call('HGET', u.bytes, member) or '0')
+      redis.call('ZREM', set, member)
+      redis.call('HDEL', u.bytes, member)
+    end
+  end
+  if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  return u
+end
+-- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
+-- charged now plus `grow`, where `bytes` (a number, or a function working it out) is what it is
+-- charged when it has no charge yet or its key is `fresh` (new).
+local function charge(u, member, bytes, ttl, grow, fresh)
+  u.changes[#u.changes + 1] = {member = member, bytes = bytes, ms = tonumber(ttl) * 1000, grow = grow, fresh = fresh}
+end
+-- Reads what the noted members are charged now (one HMGET), works out their new charges, and
+-- answers the refusal when they would take the holder past its quota; nil otherwise.
+local function over(u)
+  local fields = {'total'}
+  for i, change in ipairs(u.changes) do fields[i + 1] = change.member end
+  local charged = redis.call('HMGET', u.bytes, unpack(fields))
+  local total = tonumber(charged[1]) or 0
+  for i, change in ipairs(u.changes) do
+    local old = tonumber(charged[i + 1]) or 0
+    if change.grow then
+      local from = old
+      if change.fresh or old == 0 then
+        from = type(change.bytes) == 'function' and change.bytes() or change.bytes
+      end
+      change.bytes = from + change.grow
+    end
+    u.delta = u.delta + change.bytes - old
+  end
+  if u.delta > 0 and total + u.delta > u.quota then
+    return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
+      .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
+local usage_kept = false
+local function commit(u)
+  local fields, scores, longest = {}, {}, 0
+  for i, change in ipairs(u.changes) do
+    fields[2 * i - 1], fields[2 * i] = change.member, change.bytes
+    scores[2 * i - 1], scores[2 * i] = u.now + change.ms, change.member
+    longest = math.max(longest, change.ms)
+  end
+  redis.call('HSET', u.bytes, unpack(fields))
+  redis.call('ZADD', u.set, unpack(scores))
+  if u.delta ~= 0 then redis.call('HINCRBY', u.bytes, 'total', u.delta) end
+  outlive(u.set, longest)
+  outlive(u.bytes, longest)
+  usage_kept = true
+end
+local function uncharge(set, member)
+  local bytes = set .. ':bytes'
+  local had = tonumber(redis.call('HGET', bytes, member) or '0')
+  if had > 0 then
+    redis.call('HDEL', bytes, member)
+    redis.call('ZREM', set, member)
+    redis.call('HINCRBY', bytes, 'total', -had)
+  end
+end
 
 local function touch()
   local now = redis.call('TIME')[1]
   redis.call('EXPIRE', KEYS[1], ARGV[2])
   redis.call('ZADD', KEYS[2], now, ARGV[1])
   redis.call('EXPIRE', KEYS[2], ARGV[2])
+  local payer = not usage_kept and payer_of(KEYS[1])
+  if payer then
+    local set = usage_set(KEYS[2], payer)
+    outlive(set, ARGV[2] * 1000)
+    outlive(set .. ':bytes', ARGV[2] * 1000)
+  end
 end
 
 touch()
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_6f569ec3995f_write', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_e212601d50dc_write', callback=function(KEYS, ARGV)
+local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
+
+local function key_bytes(name) return KEY_BYTES + 3 * #name end
+local function entry_bytes(name, length)
+  if length == 0 then return 0 end
+  return #name + length + ENTRY_BYTES
+end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
+local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+-- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
+-- digest, the `.owner` entry without its JSON quotes. False for nobody.
+local function payer_of(hash)
+  local payer = redis.call('HGET', hash, '..h')
+  if payer then return payer end
+  local owner = redis.call('HGET', hash, '.owner')
+  return owner and string.sub(owner, 2, -2)
+end
+-- Keeps `key` at least `ms` longer.
+local function outlive(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
+end
+local function grouped(n)
+  local text, k = string.format('%.0f', n), 1
+  while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
+  return text
+end
+local function usage(set, quota)
+  local t = redis.call('TIME')
+  local u = {set = set, bytes = set .. ':bytes', quota = tonumber(quota), delta = 0, changes = {},
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+  local freed = 0
+  for _, member in ipairs(redis.call('ZRANGE', set, '-inf', u.now, 'BYSCORE', 'LIMIT', 0, 8)) do
+    local left = redis.call('PTTL', string.sub(member, 2))
+    if left > 0 then
+      redis.call('ZADD', set, u.now + left, member)
+      outlive(set, left)
+      outlive(u.bytes, left)
+    else
+      freed = freed + tonumber(redis.call('HGET', u.bytes, member) or '0')
+      redis.call('ZREM', set, member)
+      redis.call('HDEL', u.bytes, member)
+    end
+  end
+  if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  return u
+end
+-- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
+-- charged now plus `grow`, where `bytes` (a number, or a function working it out) is what it is
+-- charged when it has no charge yet or its key is `fresh` (new).
+local function charge(u, member, bytes, ttl, grow, fresh)
+  u.changes[#u.changes + 1] = {member = member, bytes = bytes, ms = tonumber(ttl) * 1000, grow = grow, fresh = fresh}
+end
+-- Reads what the noted members are charged now (one HMGET), works out their new charges, and
+-- answers the refusal when they would take the holder past its quota; nil otherwise.
+local function over(u)
+  local fields = {'total'}
+  for i, change in ipairs(u.changes) do fields[i + 1] = change.member end
+  local charged = redis.call('HMGET', u.bytes, unpack(fields))
+  local total = tonumber(charged[1]) or 0
+  for i, change in ipairs(u.changes) do
+    local old = tonumber(charged[i + 1]) or 0
+    if change.grow then
+      local from = old
+      if change.fresh or old == 0 then
+        from = type(change.bytes) == 'function' and change.bytes() or change.bytes
+      end
+      change.bytes = from + change.grow
+    end
+    u.delta = u.delta + change.bytes - old
+  end
+  if u.delta > 0 and total + u.delta > u.quota then
+    return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
+      .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
+local usage_kept = false
+local function commit(u)
+  local fields, scores, longest = {}, {}, 0
+  for i, change in ipairs(u.changes) do
+    fields[2 * i - 1], fields[2 * i] = change.member, change.bytes
+    scores[2 * i - 1], scores[2 * i] = u.now + change.ms, change.member
+    longest = math.max(longest, change.ms)
+  end
+  redis.call('HSET', u.bytes, unpack(fields))
+  redis.call('ZADD', u.set, unpack(scores))
+  if u.delta ~= 0 then redis.call('HINCRBY', u.bytes, 'total', u.delta) end
+  outlive(u.set, longest)
+  outlive(u.bytes, longest)
+  usage_kept = true
+end
+local function uncharge(set, member)
+  local bytes = set .. ':bytes'
+  local had = tonumber(redis.call('HGET', bytes, member) or '0')
+  if had > 0 then
+    redis.call('HDEL', bytes, member)
+    redis.call('ZREM', set, member)
+    redis.call('HINCRBY', bytes, 'total', -had)
+  end
+end
 
 local function touch()
   local now = redis.call('TIME')[1]
   redis.call('EXPIRE', KEYS[1], ARGV[2])
   redis.call('ZADD', KEYS[2], now, ARGV[1])
   redis.call('EXPIRE', KEYS[2], ARGV[2])
+  local payer = not usage_kept and payer_of(KEYS[1])
+  if payer then
+    local set = usage_set(KEYS[2], payer)
+    outlive(set, ARGV[2] * 1000)
+    outlive(set .. ':bytes', ARGV[2] * 1000)
+  end
 end
 
 local LIMB = 1e9
@@ -74,10 +498,10 @@ local function integer_text(high, low)
   return string.format(high < 0 and '-%.0f%09.0f' or '%.0f%09.0f', math.abs(high), math.abs(low))
 end
 
-local staged, staged_order = nil, {}
+local staged, staged_order = {}, {}
 local max_bytes, max_items = tonumber(ARGV[8]), tonumber(ARGV[9])
 local function value(field)
-  if staged and staged[field] ~= nil then return staged[field] end
+  if staged[field] ~= nil then return staged[field] end
   return redis.call('HGET', KEYS[1], field)
 end
 -- The state's size: '..b' holds the bytes of every entry's text, and
@@ -119,34 +543,23 @@ end
 local function set_field(field, text)
   if text then redis.call('HSET', KEYS[1], field, text) else redis.call('HDEL', KEYS[1], field) end
 end
--- Changes an entry (text false: removes it), and its list length (count nil: unknown).
+-- Stages an entry's change (text false: removes it), and its list length (count nil: unknown).
 local function put(field, text, count)
-  if staged then
-    for _, name in ipairs({field, '..#' .. field}) do
-      if staged[name] == nil then staged_order[#staged_order + 1] = name end
-    end
-    staged[field] = text
-    staged['..#' .. field] = count and tostring(count) or false
-    return nil
+  for _, name in ipairs({field, '..#' .. field}) do
+    if staged[name] == nil then staged_order[#staged_order + 1] = name end
   end
-  local new_size = state_size() - redis.call('HSTRLEN', KEYS[1], field) + (text and #text or 0)
-  if max_bytes and new_size > max_bytes and new_size > state_size() then return too_large(new_size) end
-  set_field(field, text)
-  set_field('..#' .. field, count and tostring(count) or false)
-  record_size(new_size)
-  return nil
+  staged[field] = text
+  staged['..#' .. field] = count and tostring(count) or false
 end
 -- Each answers its result as JSON text, or nil and the error.
 local write = {}
 function write.set(field, text)
-  local refused = put(field, text)
-  if refused then return nil, refused end
+  put(field, text)
   return 'null'
 end
 function write.delete(field)
   local existed = value(field) and 'true' or 'false'
-  local refused = put(field, false)
-  if refused then return nil, refused end
+  put(field, false)
   return existed
 end
 function write.incr(field, by)
@@ -157,8 +570,7 @@ function write.incr(field, by)
   high, low = add(high, low, by_high, by_low)
   if not fits(high, low) then return nil, redis.error_reply('ERR increment or decrement would overflow') end
   local text = integer_text(high, low)
-  local refused = put(field, text)
-  if refused then return nil, refused end
+  put(field, text)
   return text
 end
 function write.append(field, item)
@@ -177,8 +589,7 @@ function write.append(field, item)
   if max_items and count > max_items then
     return nil, redis.error_reply('LIMIT this list holds ' .. (count - 1) .. ' items, the most it may')
   end
-  local refused = put(field, updated, #updated > 1024 and count or nil)
-  if refused then return nil, refused end
+  put(field, updated, #updated > 1024 and count or nil)
   return tostring(count)
 end
 
@@ -198,92 +609,443 @@ end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], '.epoch') ~= ARGV[3] then
   return redis.error_reply('FENCED the session has a newer owner')
 end
-local op, result, failed = ARGV[7], nil, nil
+local op, result, copied = ARGV[7], nil, nil
 if write[op] then
-  result, failed = write[op](ARGV[10], ARGV[11])
+  local failed
+  result, failed = write[op](ARGV[11], ARGV[12])
   if failed then return failed end
 elseif op == 'apply' then
-  local expected = tonumber(ARGV[11])
-  for i = 12, 11 + 2 * expected, 2 do
+  local expected = tonumber(ARGV[12])
+  for i = 13, 12 + 2 * expected, 2 do
     local wanted, current = ARGV[i + 1], redis.call('HGET', KEYS[1], ARGV[i])
     local unchanged
     if wanted == '' then unchanged = not current or current == 'null' else unchanged = current == wanted end
     if not unchanged then return redis.error_reply('CONFLICT an entry changed since it was read') end
   end
-  staged = {}
-  for i = 12 + 2 * expected, #ARGV, 3 do
+  for i = 13 + 2 * expected, #ARGV, 3 do
     if not write[ARGV[i]] then return redis.error_reply('ERR unknown write ' .. ARGV[i]) end
     local _, refused = write[ARGV[i]](ARGV[i + 1], ARGV[i + 2])
     if refused then return refused end
   end
-  local new_size = state_size()
-  for _, field in ipairs(staged_order) do
-    if string.sub(field, 1, 2) ~= '..' then
-      new_size = new_size - redis.call('HSTRLEN', KEYS[1], field) + (staged[field] and #staged[field] or 0)
-    end
-  end
-  if max_bytes and new_size > max_bytes and new_size > state_size() then return too_large(new_size) end
-  for _, field in ipairs(staged_order) do set_field(field, staged[field]) end
-  record_size(new_size)
-  result = ARGV[10]
+  result = ARGV[11]
 elseif op == 'copy' then
-  -- State only (the source's record stays its own), in chunks, so unpack()
-  -- stays far below Lua's stack limit.
-  -- Lists' lengths go along ('..#' fields), and a target's stale ones go.
-  local flat, state, new_size, entries = redis.call('HGETALL', KEYS[4]), {}, state_size(), 0
+  -- State only (the source's record stays its own), with lists' lengths
+  -- ('..#' fields); a target's stale lengths go.
+  local flat, entries = redis.call('HGETALL', KEYS[4]), 0
+  copied = {}
   for i = 1, #flat, 2 do
     local name = flat[i]
     if string.sub(name, 1, 1) ~= '.' or string.sub(name, 1, 3) == '..#' then
-      state[#state + 1] = name
-      state[#state + 1] = flat[i + 1]
+      copied[#copied + 1] = name
+      copied[#copied + 1] = flat[i + 1]
     end
     if string.sub(name, 1, 1) ~= '.' then
+      put(name, flat[i + 1])
       entries = entries + 1
-      new_size = new_size - redis.call('HSTRLEN', KEYS[1], name) + #flat[i + 1]
-      redis.call('HDEL', KEYS[1], '..#' .. name)
     end
   end
-  if max_bytes and new_size > max_bytes and new_size > state_size() then return too_large(new_size) end
-  for i = 1, #state, 200 do
-    redis.call('HSET', KEYS[1], unpack(state, i, math.min(i + 199, #state)))
-  end
-  record_size(new_size)
   result = tostring(entries)
 else
   return redis.error_reply('ERR unknown operation ' .. op)
 end
+-- What the change does to the state's size, and to what the state is charged.
+local new_size, cost = state_size(), 0
+for _, field in ipairs(staged_order) do
+  if string.sub(field, 1, 2) ~= '..' then
+    local old, new = redis.call('HSTRLEN', KEYS[1], field), staged[field] and #staged[field] or 0
+    new_size = new_size - old + new
+    cost = cost + entry_bytes(field, new) - entry_bytes(field, old)
+  end
+end
+if max_bytes and new_size > max_bytes and new_size > state_size() then return too_large(new_size) end
+local payer, u = payer_of(KEYS[1]), nil
+if payer then
+  u = usage(usage_set(KEYS[2], payer), ARGV[10])
+  -- The state is charged as it grows, from its first charge: the key, and whatever state it holds.
+  local function first_charge()
+    local bytes = key_bytes(KEYS[1])
+    for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
+      if string.sub(name, 1, 1) ~= '.' then bytes = bytes + entry_bytes(name, redis.call('HSTRLEN', KEYS[1], name)) end
+    end
+    return bytes
+  end
+  charge(u, 's' .. KEYS[1], first_charge, ARGV[2], cost)
+  if ARGV[5] ~= '' then
+    -- So are a call's records; a call key used again once its records expired starts afresh.
+    local first = key_bytes(KEYS[3]) + entry_bytes('.digest', #ARGV[5])
+    charge(u, 'o' .. KEYS[3], first, ARGV[4], entry_bytes(ARGV[6], #result), redis.call('EXISTS', KEYS[3]) == 0)
+  end
+  local refused = over(u)
+  if refused then return refused end
+end
+if copied then
+  -- Lists' lengths go along, and a target's stale ones go; in chunks, so
+  -- unpack() stays far below Lua's stack limit.
+  for i = 1, #copied, 2 do
+    if string.sub(copied[i], 1, 1) ~= '.' then redis.call('HDEL', KEYS[1], '..#' .. copied[i]) end
+  end
+  for i = 1, #copied, 200 do
+    redis.call('HSET', KEYS[1], unpack(copied, i, math.min(i + 199, #copied)))
+  end
+else
+  for _, field in ipairs(staged_order) do set_field(field, staged[field]) end
+end
+record_size(new_size)
 if ARGV[5] ~= '' then
   redis.call('HSET', KEYS[3], '.digest', ARGV[5], ARGV[6], result)
   redis.call('EXPIRE', KEYS[3], ARGV[4])
 end
+if u then commit(u) end
 touch()
 redis.call('PUBLISH', KEYS[5], ARGV[1])
 return {result, 0}
 
 end}
-redis.register_function{function_name='mcp_ha_6f569ec3995f_count', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_e212601d50dc_count', callback=function(KEYS, ARGV)
 
 local horizon = tonumber(redis.call('TIME')[1]) - tonumber(ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', horizon)
 return redis.call('ZCARD', KEYS[1])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_6f569ec3995f_claim', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_e212601d50dc_claim', callback=function(KEYS, ARGV)
+local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
+
+local function key_bytes(name) return KEY_BYTES + 3 * #name end
+local function entry_bytes(name, length)
+  if length == 0 then return 0 end
+  return #name + length + ENTRY_BYTES
+end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
+local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+-- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
+-- digest, the `.owner` entry without its JSON quotes. False for nobody.
+local function payer_of(hash)
+  local payer = redis.call('HGET', hash, '..h')
+  if payer then return payer end
+  local owner = redis.call('HGET', hash, '.owner')
+  return owner and string.sub(owner, 2, -2)
+end
+-- Keeps `key` at least `ms` longer.
+local function outlive(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
+end
+local function grouped(n)
+  local text, k = string.format('%.0f', n), 1
+  while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
+  return text
+end
+local function usage(set, quota)
+  local t = redis.call('TIME')
+  local u = {set = set, bytes = set .. ':bytes', quota = tonumber(quota), delta = 0, changes = {},
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+  local freed = 0
+  for _, member in ipairs(redis.call('ZRANGE', set, '-inf', u.now, 'BYSCORE', 'LIMIT', 0, 8)) do
+    local left = redis.call('PTTL', string.sub(member, 2))
+    if left > 0 then
+      redis.call('ZADD', set, u.now + left, member)
+      outlive(set, left)
+      outlive(u.bytes, left)
+    else
+      freed = freed + tonumber(redis.call('HGET', u.bytes, member) or '0')
+      redis.call('ZREM', set, member)
+      redis.call('HDEL', u.bytes, member)
+    end
+  end
+  if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  return u
+end
+-- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
+-- charged now plus `grow`, where `bytes` (a number, or a function working it out) is what it is
+-- charged when it has no charge yet or its key is `fresh` (new).
+local function charge(u, member, bytes, ttl, grow, fresh)
+  u.changes[#u.changes + 1] = {member = member, bytes = bytes, ms = tonumber(ttl) * 1000, grow = grow, fresh = fresh}
+end
+-- Reads what the noted members are charged now (one HMGET), works out their new charges, and
+-- answers the refusal when they would take the holder past its quota; nil otherwise.
+local function over(u)
+  local fields = {'total'}
+  for i, change in ipairs(u.changes) do fields[i + 1] = change.member end
+  local charged = redis.call('HMGET', u.bytes, unpack(fields))
+  local total = tonumber(charged[1]) or 0
+  for i, change in ipairs(u.changes) do
+    local old = tonumber(charged[i + 1]) or 0
+    if change.grow then
+      local from = old
+      if change.fresh or old == 0 then
+        from = type(change.bytes) == 'function' and change.bytes() or change.bytes
+      end
+      change.bytes = from + change.grow
+    end
+    u.delta = u.delta + change.bytes - old
+  end
+  if u.delta > 0 and total + u.delta > u.quota then
+    return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
+      .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
+local usage_kept = false
+local function commit(u)
+  local fields, scores, longest = {}, {}, 0
+  for i, change in ipairs(u.changes) do
+    fields[2 * i - 1], fields[2 * i] = change.member, change.bytes
+    scores[2 * i - 1], scores[2 * i] = u.now + change.ms, change.member
+    longest = math.max(longest, change.ms)
+  end
+  redis.call('HSET', u.bytes, unpack(fields))
+  redis.call('ZADD', u.set, unpack(scores))
+  if u.delta ~= 0 then redis.call('HINCRBY', u.bytes, 'total', u.delta) end
+  outlive(u.set, longest)
+  outlive(u.bytes, longest)
+  usage_kept = true
+end
+local function uncharge(set, member)
+  local bytes = set .. ':bytes'
+  local had = tonumber(redis.call('HGET', bytes, member) or '0')
+  if had > 0 then
+    redis.call('HDEL', bytes, member)
+    redis.call('ZREM', set, member)
+    redis.call('HINCRBY', bytes, 'total', -had)
+  end
+end
 
 local held = redis.call('HGET', KEYS[1], 'holder')
 if held and held ~= ARGV[1] then return held end
+local set, u = redis.call('HGET', KEYS[1], 'u') or (ARGV[4] == '1' and KEYS[2]), nil
+if set then
+  u = usage(set, ARGV[3])
+  charge(u, 'c' .. KEYS[1], key_bytes(KEYS[1]) + #ARGV[1], ARGV[2])
+  local refused = over(u)
+  if refused then return refused end
+  redis.call('HSET', KEYS[1], 'u', set)
+end
 redis.call('HSET', KEYS[1], 'holder', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
+if u then commit(u) end
 return ARGV[1]
 
 end}
-redis.register_function{function_name='mcp_ha_6f569ec3995f_open', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_e212601d50dc_release', callback=function(KEYS, ARGV)
+local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
+
+local function key_bytes(name) return KEY_BYTES + 3 * #name end
+local function entry_bytes(name, length)
+  if length == 0 then return 0 end
+  return #name + length + ENTRY_BYTES
+end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
+local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+-- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
+-- digest, the `.owner` entry without its JSON quotes. False for nobody.
+local function payer_of(hash)
+  local payer = redis.call('HGET', hash, '..h')
+  if payer then return payer end
+  local owner = redis.call('HGET', hash, '.owner')
+  return owner and string.sub(owner, 2, -2)
+end
+-- Keeps `key` at least `ms` longer.
+local function outlive(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
+end
+local function grouped(n)
+  local text, k = string.format('%.0f', n), 1
+  while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
+  return text
+end
+local function usage(set, quota)
+  local t = redis.call('TIME')
+  local u = {set = set, bytes = set .. ':bytes', quota = tonumber(quota), delta = 0, changes = {},
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+  local freed = 0
+  for _, member in ipairs(redis.call('ZRANGE', set, '-inf', u.now, 'BYSCORE', 'LIMIT', 0, 8)) do
+    local left = redis.call('PTTL', string.sub(member, 2))
+    if left > 0 then
+      redis.call('ZADD', set, u.now + left, member)
+      outlive(set, left)
+      outlive(u.bytes, left)
+    else
+      freed = freed + tonumber(redis.call('HGET', u.bytes, member) or '0')
+      redis.call('ZREM', set, member)
+      redis.call('HDEL', u.bytes, member)
+    end
+  end
+  if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  return u
+end
+-- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
+-- charged now plus `grow`, where `bytes` (a number, or a function working it out) is what it is
+-- charged when it has no charge yet or its key is `fresh` (new).
+local function charge(u, member, bytes, ttl, grow, fresh)
+  u.changes[#u.changes + 1] = {member = member, bytes = bytes, ms = tonumber(ttl) * 1000, grow = grow, fresh = fresh}
+end
+-- Reads what the noted members are charged now (one HMGET), works out their new charges, and
+-- answers the refusal when they would take the holder past its quota; nil otherwise.
+local function over(u)
+  local fields = {'total'}
+  for i, change in ipairs(u.changes) do fields[i + 1] = change.member end
+  local charged = redis.call('HMGET', u.bytes, unpack(fields))
+  local total = tonumber(charged[1]) or 0
+  for i, change in ipairs(u.changes) do
+    local old = tonumber(charged[i + 1]) or 0
+    if change.grow then
+      local from = old
+      if change.fresh or old == 0 then
+        from = type(change.bytes) == 'function' and change.bytes() or change.bytes
+      end
+      change.bytes = from + change.grow
+    end
+    u.delta = u.delta + change.bytes - old
+  end
+  if u.delta > 0 and total + u.delta > u.quota then
+    return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
+      .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
+local usage_kept = false
+local function commit(u)
+  local fields, scores, longest = {}, {}, 0
+  for i, change in ipairs(u.changes) do
+    fields[2 * i - 1], fields[2 * i] = change.member, change.bytes
+    scores[2 * i - 1], scores[2 * i] = u.now + change.ms, change.member
+    longest = math.max(longest, change.ms)
+  end
+  redis.call('HSET', u.bytes, unpack(fields))
+  redis.call('ZADD', u.set, unpack(scores))
+  if u.delta ~= 0 then redis.call('HINCRBY', u.bytes, 'total', u.delta) end
+  outlive(u.set, longest)
+  outlive(u.bytes, longest)
+  usage_kept = true
+end
+local function uncharge(set, member)
+  local bytes = set .. ':bytes'
+  local had = tonumber(redis.call('HGET', bytes, member) or '0')
+  if had > 0 then
+    redis.call('HDEL', bytes, member)
+    redis.call('ZREM', set, member)
+    redis.call('HINCRBY', bytes, 'total', -had)
+  end
+end
+
+local set = redis.call('HGET', KEYS[1], 'u')
+redis.call('HDEL', KEYS[1], 'holder', 'u')
+if set then uncharge(set, 'c' .. KEYS[1]) end
+
+end, flags={'allow-oom'}}
+redis.register_function{function_name='mcp_ha_e212601d50dc_open', callback=function(KEYS, ARGV)
+local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
+
+local function key_bytes(name) return KEY_BYTES + 3 * #name end
+local function entry_bytes(name, length)
+  if length == 0 then return 0 end
+  return #name + length + ENTRY_BYTES
+end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
+local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+-- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
+-- digest, the `.owner` entry without its JSON quotes. False for nobody.
+local function payer_of(hash)
+  local payer = redis.call('HGET', hash, '..h')
+  if payer then return payer end
+  local owner = redis.call('HGET', hash, '.owner')
+  return owner and string.sub(owner, 2, -2)
+end
+-- Keeps `key` at least `ms` longer.
+local function outlive(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
+end
+local function grouped(n)
+  local text, k = string.format('%.0f', n), 1
+  while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
+  return text
+end
+local function usage(set, quota)
+  local t = redis.call('TIME')
+  local u = {set = set, bytes = set .. ':bytes', quota = tonumber(quota), delta = 0, changes = {},
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+  local freed = 0
+  for _, member in ipairs(redis.call('ZRANGE', set, '-inf', u.now, 'BYSCORE', 'LIMIT', 0, 8)) do
+    local left = redis.call('PTTL', string.sub(member, 2))
+    if left > 0 then
+      redis.call('ZADD', set, u.now + left, member)
+      outlive(set, left)
+      outlive(u.bytes, left)
+    else
+      freed = freed + tonumber(redis.call('HGET', u.bytes, member) or '0')
+      redis.call('ZREM', set, member)
+      redis.call('HDEL', u.bytes, member)
+    end
+  end
+  if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  return u
+end
+-- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
+-- charged now plus `grow`, where `bytes` (a number, or a function working it out) is what it is
+-- charged when it has no charge yet or its key is `fresh` (new).
+local function charge(u, member, bytes, ttl, grow, fresh)
+  u.changes[#u.changes + 1] = {member = member, bytes = bytes, ms = tonumber(ttl) * 1000, grow = grow, fresh = fresh}
+end
+-- Reads what the noted members are charged now (one HMGET), works out their new charges, and
+-- answers the refusal when they would take the holder past its quota; nil otherwise.
+local function over(u)
+  local fields = {'total'}
+  for i, change in ipairs(u.changes) do fields[i + 1] = change.member end
+  local charged = redis.call('HMGET', u.bytes, unpack(fields))
+  local total = tonumber(charged[1]) or 0
+  for i, change in ipairs(u.changes) do
+    local old = tonumber(charged[i + 1]) or 0
+    if change.grow then
+      local from = old
+      if change.fresh or old == 0 then
+        from = type(change.bytes) == 'function' and change.bytes() or change.bytes
+      end
+      change.bytes = from + change.grow
+    end
+    u.delta = u.delta + change.bytes - old
+  end
+  if u.delta > 0 and total + u.delta > u.quota then
+    return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
+      .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
+local usage_kept = false
+local function commit(u)
+  local fields, scores, longest = {}, {}, 0
+  for i, change in ipairs(u.changes) do
+    fields[2 * i - 1], fields[2 * i] = change.member, change.bytes
+    scores[2 * i - 1], scores[2 * i] = u.now + change.ms, change.member
+    longest = math.max(longest, change.ms)
+  end
+  redis.call('HSET', u.bytes, unpack(fields))
+  redis.call('ZADD', u.set, unpack(scores))
+  if u.delta ~= 0 then redis.call('HINCRBY', u.bytes, 'total', u.delta) end
+  outlive(u.set, longest)
+  outlive(u.bytes, longest)
+  usage_kept = true
+end
+local function uncharge(set, member)
+  local bytes = set .. ':bytes'
+  local had = tonumber(redis.call('HGET', bytes, member) or '0')
+  if had > 0 then
+    redis.call('HDEL', bytes, member)
+    redis.call('ZREM', set, member)
+    redis.call('HINCRBY', bytes, 'total', -had)
+  end
+end
 
 local function touch()
   local now = redis.call('TIME')[1]
   redis.call('EXPIRE', KEYS[1], ARGV[2])
   redis.call('ZADD', KEYS[2], now, ARGV[1])
   redis.call('EXPIRE', KEYS[2], ARGV[2])
+  local payer = not usage_kept and payer_of(KEYS[1])
+  if payer then
+    local set = usage_set(KEYS[2], payer)
+    outlive(set, ARGV[2] * 1000)
+    outlive(set .. ':bytes', ARGV[2] * 1000)
+  end
 end
 
 local now = tonumber(redis.call('TIME')[1])
@@ -299,15 +1061,34 @@ if ARGV[5] ~= '' then
   if redis.call('ZSCORE', KEYS[3], ARGV[1]) == false and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[4]) then
     return redis.error_reply('LIMIT you hold ' .. ARGV[4] .. ' open sessions, the most you may; end some first')
   end
+end
+local payer, u, owned = payer_of(KEYS[1]) or (ARGV[6] ~= '' and ARGV[6]), nil, false
+if payer then
+  u = usage(usage_set(KEYS[2], payer), ARGV[7])
+  local bytes = key_bytes(KEYS[1]) + entry_bytes('.epoch', 1)
+  for i = 8, #ARGV, 2 do
+    bytes = bytes + entry_bytes(ARGV[i], #ARGV[i + 1])
+    if ARGV[i] == '.owner' and string.sub(ARGV[i + 1], 2, -2) == payer then owned = true end
+  end
+  if not owned then bytes = bytes + entry_bytes('..h', #payer) end
+  charge(u, 'r' .. KEYS[1], bytes, ARGV[2])
+  local refused = over(u)
+  if refused then return refused end
+end
+if ARGV[5] ~= '' then
   redis.call('ZADD', KEYS[3], now, ARGV[1])
   redis.call('EXPIRE', KEYS[3], ARGV[2])
 end
-redis.call('HSET', KEYS[1], '.epoch', 1, unpack(ARGV, 6))
+redis.call('HSET', KEYS[1], '.epoch', 1, unpack(ARGV, 8))
+if payer then
+  if not owned then redis.call('HSET', KEYS[1], '..h', payer) end
+  commit(u)
+end
 touch()
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_6f569ec3995f_read_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_e212601d50dc_read_record', callback=function(KEYS, ARGV)
 
 local function record_fields()
   local names = {}
@@ -333,20 +1114,126 @@ if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return nil end
 return record()
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_6f569ec3995f_update_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_e212601d50dc_update_record', callback=function(KEYS, ARGV)
 
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_6f569ec3995f_adopt', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_e212601d50dc_adopt', callback=function(KEYS, ARGV)
+local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
+
+local function key_bytes(name) return KEY_BYTES + 3 * #name end
+local function entry_bytes(name, length)
+  if length == 0 then return 0 end
+  return #name + length + ENTRY_BYTES
+end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
+local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+-- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
+-- digest, the `.owner` entry without its JSON quotes. False for nobody.
+local function payer_of(hash)
+  local payer = redis.call('HGET', hash, '..h')
+  if payer then return payer end
+  local owner = redis.call('HGET', hash, '.owner')
+  return owner and string.sub(owner, 2, -2)
+end
+-- Keeps `key` at least `ms` longer.
+local function outlive(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
+end
+local function grouped(n)
+  local text, k = string.format('%.0f', n), 1
+  while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
+  return text
+end
+local function usage(set, quota)
+  local t = redis.call('TIME')
+  local u = {set = set, bytes = set .. ':bytes', quota = tonumber(quota), delta = 0, changes = {},
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+  local freed = 0
+  for _, member in ipairs(redis.call('ZRANGE', set, '-inf', u.now, 'BYSCORE', 'LIMIT', 0, 8)) do
+    local left = redis.call('PTTL', string.sub(member, 2))
+    if left > 0 then
+      redis.call('ZADD', set, u.now + left, member)
+      outlive(set, left)
+      outlive(u.bytes, left)
+    else
+      freed = freed + tonumber(redis.call('HGET', u.bytes, member) or '0')
+      redis.call('ZREM', set, member)
+      redis.call('HDEL', u.bytes, member)
+    end
+  end
+  if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  return u
+end
+-- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
+-- charged now plus `grow`, where `bytes` (a number, or a function working it out) is what it is
+-- charged when it has no charge yet or its key is `fresh` (new).
+local function charge(u, member, bytes, ttl, grow, fresh)
+  u.changes[#u.changes + 1] = {member = member, bytes = bytes, ms = tonumber(ttl) * 1000, grow = grow, fresh = fresh}
+end
+-- Reads what the noted members are charged now (one HMGET), works out their new charges, and
+-- answers the refusal when they would take the holder past its quota; nil otherwise.
+local function over(u)
+  local fields = {'total'}
+  for i, change in ipairs(u.changes) do fields[i + 1] = change.member end
+  local charged = redis.call('HMGET', u.bytes, unpack(fields))
+  local total = tonumber(charged[1]) or 0
+  for i, change in ipairs(u.changes) do
+    local old = tonumber(charged[i + 1]) or 0
+    if change.grow then
+      local from = old
+      if change.fresh or old == 0 then
+        from = type(change.bytes) == 'function' and change.bytes() or change.bytes
+      end
+      change.bytes = from + change.grow
+    end
+    u.delta = u.delta + change.bytes - old
+  end
+  if u.delta > 0 and total + u.delta > u.quota then
+    return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
+      .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
+local usage_kept = false
+local function commit(u)
+  local fields, scores, longest = {}, {}, 0
+  for i, change in ipairs(u.changes) do
+    fields[2 * i - 1], fields[2 * i] = change.member, change.bytes
+    scores[2 * i - 1], scores[2 * i] = u.now + change.ms, change.member
+    longest = math.max(longest, change.ms)
+  end
+  redis.call('HSET', u.bytes, unpack(fields))
+  redis.call('ZADD', u.set, unpack(scores))
+  if u.delta ~= 0 then redis.call('HINCRBY', u.bytes, 'total', u.delta) end
+  outlive(u.set, longest)
+  outlive(u.bytes, longest)
+  usage_kept = true
+end
+local function uncharge(set, member)
+  local bytes = set .. ':bytes'
+  local had = tonumber(redis.call('HGET', bytes, member) or '0')
+  if had > 0 then
+    redis.call('HDEL', bytes, member)
+    redis.call('ZREM', set, member)
+    redis.call('HINCRBY', bytes, 'total', -had)
+  end
+end
 
 local function touch()
   local now = redis.call('TIME')[1]
   redis.call('EXPIRE', KEYS[1], ARGV[2])
   redis.call('ZADD', KEYS[2], now, ARGV[1])
   redis.call('EXPIRE', KEYS[2], ARGV[2])
+  local payer = not usage_kept and payer_of(KEYS[1])
+  if payer then
+    local set = usage_set(KEYS[2], payer)
+    outlive(set, ARGV[2] * 1000)
+    outlive(set .. ':bytes', ARGV[2] * 1000)
+  end
 end
 
 local function record_fields()
@@ -375,7 +1262,107 @@ touch()
 return {epoch, record()}
 
 end}
-redis.register_function{function_name='mcp_ha_6f569ec3995f_end', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_e212601d50dc_end', callback=function(KEYS, ARGV)
+local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
+
+local function key_bytes(name) return KEY_BYTES + 3 * #name end
+local function entry_bytes(name, length)
+  if length == 0 then return 0 end
+  return #name + length + ENTRY_BYTES
+end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
+local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+-- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
+-- digest, the `.owner` entry without its JSON quotes. False for nobody.
+local function payer_of(hash)
+  local payer = redis.call('HGET', hash, '..h')
+  if payer then return payer end
+  local owner = redis.call('HGET', hash, '.owner')
+  return owner and string.sub(owner, 2, -2)
+end
+-- Keeps `key` at least `ms` longer.
+local function outlive(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
+end
+local function grouped(n)
+  local text, k = string.format('%.0f', n), 1
+  while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
+  return text
+end
+local function usage(set, quota)
+  local t = redis.call('TIME')
+  local u = {set = set, bytes = set .. ':bytes', quota = tonumber(quota), delta = 0, changes = {},
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+  local freed = 0
+  for _, member in ipairs(redis.call('ZRANGE', set, '-inf', u.now, 'BYSCORE', 'LIMIT', 0, 8)) do
+    local left = redis.call('PTTL', string.sub(member, 2))
+    if left > 0 then
+      redis.call('ZADD', set, u.now + left, member)
+      outlive(set, left)
+      outlive(u.bytes, left)
+    else
+      freed = freed + tonumber(redis.call('HGET', u.bytes, member) or '0')
+      redis.call('ZREM', set, member)
+      redis.call('HDEL', u.bytes, member)
+    end
+  end
+  if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  return u
+end
+-- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
+-- charged now plus `grow`, where `bytes` (a number, or a function working it out) is what it is
+-- charged when it has no charge yet or its key is `fresh` (new).
+local function charge(u, member, bytes, ttl, grow, fresh)
+  u.changes[#u.changes + 1] = {member = member, bytes = bytes, ms = tonumber(ttl) * 1000, grow = grow, fresh = fresh}
+end
+-- Reads what the noted members are charged now (one HMGET), works out their new charges, and
+-- answers the refusal when they would take the holder past its quota; nil otherwise.
+local function over(u)
+  local fields = {'total'}
+  for i, change in ipairs(u.changes) do fields[i + 1] = change.member end
+  local charged = redis.call('HMGET', u.bytes, unpack(fields))
+  local total = tonumber(charged[1]) or 0
+  for i, change in ipairs(u.changes) do
+    local old = tonumber(charged[i + 1]) or 0
+    if change.grow then
+      local from = old
+      if change.fresh or old == 0 then
+        from = type(change.bytes) == 'function' and change.bytes() or change.bytes
+      end
+      change.bytes = from + change.grow
+    end
+    u.delta = u.delta + change.bytes - old
+  end
+  if u.delta > 0 and total + u.delta > u.quota then
+    return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
+      .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
+local usage_kept = false
+local function commit(u)
+  local fields, scores, longest = {}, {}, 0
+  for i, change in ipairs(u.changes) do
+    fields[2 * i - 1], fields[2 * i] = change.member, change.bytes
+    scores[2 * i - 1], scores[2 * i] = u.now + change.ms, change.member
+    longest = math.max(longest, change.ms)
+  end
+  redis.call('HSET', u.bytes, unpack(fields))
+  redis.call('ZADD', u.set, unpack(scores))
+  if u.delta ~= 0 then redis.call('HINCRBY', u.bytes, 'total', u.delta) end
+  outlive(u.set, longest)
+  outlive(u.bytes, longest)
+  usage_kept = true
+end
+local function uncharge(set, member)
+  local bytes = set .. ':bytes'
+  local had = tonumber(redis.call('HGET', bytes, member) or '0')
+  if had > 0 then
+    redis.call('HDEL', bytes, member)
+    redis.call('ZREM', set, member)
+    redis.call('HINCRBY', bytes, 'total', -had)
+  end
+end
 
 local function record_fields()
   local names = {}
@@ -404,10 +1391,119 @@ for _, name in ipairs(record_fields()) do
   if name ~= '.owner' then names[#names + 1] = name end
 end
 redis.call('HDEL', KEYS[1], unpack(names))
+local payer = payer_of(KEYS[1])
+if payer then
+  local u = usage(usage_set(KEYS[3], payer), 0)
+  local left = key_bytes(KEYS[1]) + entry_bytes('.owner', redis.call('HSTRLEN', KEYS[1], '.owner'))
+  left = left + entry_bytes('..h', redis.call('HSTRLEN', KEYS[1], '..h'))
+  charge(u, 'r' .. KEYS[1], left, redis.call('PTTL', KEYS[1]) / 1000)
+  over(u)
+  commit(u)
+end
 return 1
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_6f569ec3995f_add_event', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_e212601d50dc_add_event', callback=function(KEYS, ARGV)
+local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
+
+local function key_bytes(name) return KEY_BYTES + 3 * #name end
+local function entry_bytes(name, length)
+  if length == 0 then return 0 end
+  return #name + length + ENTRY_BYTES
+end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
+local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+-- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
+-- digest, the `.owner` entry without its JSON quotes. False for nobody.
+local function payer_of(hash)
+  local payer = redis.call('HGET', hash, '..h')
+  if payer then return payer end
+  local owner = redis.call('HGET', hash, '.owner')
+  return owner and string.sub(owner, 2, -2)
+end
+-- Keeps `key` at least `ms` longer.
+local function outlive(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
+end
+local function grouped(n)
+  local text, k = string.format('%.0f', n), 1
+  while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
+  return text
+end
+local function usage(set, quota)
+  local t = redis.call('TIME')
+  local u = {set = set, bytes = set .. ':bytes', quota = tonumber(quota), delta = 0, changes = {},
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+  local freed = 0
+  for _, member in ipairs(redis.call('ZRANGE', set, '-inf', u.now, 'BYSCORE', 'LIMIT', 0, 8)) do
+    local left = redis.call('PTTL', string.sub(member, 2))
+    if left > 0 then
+      redis.call('ZADD', set, u.now + left, member)
+      outlive(set, left)
+      outlive(u.bytes, left)
+    else
+      freed = freed + tonumber(redis.call('HGET', u.bytes, member) or '0')
+      redis.call('ZREM', set, member)
+      redis.call('HDEL', u.bytes, member)
+    end
+  end
+  if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  return u
+end
+-- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
+-- charged now plus `grow`, where `bytes` (a number, or a function working it out) is what it is
+-- charged when it has no charge yet or its key is `fresh` (new).
+local function charge(u, member, bytes, ttl, grow, fresh)
+  u.changes[#u.changes + 1] = {member = member, bytes = bytes, ms = tonumber(ttl) * 1000, grow = grow, fresh = fresh}
+end
+-- Reads what the noted members are charged now (one HMGET), works out their new charges, and
+-- answers the refusal when they would take the holder past its quota; nil otherwise.
+local function over(u)
+  local fields = {'total'}
+  for i, change in ipairs(u.changes) do fields[i + 1] = change.member end
+  local charged = redis.call('HMGET', u.bytes, unpack(fields))
+  local total = tonumber(charged[1]) or 0
+  for i, change in ipairs(u.changes) do
+    local old = tonumber(charged[i + 1]) or 0
+    if change.grow then
+      local from = old
+      if change.fresh or old == 0 then
+        from = type(change.bytes) == 'function' and change.bytes() or change.bytes
+      end
+      change.bytes = from + change.grow
+    end
+    u.delta = u.delta + change.bytes - old
+  end
+  if u.delta > 0 and total + u.delta > u.quota then
+    return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
+      .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
+local usage_kept = false
+local function commit(u)
+  local fields, scores, longest = {}, {}, 0
+  for i, change in ipairs(u.changes) do
+    fields[2 * i - 1], fields[2 * i] = change.member, change.bytes
+    scores[2 * i - 1], scores[2 * i] = u.now + change.ms, change.member
+    longest = math.max(longest, change.ms)
+  end
+  redis.call('HSET', u.bytes, unpack(fields))
+  redis.call('ZADD', u.set, unpack(scores))
+  if u.delta ~= 0 then redis.call('HINCRBY', u.bytes, 'total', u.delta) end
+  outlive(u.set, longest)
+  outlive(u.bytes, longest)
+  usage_kept = true
+end
+local function uncharge(set, member)
+  local bytes = set .. ':bytes'
+  local had = tonumber(redis.call('HGET', bytes, member) or '0')
+  if had > 0 then
+    redis.call('HDEL', bytes, member)
+    redis.call('ZREM', set, member)
+    redis.call('HINCRBY', bytes, 'total', -had)
+  end
+end
 
 local t = redis.call('TIME')
 local ms, n = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), 0
@@ -418,20 +1514,31 @@ if last then
 end
 local position = string.format('%.0f-%.0f', ms, n)
 local entry = position .. ' ' .. #ARGV[3] .. ' ' .. ARGV[3] .. ARGV[4]
-local length = redis.call('RPUSH', KEYS[1], entry)
+local length = (last and redis.call('LLEN', KEYS[1]) or 0) + 1
 local size = last and tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+local trimmed = 0
 size = size + #entry
 while length > 1 and (length > tonumber(ARGV[1]) or size > tonumber(ARGV[5])) do
-  size = size - #redis.call('LPOP', KEYS[1])
-  length = length - 1
+  size = size - #redis.call('LINDEX', KEYS[1], trimmed)
+  trimmed, length = trimmed + 1, length - 1
 end
+local payer, u = payer_of(KEYS[4]), nil
+if payer then
+  u = usage(usage_set(KEYS[5], payer), ARGV[7])
+  charge(u, 'e' .. KEYS[1], key_bytes(KEYS[1]) + key_bytes(KEYS[2]) + size + length * EVENT_BYTES, ARGV[2])
+  local refused = over(u)
+  if refused then return refused end
+end
+redis.call('RPUSH', KEYS[1], entry)
+if trimmed > 0 then redis.call('LPOP', KEYS[1], trimmed) end
 redis.call('SET', KEYS[2], size, 'EX', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
-redis.call('PUBLISH', KEYS[3], ARGV[6])
+if u then commit(u) end
+redis.call('PUBLISH', KEYS[3], ARGV[6] .. ' ' .. ARGV[3])
 return position
 
 end}
-redis.register_function{function_name='mcp_ha_6f569ec3995f_events_after', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_e212601d50dc_events_after', callback=function(KEYS, ARGV)
 
 local found, events = nil, {}
 for _, entry in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
@@ -449,5 +1556,39 @@ for _, entry in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
 end
 if not found then return false end
 return {found, events}
+
+end, flags={'allow-oom'}}
+redis.register_function{function_name='mcp_ha_e212601d50dc_stream_since', callback=function(KEYS, ARGV)
+
+local want_ms, want_n = string.match(ARGV[1], '^(%d+)-(%d+)$')
+want_ms, want_n = tonumber(want_ms), tonumber(want_n)
+local later, found, done, last, chunk = {}, false, false, -1, 4
+while not done do
+  local entries = redis.call('LRANGE', KEYS[1], last - chunk + 1, last)
+  for i = #entries, 1, -1 do
+    local ms, n = string.match(entries[i], '^(%d+)-(%d+) ')
+    ms, n = tonumber(ms), tonumber(n)
+    if ms < want_ms or (ms == want_ms and n <= want_n) then
+      found = string.sub(entries[i], 1, #ARGV[1] + 1) == ARGV[1] .. ' '
+      done = true
+      break
+    end
+    later[#later + 1] = entries[i]
+  end
+  done = done or #entries < chunk
+  last, chunk = last - chunk, chunk * 2
+end
+if not found then return false end
+local events = {}
+for i = #later, 1, -1 do
+  local position, length, from = string.match(later[i], '^(%S+) (%d+) ()')
+  length = tonumber(length)
+  if string.sub(later[i], from, from + length - 1) == ARGV[2] then
+    local message = string.sub(later[i], from + length)
+    events[#events + 1] = {position, message ~= '' and message or false}
+  end
+end
+local latest = later[1] and string.match(later[1], '^(%S+) ') or ARGV[1]
+return {latest, events}
 
 end, flags={'allow-oom'}}

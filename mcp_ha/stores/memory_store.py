@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
+import heapq
 import itertools
 import json
 import time
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Unpack
 
 from ..session_store import (
+    EVENT_BYTES,
     OWNER,
     Conflict,
     Fenced,
@@ -30,8 +33,12 @@ from ..session_store import (
     StoreUnavailable,
     Write,
     check_key,
+    entry_bytes,
     event_position,
+    key_bytes,
     mint_event_id,
+    over_quota,
+    payer_of,
 )
 
 # A watcher this far behind has lost messages, and is told so like one whose connection broke.
@@ -69,9 +76,56 @@ def _entry_bytes(stream_id: str, message: str | None) -> int:
     return len(stream_id.encode()) + len((message or "").encode())
 
 
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
 def _state_bytes(data: Mapping[str, Any]) -> int:
     """What the Redis store counts: the bytes of each entry's compact JSON text."""
-    return sum(len(json.dumps(value, separators=(",", ":")).encode()) for value in data.values())
+    return sum(len(_json(value).encode()) for value in data.values())
+
+
+# What the quotas charge (session_store's module docstring), each key named as the Redis store names
+# it (prefix `mcp`), so that both stores charge alike.
+def _session_key(session_id: str) -> str:
+    return f"mcp:session:{session_id}"
+
+
+def _op_key(session_id: str, call: str) -> str:
+    return f"mcp:op:{session_id}:{call}"
+
+
+def _events_key(session_id: str) -> str:
+    return f"mcp:events:{session_id}"
+
+
+def _claim_key(name: str) -> str:
+    return f"mcp:claim:{hashlib.sha256(name.encode()).hexdigest()}"
+
+
+def _state_charge(session_id: str, data: Mapping[str, Any]) -> int:
+    return key_bytes(_session_key(session_id)) + sum(entry_bytes(name, _json(v)) for name, v in data.items())
+
+
+def _op_charge(session_id: str, op: Op, results: Mapping[str, Any]) -> int:
+    key = _op_key(session_id, op.call)
+    return (
+        key_bytes(key)
+        + entry_bytes(".digest", op.digest)
+        + sum(entry_bytes(write, _json(result)) for write, result in results.items())
+    )
+
+
+def _payer_entry(payer: str, owner: Any) -> dict[str, str]:
+    """The '..h' entry the Redis store keeps: none when the payer is the session's owner (session_store.payer_of)."""
+    return {} if payer_of(payer) == owner else {"..h": payer_of(payer)}
+
+
+def _record_charge(session_id: str, payer: str, record: Mapping[str, Any]) -> int:
+    entries = {".epoch": "1", **_payer_entry(payer, record.get(OWNER))} | {
+        f".{name}": _json(v) for name, v in record.items()
+    }
+    return key_bytes(_session_key(session_id)) + sum(entry_bytes(name, text) for name, text in entries.items())
 
 
 class InMemorySessionStore(SessionStore):
@@ -96,8 +150,16 @@ class InMemorySessionStore(SessionStore):
         self._events: OrderedDict[str, _EventLog] = OrderedDict()
         self._watchers: set[_Watcher] = set()
         self._event_watchers: set[_Watcher] = set()
-        # name: (holder, expiry); expired ones are dropped when claimed again or swept with the ops.
-        self._claims: dict[str, tuple[str, float]] = {}
+        # name: (claimant, expiry, the holder it is charged to), and their expiries as (when, name), in a
+        # heap that `_expire` pops (an entry a renewal outdated is skipped then).
+        self._claims: dict[str, tuple[str, float, str | None]] = {}
+        self._claim_expiries: list[tuple[float, str]] = []
+        # Quotas: whom each session is charged to (its first holder, kept while its state lives),
+        # each charged key's holder and bytes (named like the Redis store's usage members), and
+        # each holder's total. A charge goes when what it counts does.
+        self._payers: dict[str, str] = {}
+        self._charges: dict[str, tuple[str, int]] = {}
+        self._usage: dict[str, int] = {}
 
     def _expire(self) -> None:
         horizon = self._clock() - self.ttl_seconds
@@ -110,12 +172,44 @@ class InMemorySessionStore(SessionStore):
             self._records.pop(oldest, None)
             self._owners.pop(oldest, None)
             self._release(oldest)
+            self._payers.pop(oldest, None)
+            self._uncharge(f"s{_session_key(oldest)}")
+            self._uncharge(f"r{_session_key(oldest)}")
         events_horizon = self._clock() - self.event_ttl_seconds
         while self._events and next(iter(self._events.values())).added_at <= events_horizon:
-            self._events.popitem(last=False)
+            session_id, _ = self._events.popitem(last=False)
+            self._uncharge(f"e{_events_key(session_id)}")
         now = self._clock()
         while self._ops and next(iter(self._ops.values()))[2] <= now:
-            self._ops.popitem(last=False)
+            (session_id, call), _ = self._ops.popitem(last=False)
+            self._uncharge(f"o{_op_key(session_id, call)}")
+        while self._claim_expiries and self._claim_expiries[0][0] <= now:
+            _, name = heapq.heappop(self._claim_expiries)
+            held = self._claims.get(name)
+            if held is not None and held[1] <= now:
+                del self._claims[name]
+                self._uncharge(f"c{_claim_key(name)}")
+
+    def _check(self, holder: str, charges: Mapping[str, int]) -> None:
+        """Refused (LimitExceeded) when charging `holder` these keys' new bytes takes it past its quota."""
+        delta = sum(bytes_ - self._charges.get(member, ("", 0))[1] for member, bytes_ in charges.items())
+        total = self._usage.get(holder, 0) + delta
+        if delta > 0 and total > self.max_bytes_per_holder:
+            raise LimitExceeded(over_quota(total, self.max_bytes_per_holder))
+
+    def _charge(self, holder: str, charges: Mapping[str, int]) -> None:
+        for member, bytes_ in charges.items():
+            self._uncharge(member)
+            self._charges[member] = (holder, bytes_)
+            self._usage[holder] = self._usage.get(holder, 0) + bytes_
+
+    def _uncharge(self, member: str) -> None:
+        found = self._charges.pop(member, None)
+        if found is not None:
+            holder, bytes_ = found
+            self._usage[holder] -= bytes_
+            if not self._usage[holder]:
+                del self._usage[holder]
 
     def _live(self, session_id: str) -> dict[str, Any]:
         self._expire()
@@ -147,7 +241,7 @@ class InMemorySessionStore(SessionStore):
             if record is None or record[1] != epoch:
                 raise Fenced(session_id)
         data = self._live(session_id)
-        work = copy.deepcopy(data)  # all or none: applied to a copy, swapped in once within the bound
+        work = copy.deepcopy(data)  # all or none: applied to a copy, swapped in once within the bounds
         result = apply(work)
         after = _state_bytes(work)
         # Past the bound, a write may still shrink the state (or leave it as large as it was).
@@ -155,14 +249,23 @@ class InMemorySessionStore(SessionStore):
             raise LimitExceeded(
                 f"this session's state would take {after} bytes; the store keeps at most {self.max_state_bytes}"
             )
+        holder, charges = self._payers.get(session_id), {}
+        results = {**self._ops.get((session_id, op.call), ("", {}, 0.0))[1], op.write: result} if op else {}
+        if holder is not None:
+            charges[f"s{_session_key(session_id)}"] = _state_charge(session_id, work)
+            if op is not None:
+                charges[f"o{_op_key(session_id, op.call)}"] = _op_charge(session_id, op, results)
+            self._check(holder, charges)
         data.clear()
         data.update(work)
         self._send(session_id)
         if op is not None:
             # Re-inserted last: the call's records expire the op TTL after its latest write.
-            _, results, _ = self._ops.pop((session_id, op.call), (op.digest, {}, 0.0))
+            self._ops.pop((session_id, op.call), None)
             results[op.write] = copy.deepcopy(result)
             self._ops[(session_id, op.call)] = (op.digest, results, self._clock() + self.op_ttl_seconds)
+        if holder is not None:
+            self._charge(holder, charges)
         return result
 
     async def get(self, session_id: str, key: str) -> Any | None:
@@ -291,7 +394,15 @@ class InMemorySessionStore(SessionStore):
             raise LimitExceeded(
                 f"you hold {self.max_sessions_per_holder} open sessions, the most you may; end some first"
             )
+        payer = self._payers.get(session_id, holder)
+        charges = {}
+        if payer is not None:
+            charges[f"r{_session_key(session_id)}"] = _record_charge(session_id, payer, record)
+            self._check(payer, charges)
         self._live(session_id)
+        if payer is not None:
+            self._payers[session_id] = payer
+            self._charge(payer, charges)
         self._records[session_id] = (copy.deepcopy(record), 1)
         if holder is not None:
             self._release(session_id)
@@ -328,20 +439,40 @@ class InMemorySessionStore(SessionStore):
         self._expire()
         if holder is not None and self._holders.get(session_id) == holder:
             self._release(session_id)
-        return self._records.pop(session_id, None) is not None
+        if self._records.pop(session_id, None) is None:
+            return False
+        payer = self._payers.get(session_id)
+        if payer is not None:
+            # What is left of the record stays charged while the state lives (as the Redis store does).
+            owner = self._owners.get(session_id)
+            left = _payer_entry(payer, owner) | ({} if owner is None else {".owner": _json(owner)})
+            key = _session_key(session_id)
+            self._charge(payer, {f"r{key}": key_bytes(key) + sum(entry_bytes(n, t) for n, t in left.items())})
+        return True
 
     async def owner(self, session_id: str) -> str | None:
         self._expire()
         return self._owners.get(session_id)
 
-    async def claim(self, name: str, holder: str, ttl_seconds: int) -> bool:
-        now = self._clock()
-        for expired in [n for n, (_, until) in self._claims.items() if until <= now]:
-            del self._claims[expired]
-        held = self._claims.setdefault(name, (holder, now + ttl_seconds))
-        if held[0] == holder:
-            self._claims[name] = (holder, now + ttl_seconds)  # its holder renews it
-        return held[0] == holder
+    async def claim(self, name: str, claimant: str, ttl_seconds: int, *, holder: str | None = None) -> bool:
+        self._expire()
+        held = self._claims.get(name)
+        if held is not None and held[0] != claimant:
+            return False
+        payer = holder if held is None else held[2]  # its claimant renews it, charged as it was
+        charges = {f"c{_claim_key(name)}": key_bytes(_claim_key(name)) + len(claimant.encode())}
+        if payer is not None:
+            self._check(payer, charges)
+        until = self._clock() + ttl_seconds
+        self._claims[name] = (claimant, until, payer)
+        heapq.heappush(self._claim_expiries, (until, name))
+        if payer is not None:
+            self._charge(payer, charges)
+        return True
+
+    async def release(self, name: str) -> None:
+        self._claims.pop(name, None)
+        self._uncharge(f"c{_claim_key(name)}")
 
     async def claimed(self, name: str) -> str | None:
         held = self._claims.get(name)
@@ -366,21 +497,33 @@ class InMemorySessionStore(SessionStore):
 
     async def add_event(self, session_id: str, stream_id: str, message: str | None) -> str:
         self._expire()
+        # What the log keeps once the event is in and the oldest are out, worked out first: the
+        # session's payer is charged that, and a refused event changes nothing.
+        found = self._events.get(session_id)
+        kept = found.entries if found is not None else deque()
+        size, length, dropped = (found.size if found else 0) + _entry_bytes(stream_id, message), len(kept) + 1, 0
+        while length > 1 and (length > self.max_events or size > self.max_log_bytes):
+            size -= _entry_bytes(*kept[dropped][1:])
+            dropped, length = dropped + 1, length - 1
+        holder, key = self._payers.get(session_id), _events_key(session_id)
+        charges = {f"e{key}": key_bytes(key) + key_bytes(f"{key}:bytes") + size + length * EVENT_BYTES}
+        if holder is not None:
+            self._check(holder, charges)
         # A new log numbers on from the clock, so an id from an expired log
         # never names one of its events (the Redis store does the same).
         log = self._events.pop(session_id, None) or _EventLog(
-            deque(maxlen=self.max_events), numbers=itertools.count(int(self._clock() * 1_000_000))
+            deque(), numbers=itertools.count(int(self._clock() * 1_000_000))
         )
         self._events[session_id] = log  # re-inserted last: the latest add
         log.added_at = self._clock()
         number = next(log.numbers)
-        if len(log.entries) == self.max_events:
-            log.size -= _entry_bytes(*log.entries[0][1:])  # the deque drops it below
+        for _ in range(dropped):
+            log.entries.popleft()
         log.entries.append((number, stream_id, message))
-        log.size += _entry_bytes(stream_id, message)
-        while log.size > self.max_log_bytes and len(log.entries) > 1:
-            log.size -= _entry_bytes(*log.entries.popleft()[1:])
-        self._send(session_id, events=True)
+        log.size = size
+        if holder is not None:
+            self._charge(holder, charges)
+        self._send(f"{session_id} {stream_id}", events=True)
         return mint_event_id(session_id, f"{number}-0")
 
     async def events_after(self, session_id: str, event_id: str) -> tuple[str, list[tuple[str, str | None]]] | None:
@@ -396,3 +539,22 @@ class InMemorySessionStore(SessionStore):
         stream_id = log.entries[index][1]
         later = itertools.islice(log.entries, index + 1, None)
         return stream_id, [(mint_event_id(session_id, f"{n}-0"), m) for n, s, m in later if s == stream_id]
+
+    async def stream_since(
+        self, session_id: str, stream_id: str, event_id: str
+    ) -> tuple[str, list[tuple[str, str | None]]] | None:
+        self._expire()
+        position = event_position(session_id, event_id)
+        log = self._events.get(session_id)
+        if position is None or log is None:
+            return None
+        number, _, sequence = position.partition("-")
+        if int(sequence) != 0:
+            return None
+        # From the end back to the event: what was added since, not the log.
+        later = list(itertools.takewhile(lambda entry: entry[0] > int(number), reversed(log.entries)))
+        if len(later) == len(log.entries) or log.entries[-1 - len(later)][0] != int(number):
+            return None  # trimmed, or never there
+        latest = later[0][0] if later else int(number)
+        events = [(mint_event_id(session_id, f"{n}-0"), m) for n, s, m in reversed(later) if s == stream_id]
+        return mint_event_id(session_id, f"{latest}-0"), events

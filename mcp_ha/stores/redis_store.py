@@ -30,9 +30,14 @@ Layout, with the default prefix `mcp`:
   handles a holder (a principal, or a client address) opened, scored by when,
   for `max_sessions_per_holder`; ending one with its holder removes it.
 - `mcp:claim:<sha256 of the name>`: a hash whose `holder` field says who
-  claimed the name (`claim`), expiring with the claim.
-- `mcp:events`: a pub/sub channel: each event added publishes its session's
-  id, for the replays waiting on that log (`watch(events=True)`).
+  claimed the name (`claim`), expiring with the claim, and `u` the usage set
+  it is charged to.
+- `mcp:usage:<blake2b of the holder>` and `...:bytes`: what a holder is
+  charged (`max_bytes_per_holder`): a sorted set of the keys charged to it,
+  scored by when they expire, and a hash of each one's bytes and their
+  `total` (`_USAGE`). A session records the holder it is charged to in `..h`.
+- `mcp:events`: a pub/sub channel: each event added publishes "<session id>
+  <stream id>", for the replays waiting on that stream (`watch(events=True)`).
 - `mcp:changes`: a pub/sub channel, not a key. Every write publishes the
   changed session's id on it from inside its script (no extra round trip),
   and `publish` sends other messages; `watch` subscribes to it.
@@ -100,6 +105,9 @@ from redis.exceptions import NoPermissionError, OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..session_store import (
+    ENTRY_BYTES,
+    EVENT_BYTES,
+    KEY_BYTES,
     OWNER,
     WRITE_OPERATIONS,
     Conflict,
@@ -115,6 +123,7 @@ from ..session_store import (
     check_key,
     event_position,
     mint_event_id,
+    payer_of,
 )
 
 T = TypeVar("T")
@@ -124,17 +133,144 @@ RETRYABLE = (RedisConnectionError, RedisTimeoutError)
 WATCH_PING_SECONDS = 1.0
 WATCH_SILENCE_SECONDS = 5.0
 
+# Quotas (session_store's module docstring): what a holder is charged, in two keys. The usage set,
+# `<prefix>:usage:<payer>`, holds the keys charged to it, each behind a letter saying what of the key
+# it counts ('s' a session's state, 'r' its record, 'o' a call's op records, 'e' an event log, 'c' a
+# claim), scored by when the key expires (ms, the Redis server's clock); the hash beside it
+# (`...:bytes`) holds each one's bytes, and their `total`. Every charge first looks at up to 8 charges
+# whose time has passed: one whose key is gone is freed, one whose key a read kept (its TTL slid) is
+# timed again by its real expiry. So a charge lasts as long as what it counts, and finding what
+# expired costs O(log n) per call, never a scan. A charge is noted (`charge`), checked against the
+# quota (`over`: nothing has changed yet), then committed with the write (`commit`).
+# A session's usage keys are named from the payer its hash records (`..h`), and a claim's from its
+# `u`, not passed in KEYS: the kit runs on one Redis primary (Sentinel, never Redis Cluster), where
+# a script reaches every key; the ACL still bounds them to the kit's prefix.
+_USAGE = (
+    f"local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = {KEY_BYTES}, {ENTRY_BYTES}, {EVENT_BYTES}\n"
+    + """
+local function key_bytes(name) return KEY_BYTES + 3 * #name end
+local function entry_bytes(name, length)
+  if length == 0 then return 0 end
+  return #name + length + ENTRY_BYTES
+end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
+local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+-- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
+-- digest, the `.owner` entry without its JSON quotes. False for nobody.
+local function payer_of(hash)
+  local payer = redis.call('HGET', hash, '..h')
+  if payer then return payer end
+  local owner = redis.call('HGET', hash, '.owner')
+  return owner and string.sub(owner, 2, -2)
+end
+-- Keeps `key` at least `ms` longer.
+local function outlive(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
+end
+local function grouped(n)
+  local text, k = string.format('%.0f', n), 1
+  while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
+  return text
+end
+local function usage(set, quota)
+  local t = redis.call('TIME')
+  local u = {set = set, bytes = set .. ':bytes', quota = tonumber(quota), delta = 0, changes = {},
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+  local freed = 0
+  for _, member in ipairs(redis.call('ZRANGE', set, '-inf', u.now, 'BYSCORE', 'LIMIT', 0, 8)) do
+    local left = redis.call('PTTL', string.sub(member, 2))
+    if left > 0 then
+      redis.call('ZADD', set, u.now + left, member)
+      outlive(set, left)
+      outlive(u.bytes, left)
+    else
+      freed = freed + tonumber(redis.call('HGET', u.bytes, member) or '0')
+      redis.call('ZREM', set, member)
+      redis.call('HDEL', u.bytes, member)
+    end
+  end
+  if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  return u
+end
+-- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
+-- charged now plus `grow`, where `bytes` (a number, or a function working it out) is what it is
+-- charged when it has no charge yet or its key is `fresh` (new).
+local function charge(u, member, bytes, ttl, grow, fresh)
+  u.changes[#u.changes + 1] = {member = member, bytes = bytes, ms = tonumber(ttl) * 1000, grow = grow, fresh = fresh}
+end
+-- Reads what the noted members are charged now (one HMGET), works out their new charges, and
+-- answers the refusal when they would take the holder past its quota; nil otherwise.
+local function over(u)
+  local fields = {'total'}
+  for i, change in ipairs(u.changes) do fields[i + 1] = change.member end
+  local charged = redis.call('HMGET', u.bytes, unpack(fields))
+  local total = tonumber(charged[1]) or 0
+  for i, change in ipairs(u.changes) do
+    local old = tonumber(charged[i + 1]) or 0
+    if change.grow then
+      local from = old
+      if change.fresh or old == 0 then
+        from = type(change.bytes) == 'function' and change.bytes() or change.bytes
+      end
+      change.bytes = from + change.grow
+    end
+    u.delta = u.delta + change.bytes - old
+  end
+  if u.delta > 0 and total + u.delta > u.quota then
+    return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
+      .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
+local usage_kept = false
+local function commit(u)
+  local fields, scores, longest = {}, {}, 0
+  for i, change in ipairs(u.changes) do
+    fields[2 * i - 1], fields[2 * i] = change.member, change.bytes
+    scores[2 * i - 1], scores[2 * i] = u.now + change.ms, change.member
+    longest = math.max(longest, change.ms)
+  end
+  redis.call('HSET', u.bytes, unpack(fields))
+  redis.call('ZADD', u.set, unpack(scores))
+  if u.delta ~= 0 then redis.call('HINCRBY', u.bytes, 'total', u.delta) end
+  outlive(u.set, longest)
+  outlive(u.bytes, longest)
+  usage_kept = true
+end
+local function uncharge(set, member)
+  local bytes = set .. ':bytes'
+  local had = tonumber(redis.call('HGET', bytes, member) or '0')
+  if had > 0 then
+    redis.call('HDEL', bytes, member)
+    redis.call('ZREM', set, member)
+    redis.call('HINCRBY', bytes, 'total', -had)
+  end
+end
+"""
+)
+
 # Shared by every script: slide the TTL of the session's hash, and index it
-# as seen now (the Redis server's clock, so replicas agree).
+# as seen now (the Redis server's clock, so replicas agree). Its payer's usage
+# keys are kept as long, so a charge outlives what it counts however long
+# reads keep a session.
 # KEYS[1] session hash, KEYS[2] index; ARGV[1] id, ARGV[2] ttl.
-_TOUCH = """
+_TOUCH = (
+    _USAGE
+    + """
 local function touch()
   local now = redis.call('TIME')[1]
   redis.call('EXPIRE', KEYS[1], ARGV[2])
   redis.call('ZADD', KEYS[2], now, ARGV[1])
   redis.call('EXPIRE', KEYS[2], ARGV[2])
+  local payer = not usage_kept and payer_of(KEYS[1])
+  if payer then
+    local set = usage_set(KEYS[2], payer)
+    outlive(set, ARGV[2] * 1000)
+    outlive(set .. ':bytes', ARGV[2] * 1000)
+  end
 end
 """
+)
 
 _GET = (
     _TOUCH
@@ -199,33 +335,36 @@ end
 #   2. a writer whose epoch is no longer the session's is refused (fencing);
 #   3. for an apply, an entry whose JSON text is no longer the expected one
 #      is a conflict ('' expects it absent, or null, which reads the same);
-#   4. the change and the op's result commit together, so a replica that dies
-#      right after cannot leave a change without its record.
+#   4. a change past the state's bound, or past the quota of the session's
+#      payer (its state and the op's record, `_USAGE`), is refused;
+#   5. the change, the op's result and their charges commit together, so a
+#      replica that dies right after cannot leave a change without its record.
 # ARGV[3] epoch or '', ARGV[4] op ttl, ARGV[5] the op's digest or '' (no op),
 # ARGV[6] the write's name in the call, ARGV[7] the operation, ARGV[8] the
 # most bytes the state may take, ARGV[9] the most items an append may make
-# ('' for no bound), ARGV[10..] the operation's arguments; KEYS[4] a copy's source; KEYS[5] the changes channel (a
+# ('' for no bound), ARGV[10] the most bytes a holder's keys may take,
+# ARGV[11..] the operation's arguments; KEYS[4] a copy's source; KEYS[5] the changes channel (a
 # channel, not a key: named here so the script never builds a name), where
 # the changed session's id is published once the change commits. The operations: 'set', 'incr',
-# 'append' and 'delete' (ARGV[10] the entry, ARGV[11] the value, amount or
-# item), 'copy', and 'apply': ARGV[10] the result to record, ARGV[11] how many
+# 'append' and 'delete' (ARGV[11] the entry, ARGV[12] the value, amount or
+# item), 'copy', and 'apply': ARGV[11] the result to record, ARGV[12] how many
 # expected entries follow as (entry, JSON text or ''), then the writes as
 # (operation, entry, argument).
 # The single writes and an apply's run through the same functions, which
-# read an entry through value() and change it through put(): a single write
-# changes the hash at once; an apply stages its writes in `staged`, each
-# seeing the ones before it, and changes the hash only once every one of them
-# passed, so a refused write leaves nothing of the apply behind.
+# read an entry through value() and stage a change through put(), each
+# seeing the ones before it; the hash changes only once every write passed
+# and the whole change is within the bounds, so a refused write leaves
+# nothing behind.
 # Appends splice the new item (JSON text) into the stored JSON array, so
 # nothing is decoded and re-encoded on the way (cjson would round floats).
 _WRITE = (
     _TOUCH
     + _INTEGERS
     + """
-local staged, staged_order = nil, {}
+local staged, staged_order = {}, {}
 local max_bytes, max_items = tonumber(ARGV[8]), tonumber(ARGV[9])
 local function value(field)
-  if staged and staged[field] ~= nil then return staged[field] end
+  if staged[field] ~= nil then return staged[field] end
   return redis.call('HGET', KEYS[1], field)
 end
 -- The state's size: '..b' holds the bytes of every entry's text, and
@@ -267,34 +406,23 @@ end
 local function set_field(field, text)
   if text then redis.call('HSET', KEYS[1], field, text) else redis.call('HDEL', KEYS[1], field) end
 end
--- Changes an entry (text false: removes it), and its list length (count nil: unknown).
+-- Stages an entry's change (text false: removes it), and its list length (count nil: unknown).
 local function put(field, text, count)
-  if staged then
-    for _, name in ipairs({field, '..#' .. field}) do
-      if staged[name] == nil then staged_order[#staged_order + 1] = name end
-    end
-    staged[field] = text
-    staged['..#' .. field] = count and tostring(count) or false
-    return nil
+  for _, name in ipairs({field, '..#' .. field}) do
+    if staged[name] == nil then staged_order[#staged_order + 1] = name end
   end
-  local new_size = state_size() - redis.call('HSTRLEN', KEYS[1], field) + (text and #text or 0)
-  if max_bytes and new_size > max_bytes and new_size > state_size() then return too_large(new_size) end
-  set_field(field, text)
-  set_field('..#' .. field, count and tostring(count) or false)
-  record_size(new_size)
-  return nil
+  staged[field] = text
+  staged['..#' .. field] = count and tostring(count) or false
 end
 -- Each answers its result as JSON text, or nil and the error.
 local write = {}
 function write.set(field, text)
-  local refused = put(field, text)
-  if refused then return nil, refused end
+  put(field, text)
   return 'null'
 end
 function write.delete(field)
   local existed = value(field) and 'true' or 'false'
-  local refused = put(field, false)
-  if refused then return nil, refused end
+  put(field, false)
   return existed
 end
 function write.incr(field, by)
@@ -305,8 +433,7 @@ function write.incr(field, by)
   high, low = add(high, low, by_high, by_low)
   if not fits(high, low) then return nil, redis.error_reply('ERR increment or decrement would overflow') end
   local text = integer_text(high, low)
-  local refused = put(field, text)
-  if refused then return nil, refused end
+  put(field, text)
   return text
 end
 function write.append(field, item)
@@ -325,8 +452,7 @@ function write.append(field, item)
   if max_items and count > max_items then
     return nil, redis.error_reply('LIMIT this list holds ' .. (count - 1) .. ' items, the most it may')
   end
-  local refused = put(field, updated, #updated > 1024 and count or nil)
-  if refused then return nil, refused end
+  put(field, updated, #updated > 1024 and count or nil)
   return tostring(count)
 end
 
@@ -346,64 +472,93 @@ end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], '.epoch') ~= ARGV[3] then
   return redis.error_reply('FENCED the session has a newer owner')
 end
-local op, result, failed = ARGV[7], nil, nil
+local op, result, copied = ARGV[7], nil, nil
 if write[op] then
-  result, failed = write[op](ARGV[10], ARGV[11])
+  local failed
+  result, failed = write[op](ARGV[11], ARGV[12])
   if failed then return failed end
 elseif op == 'apply' then
-  local expected = tonumber(ARGV[11])
-  for i = 12, 11 + 2 * expected, 2 do
+  local expected = tonumber(ARGV[12])
+  for i = 13, 12 + 2 * expected, 2 do
     local wanted, current = ARGV[i + 1], redis.call('HGET', KEYS[1], ARGV[i])
     local unchanged
     if wanted == '' then unchanged = not current or current == 'null' else unchanged = current == wanted end
     if not unchanged then return redis.error_reply('CONFLICT an entry changed since it was read') end
   end
-  staged = {}
-  for i = 12 + 2 * expected, #ARGV, 3 do
+  for i = 13 + 2 * expected, #ARGV, 3 do
     if not write[ARGV[i]] then return redis.error_reply('ERR unknown write ' .. ARGV[i]) end
     local _, refused = write[ARGV[i]](ARGV[i + 1], ARGV[i + 2])
     if refused then return refused end
   end
-  local new_size = state_size()
-  for _, field in ipairs(staged_order) do
-    if string.sub(field, 1, 2) ~= '..' then
-      new_size = new_size - redis.call('HSTRLEN', KEYS[1], field) + (staged[field] and #staged[field] or 0)
-    end
-  end
-  if max_bytes and new_size > max_bytes and new_size > state_size() then return too_large(new_size) end
-  for _, field in ipairs(staged_order) do set_field(field, staged[field]) end
-  record_size(new_size)
-  result = ARGV[10]
+  result = ARGV[11]
 elseif op == 'copy' then
-  -- State only (the source's record stays its own), in chunks, so unpack()
-  -- stays far below Lua's stack limit.
-  -- Lists' lengths go along ('..#' fields), and a target's stale ones go.
-  local flat, state, new_size, entries = redis.call('HGETALL', KEYS[4]), {}, state_size(), 0
+  -- State only (the source's record stays its own), with lists' lengths
+  -- ('..#' fields); a target's stale lengths go.
+  local flat, entries = redis.call('HGETALL', KEYS[4]), 0
+  copied = {}
   for i = 1, #flat, 2 do
     local name = flat[i]
     if string.sub(name, 1, 1) ~= '.' or string.sub(name, 1, 3) == '..#' then
-      state[#state + 1] = name
-      state[#state + 1] = flat[i + 1]
+      copied[#copied + 1] = name
+      copied[#copied + 1] = flat[i + 1]
     end
     if string.sub(name, 1, 1) ~= '.' then
+      put(name, flat[i + 1])
       entries = entries + 1
-      new_size = new_size - redis.call('HSTRLEN', KEYS[1], name) + #flat[i + 1]
-      redis.call('HDEL', KEYS[1], '..#' .. name)
     end
   end
-  if max_bytes and new_size > max_bytes and new_size > state_size() then return too_large(new_size) end
-  for i = 1, #state, 200 do
-    redis.call('HSET', KEYS[1], unpack(state, i, math.min(i + 199, #state)))
-  end
-  record_size(new_size)
   result = tostring(entries)
 else
   return redis.error_reply('ERR unknown operation ' .. op)
 end
+-- What the change does to the state's size, and to what the state is charged.
+local new_size, cost = state_size(), 0
+for _, field in ipairs(staged_order) do
+  if string.sub(field, 1, 2) ~= '..' then
+    local old, new = redis.call('HSTRLEN', KEYS[1], field), staged[field] and #staged[field] or 0
+    new_size = new_size - old + new
+    cost = cost + entry_bytes(field, new) - entry_bytes(field, old)
+  end
+end
+if max_bytes and new_size > max_bytes and new_size > state_size() then return too_large(new_size) end
+local payer, u = payer_of(KEYS[1]), nil
+if payer then
+  u = usage(usage_set(KEYS[2], payer), ARGV[10])
+  -- The state is charged as it grows, from its first charge: the key, and whatever state it holds.
+  local function first_charge()
+    local bytes = key_bytes(KEYS[1])
+    for _, name in ipairs(redis.call('HKEYS', KEYS[1])) do
+      if string.sub(name, 1, 1) ~= '.' then bytes = bytes + entry_bytes(name, redis.call('HSTRLEN', KEYS[1], name)) end
+    end
+    return bytes
+  end
+  charge(u, 's' .. KEYS[1], first_charge, ARGV[2], cost)
+  if ARGV[5] ~= '' then
+    -- So are a call's records; a call key used again once its records expired starts afresh.
+    local first = key_bytes(KEYS[3]) + entry_bytes('.digest', #ARGV[5])
+    charge(u, 'o' .. KEYS[3], first, ARGV[4], entry_bytes(ARGV[6], #result), redis.call('EXISTS', KEYS[3]) == 0)
+  end
+  local refused = over(u)
+  if refused then return refused end
+end
+if copied then
+  -- Lists' lengths go along, and a target's stale ones go; in chunks, so
+  -- unpack() stays far below Lua's stack limit.
+  for i = 1, #copied, 2 do
+    if string.sub(copied[i], 1, 1) ~= '.' then redis.call('HDEL', KEYS[1], '..#' .. copied[i]) end
+  end
+  for i = 1, #copied, 200 do
+    redis.call('HSET', KEYS[1], unpack(copied, i, math.min(i + 199, #copied)))
+  end
+else
+  for _, field in ipairs(staged_order) do set_field(field, staged[field]) end
+end
+record_size(new_size)
 if ARGV[5] ~= '' then
   redis.call('HSET', KEYS[3], '.digest', ARGV[5], ARGV[6], result)
   redis.call('EXPIRE', KEYS[3], ARGV[4])
 end
+if u then commit(u) end
 touch()
 redis.call('PUBLISH', KEYS[5], ARGV[1])
 return {result, 0}
@@ -436,7 +591,9 @@ end
 
 # Refused past ARGV[3] live sessions in all (KEYS[2], the index), or past
 # ARGV[4] for the holder (KEYS[3], the sessions it opened, scored by when;
-# ARGV[5] '' for no holder). ARGV[6..]: the record, flattened as field, value, ...
+# ARGV[5] '' for no holder), or past the quota (ARGV[7]) of the session's
+# payer: the one it records, else ARGV[6] ('' for none), to whom its record is
+# charged from now on. ARGV[8..]: the record, flattened as field, value, ...
 _OPEN = (
     _TOUCH
     + """
@@ -453,10 +610,29 @@ if ARGV[5] ~= '' then
   if redis.call('ZSCORE', KEYS[3], ARGV[1]) == false and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[4]) then
     return redis.error_reply('LIMIT you hold ' .. ARGV[4] .. ' open sessions, the most you may; end some first')
   end
+end
+local payer, u, owned = payer_of(KEYS[1]) or (ARGV[6] ~= '' and ARGV[6]), nil, false
+if payer then
+  u = usage(usage_set(KEYS[2], payer), ARGV[7])
+  local bytes = key_bytes(KEYS[1]) + entry_bytes('.epoch', 1)
+  for i = 8, #ARGV, 2 do
+    bytes = bytes + entry_bytes(ARGV[i], #ARGV[i + 1])
+    if ARGV[i] == '.owner' and string.sub(ARGV[i + 1], 2, -2) == payer then owned = true end
+  end
+  if not owned then bytes = bytes + entry_bytes('..h', #payer) end
+  charge(u, 'r' .. KEYS[1], bytes, ARGV[2])
+  local refused = over(u)
+  if refused then return refused end
+end
+if ARGV[5] ~= '' then
   redis.call('ZADD', KEYS[3], now, ARGV[1])
   redis.call('EXPIRE', KEYS[3], ARGV[2])
 end
-redis.call('HSET', KEYS[1], '.epoch', 1, unpack(ARGV, 6))
+redis.call('HSET', KEYS[1], '.epoch', 1, unpack(ARGV, 8))
+if payer then
+  if not owned then redis.call('HSET', KEYS[1], '..h', payer) end
+  commit(u)
+end
 touch()
 return 1
 """
@@ -490,9 +666,13 @@ return {epoch, record()}
 )
 
 # The owner stays: it guards the state, which stays too. The session leaves
-# its holder's count (KEYS[2]). ARGV[1] the session's id.
+# its holder's count (KEYS[2]); its payer (its usage keys named beside
+# KEYS[3], the index) is charged what is left of the record, the owner and
+# the payer's own entry, while the state lives: counted, never refused, for
+# an end must work past the quota. ARGV[1] the session's id.
 _END = (
-    _RECORD
+    _USAGE
+    + _RECORD
     + """
 redis.call('ZREM', KEYS[2], ARGV[1])
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
@@ -501,19 +681,53 @@ for _, name in ipairs(record_fields()) do
   if name ~= '.owner' then names[#names + 1] = name end
 end
 redis.call('HDEL', KEYS[1], unpack(names))
+local payer = payer_of(KEYS[1])
+if payer then
+  local u = usage(usage_set(KEYS[3], payer), 0)
+  local left = key_bytes(KEYS[1]) + entry_bytes('.owner', redis.call('HSTRLEN', KEYS[1], '.owner'))
+  left = left + entry_bytes('..h', redis.call('HSTRLEN', KEYS[1], '..h'))
+  charge(u, 'r' .. KEYS[1], left, redis.call('PTTL', KEYS[1]) / 1000)
+  over(u)
+  commit(u)
+end
 return 1
 """
 )
 
-# Trim what fell out of the TTL, then count what is left.
 # Take KEYS[1] for ARGV[1] for ARGV[2] seconds unless someone else holds it; the holder after.
-_CLAIM = """
+# Charged, within ARGV[3] bytes, to the usage set it records (`u`: the first one it was charged to),
+# else to KEYS[2] when ARGV[4] is '1' (a holder was given), else to nobody.
+_CLAIM = (
+    _USAGE
+    + """
 local held = redis.call('HGET', KEYS[1], 'holder')
 if held and held ~= ARGV[1] then return held end
+local set, u = redis.call('HGET', KEYS[1], 'u') or (ARGV[4] == '1' and KEYS[2]), nil
+if set then
+  u = usage(set, ARGV[3])
+  charge(u, 'c' .. KEYS[1], key_bytes(KEYS[1]) + #ARGV[1], ARGV[2])
+  local refused = over(u)
+  if refused then return refused end
+  redis.call('HSET', KEYS[1], 'u', set)
+end
 redis.call('HSET', KEYS[1], 'holder', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
+if u then commit(u) end
 return ARGV[1]
 """
+)
+
+# Drop the claim KEYS[1] (its last field gone, Redis drops the key), and its charge.
+_RELEASE = (
+    _USAGE
+    + """
+local set = redis.call('HGET', KEYS[1], 'u')
+redis.call('HDEL', KEYS[1], 'holder', 'u')
+if set then uncharge(set, 'c' .. KEYS[1]) end
+"""
+)
+
+# Trim what fell out of the TTL, then count what is left.
 
 _COUNT = """
 local horizon = tonumber(redis.call('TIME')[1]) - tonumber(ARGV[1])
@@ -527,10 +741,14 @@ return redis.call('ZCARD', KEYS[1])
 # KEYS[1] the session's event log, KEYS[2] the bytes its entries take;
 # ARGV[1] max events, ARGV[2] ttl, ARGV[3] stream id, ARGV[4] the message
 # ('' for a priming event), ARGV[5] max bytes, ARGV[6] the session's id,
-# published on KEYS[3] (the events channel) for replays waiting on the log.
-# The oldest entries go first, one at a time, so each add costs what it
-# trims: O(1) amortized.
-_ADD_EVENT = """
+# published on KEYS[3] (the events channel) with the stream's, for replays waiting on that stream.
+# The oldest entries go first, each add trimming what takes the log past its bounds: O(1)
+# amortized. The log is charged to the session's payer (KEYS[4] the session's hash, KEYS[5] the
+# index), within ARGV[7] bytes, as it is once the event is in and the oldest are out: what it would
+# be is worked out first, so a refused event changes nothing.
+_ADD_EVENT = (
+    _USAGE
+    + """
 local t = redis.call('TIME')
 local ms, n = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), 0
 local last = redis.call('LINDEX', KEYS[1], -1)
@@ -540,18 +758,30 @@ if last then
 end
 local position = string.format('%.0f-%.0f', ms, n)
 local entry = position .. ' ' .. #ARGV[3] .. ' ' .. ARGV[3] .. ARGV[4]
-local length = redis.call('RPUSH', KEYS[1], entry)
+local length = (last and redis.call('LLEN', KEYS[1]) or 0) + 1
 local size = last and tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+local trimmed = 0
 size = size + #entry
 while length > 1 and (length > tonumber(ARGV[1]) or size > tonumber(ARGV[5])) do
-  size = size - #redis.call('LPOP', KEYS[1])
-  length = length - 1
+  size = size - #redis.call('LINDEX', KEYS[1], trimmed)
+  trimmed, length = trimmed + 1, length - 1
 end
+local payer, u = payer_of(KEYS[4]), nil
+if payer then
+  u = usage(usage_set(KEYS[5], payer), ARGV[7])
+  charge(u, 'e' .. KEYS[1], key_bytes(KEYS[1]) + key_bytes(KEYS[2]) + size + length * EVENT_BYTES, ARGV[2])
+  local refused = over(u)
+  if refused then return refused end
+end
+redis.call('RPUSH', KEYS[1], entry)
+if trimmed > 0 then redis.call('LPOP', KEYS[1], trimmed) end
 redis.call('SET', KEYS[2], size, 'EX', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
-redis.call('PUBLISH', KEYS[3], ARGV[6])
+if u then commit(u) end
+redis.call('PUBLISH', KEYS[3], ARGV[6] .. ' ' .. ARGV[3])
 return position
 """
+)
 
 # The stream of the event at position ARGV[1] and that stream's later events,
 # from this one session's log only; nil when the event is not there.
@@ -574,6 +804,43 @@ if not found then return false end
 return {found, events}
 """
 
+# For a replay following stream ARGV[2]: that stream's events after position ARGV[1] (an event of any
+# stream), and the log's latest position; false when the log no longer holds ARGV[1]. Positions only
+# grow along the list, so it is walked from its end back to ARGV[1], in chunks that double: the cost is
+# what was added since, not the log.
+_STREAM_SINCE = """
+local want_ms, want_n = string.match(ARGV[1], '^(%d+)-(%d+)$')
+want_ms, want_n = tonumber(want_ms), tonumber(want_n)
+local later, found, done, last, chunk = {}, false, false, -1, 4
+while not done do
+  local entries = redis.call('LRANGE', KEYS[1], last - chunk + 1, last)
+  for i = #entries, 1, -1 do
+    local ms, n = string.match(entries[i], '^(%d+)-(%d+) ')
+    ms, n = tonumber(ms), tonumber(n)
+    if ms < want_ms or (ms == want_ms and n <= want_n) then
+      found = string.sub(entries[i], 1, #ARGV[1] + 1) == ARGV[1] .. ' '
+      done = true
+      break
+    end
+    later[#later + 1] = entries[i]
+  end
+  done = done or #entries < chunk
+  last, chunk = last - chunk, chunk * 2
+end
+if not found then return false end
+local events = {}
+for i = #later, 1, -1 do
+  local position, length, from = string.match(later[i], '^(%S+) (%d+) ()')
+  length = tonumber(length)
+  if string.sub(later[i], from, from + length - 1) == ARGV[2] then
+    local message = string.sub(later[i], from + length)
+    events[#events + 1] = {position, message ~= '' and message or false}
+  end
+end
+local latest = later[1] and string.match(later[1], '^(%S+) ') or ARGV[1]
+return {latest, events}
+"""
+
 
 # Every script above as one Redis Functions library, so the kit's Redis user
 # needs FCALL only, never EVAL or SCRIPT LOAD: it cannot run Lua of its own.
@@ -587,6 +854,7 @@ _FUNCTIONS = {
     "write": _WRITE,
     "count": _COUNT,
     "claim": _CLAIM,
+    "release": _RELEASE,
     "open": _OPEN,
     "read_record": _READ_RECORD,
     "update_record": _UPDATE_RECORD,
@@ -594,10 +862,11 @@ _FUNCTIONS = {
     "end": _END,
     "add_event": _ADD_EVENT,
     "events_after": _EVENTS_AFTER,
+    "stream_since": _STREAM_SINCE,
 }
-# Run even past maxmemory: reads (whose TTL touch changes nothing's size), counting and ending
-# sessions (which free memory). Every other function is refused there before it starts: StoreFull.
-_ALLOW_OOM = ("get", "items", "touch", "count", "read_record", "end", "events_after")
+# Run even past maxmemory: reads (whose TTL touch changes nothing's size), counting, ending
+# sessions and releasing claims (which free memory). Every other function is refused there before it starts: StoreFull.
+_ALLOW_OOM = ("get", "items", "touch", "count", "read_record", "end", "release", "events_after", "stream_since")
 LIBRARY = "mcp_ha_" + hashlib.sha256("".join(_FUNCTIONS.values()).encode() + repr(_ALLOW_OOM).encode()).hexdigest()[:12]
 
 
@@ -744,10 +1013,12 @@ class RedisSessionStore(SessionStore):
         f = functools.partial(_Function, self)
         self._get, self._items, self._touch = f("get"), f("items"), f("touch")
         self._write_script, self._count, self._claim = f("write"), f("count"), f("claim")
+        self._release = f("release")
         self._open, self._read_record = f("open"), f("read_record")
         self._update_record = f("update_record")
         self._adopt, self._end = f("adopt"), f("end")
         self._add_event, self._events_after = f("add_event"), f("events_after")
+        self._stream_since = f("stream_since")
 
     async def load_functions(self) -> None:
         """Load the library (a user with `+function|load` may; the kit's own may not): NOT_LOADED otherwise."""
@@ -846,6 +1117,7 @@ class RedisSessionStore(SessionStore):
             operation,
             self.max_state_bytes,
             "" if max_items is None else max_items,
+            self.max_bytes_per_holder,
             *args,
         ]
 
@@ -983,6 +1255,8 @@ class RedisSessionStore(SessionStore):
             self.max_sessions,
             self.max_sessions_per_holder,
             holder_key,
+            "" if holder is None else payer_of(holder),
+            self.max_bytes_per_holder,
             *_flat_record(record),
         ]
         # Retried safely: a retry finds the session it opened (and its holder's count unchanged).
@@ -1006,7 +1280,11 @@ class RedisSessionStore(SessionStore):
         return None if found is None else (_record_of(found[1]), int(found[0]))
 
     async def end_session(self, session_id: str, *, holder: str | None = None) -> bool:
-        keys = [self._keys(session_id)[0], self._holder_key(holder) if holder is not None else self._index]
+        keys = [
+            self._keys(session_id)[0],
+            self._holder_key(holder) if holder is not None else self._index,
+            self._index,
+        ]
         # Without a holder, ZREM from the index: the session's state (and its place there) lives on.
         return bool(await self._read(lambda: self._end(keys=keys, args=[session_id if holder is not None else ""])))
 
@@ -1018,8 +1296,21 @@ class RedisSessionStore(SessionStore):
         return f"{self._prefix}:events:{session_id}"
 
     async def add_event(self, session_id: str, stream_id: str, message: str | None) -> str:
-        args = [self.max_events, self.event_ttl_seconds, stream_id, message or "", self.max_log_bytes, session_id]
-        keys = [self._events_key(session_id), f"{self._events_key(session_id)}:bytes", self._events]
+        args = [
+            self.max_events,
+            self.event_ttl_seconds,
+            stream_id,
+            message or "",
+            self.max_log_bytes,
+            session_id,
+            self.max_bytes_per_holder,
+        ]
+        keys = [
+            self._events_key(session_id),
+            f"{self._events_key(session_id)}:bytes",
+            self._events,
+            *self._keys(session_id),  # its payer, and the prefix to name its usage keys by
+        ]
         # Once, never retried: a retry after a lost reply would log the event
         # twice, and a resumed stream would deliver it twice.
         position = await self._call(lambda: self._add_event(keys=keys, args=args))
@@ -1035,14 +1326,36 @@ class RedisSessionStore(SessionStore):
         stream_id, events = found
         return stream_id, [(mint_event_id(session_id, entry), message) for entry, message in events]
 
-    async def claim(self, name: str, holder: str, ttl_seconds: int) -> bool:
-        key = f"{self._prefix}:claim:{hashlib.sha256(name.encode()).hexdigest()}"
-        # Replayed safely: a retry by the same holder finds its own claim.
-        held = await self._read(lambda: self._durable(self._claim, [key], [holder, ttl_seconds]))
-        return bool(held == holder)
+    async def stream_since(
+        self, session_id: str, stream_id: str, event_id: str
+    ) -> tuple[str, list[tuple[str, str | None]]] | None:
+        position = event_position(session_id, event_id)
+        if position is None:
+            return None
+        keys, args = [self._events_key(session_id)], [position, stream_id]
+        found = await self._read(lambda: self._stream_since(keys=keys, args=args))
+        if found is None:
+            return None
+        latest, events = found
+        return mint_event_id(session_id, latest), [(mint_event_id(session_id, at), message) for at, message in events]
+
+    def _claim_key(self, name: str) -> str:
+        return f"{self._prefix}:claim:{hashlib.sha256(name.encode()).hexdigest()}"
+
+    async def claim(self, name: str, claimant: str, ttl_seconds: int, *, holder: str | None = None) -> bool:
+        key = self._claim_key(name)
+        keys = [key, key if holder is None else f"{self._prefix}:usage:{payer_of(holder)}"]
+        args = [claimant, ttl_seconds, self.max_bytes_per_holder, "" if holder is None else "1"]
+        # Replayed safely: a retry by the same claimant finds its own claim.
+        held = await self._call(lambda: self._read(lambda: self._durable(self._claim, keys, args)))
+        return bool(held == claimant)
+
+    async def release(self, name: str) -> None:
+        key = self._claim_key(name)
+        await self._read(lambda: self._durable(self._release, [key], []))
 
     async def claimed(self, name: str) -> str | None:
-        key = f"{self._prefix}:claim:{hashlib.sha256(name.encode()).hexdigest()}"
+        key = self._claim_key(name)
         held = await self._read(lambda: self._redis.hget(key, "holder"))
         return None if held is None else held.decode() if isinstance(held, bytes) else str(held)
 
