@@ -46,10 +46,22 @@ Bounded (issue: nothing one client sends takes what all share):
   `MAX_STREAM_ID_BYTES` is not kept at all. The store bounds each session's
   log in bytes too (MAX_SESSION_LOG_BYTES);
 - a waiting replay does not poll: it sleeps until the store says an event
-  was added to its session's log (`EventFeed`, one subscription per replica
-  while any replay waits), with a slow poll only in case that word is lost;
+  was added to its own stream (`EventFeed`, one subscription per replica
+  while any replay waits), then reads only what was added after the last
+  event it read (`SessionStore.stream_since`), however long the log. The
+  replays of a quiet call share one check per `RUNNER_CHECK_SECONDS` per
+  replica that its replica still runs it (`Runs.alive`), and one mark every
+  third of `abandoned_seconds` that someone reads its stream;
 - `CheckResumption` lets at most `max_per_session` replays run per session
-  (429) and `max_replays` per replica (503), both with Retry-After.
+  (429) and `max_replays` per replica (503), both with Retry-After;
+- a call nobody reads is cancelled: once its client's connection has closed
+  (`_sdk.py` tells `SessionEvents.unread`), the call holds its session on
+  its replica until it answers, and if no replay on any replica has read its
+  stream for `abandoned_seconds` (ABANDONED_CALL_SECONDS), it is cancelled
+  as its client's `notifications/cancelled` would, its stream ending with the
+  SDK's "Request cancelled" error;
+- a call's re-run record (its request, up to `MAX_RERUN_REQUEST_BYTES`) is
+  dropped as soon as the call's answer is in the log.
 
 Resuming reads a stream and takes nothing over: a replica asked to replay a
 session it does not hold serves it without advancing the session's ownership
@@ -63,7 +75,9 @@ import asyncio
 import functools
 import json
 import logging
+import math
 import secrets
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -87,8 +101,8 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._sdk import STREAM_SCOPE_KEY
-from .principals import owner, refused_by_auth
-from .session_store import SessionStore, StoreUnavailable, is_event_id, is_session_id
+from .principals import client_of, owner, refused_by_auth
+from .session_store import LimitExceeded, SessionStore, StoreUnavailable, is_event_id, is_session_id
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +117,7 @@ UNKNOWN = (
 UNAVAILABLE = "Session store unavailable; try again shortly."
 # No client needs a request id this long; a stream under one is sent live but never kept.
 MAX_STREAM_ID_BYTES = 256
-# A waiting replay's check of the store when no word came: only in case the word was lost.
-FALLBACK_POLL_SECONDS = 5.0
-# How often a replay with nothing new asks whether the replica running its call still lives.
+# How often the replays of a quiet call on one replica ask, together, whether the replica running it lives.
 RUNNER_CHECK_SECONDS = 0.25
 # A call's stream in the log is "<request id>~<token>": one per run, however its client reuses ids.
 STREAM_MARK = "~"
@@ -115,6 +127,8 @@ NOT_COMPLETED = (
     "The replica running this call stopped before it answered, and the call cannot be run again here "
     "{why}. Retrying it is safe: send it again (a tools/call with the same idempotency key is applied once)."
 )
+# Why a call nobody read is cancelled (the reason of the notifications/cancelled it gets).
+ABANDONED = "nobody read this call's stream for {seconds:g} s (ABANDONED_CALL_SECONDS): its client is gone"
 # How a replay re-runs a call, set by CheckResumption for the request it serves: (stream, request, key,
 # and what to do when the re-run is refused: given why).
 _Refused = Callable[[str], Awaitable[Any]]
@@ -138,6 +152,11 @@ class Runs:
         self.run_id = f"{instance}/{secrets.token_hex(6)}"
         self.ttl_seconds = ttl_seconds
         self.renew_seconds = renew_seconds
+        # Each run asked about lately: when, and the answer (shared by everyone who asks meanwhile).
+        self._asked: dict[str, tuple[float, asyncio.Future[bool]]] = {}
+        # The re-runs this run has claimed, until their claims lapse: each is run once here, however many
+        # replays here find its runner gone.
+        self._claimed: dict[str, float] = {}
 
     async def keep_alive(self) -> None:
         while True:
@@ -148,7 +167,40 @@ class Runs:
             await asyncio.sleep(self.renew_seconds)
 
     async def alive(self, run_id: str) -> bool:
-        return run_id == self.run_id or await self.store.claimed(f"alive:{run_id}") == run_id
+        """Whether `run_id`'s lease is live. The store is asked at most once per RUNNER_CHECK_SECONDS
+        per run, however many replays here wait on its calls."""
+        if run_id == self.run_id:
+            return True
+        now = time.monotonic()
+        asked = self._asked.get(run_id)
+        if asked is None or now - asked[0] >= RUNNER_CHECK_SECONDS:
+            if len(self._asked) >= 256:  # runs no replay asked about lately (dead ones, mostly)
+                self._asked = {r: a for r, a in self._asked.items() if now - a[0] < RUNNER_CHECK_SECONDS}
+            answer = asyncio.ensure_future(self._ask(run_id))
+            # Read here, so an answer nobody awaits any more (its replay ended) is not logged as lost.
+            answer.add_done_callback(lambda done: done.cancelled() or done.exception())
+            asked = self._asked[run_id] = (now, answer)
+        # Shielded: one asker cancelled (its client gone) must not cancel the answer for the others.
+        return await asyncio.shield(asked[1])
+
+    async def _ask(self, run_id: str) -> bool:
+        return await self.store.claimed(f"alive:{run_id}") == run_id
+
+    async def claim_rerun(self, name: str, ttl_seconds: int) -> bool:
+        """Take the re-run `name` for this run: True for one caller, here and on every replica."""
+        now = time.monotonic()
+        self._claimed = {n: until for n, until in self._claimed.items() if until > now}
+        if name in self._claimed:
+            return False  # another replay here runs it again
+        self._claimed[name] = now + ttl_seconds  # before the store answers: a replay here may ask meanwhile
+        try:
+            taken = await self.store.claim(name, self.run_id, ttl_seconds)
+        except BaseException:
+            del self._claimed[name]
+            raise
+        if not taken:
+            del self._claimed[name]
+        return taken
 
     async def runner_of(self, call: str, first: str) -> str:
         """The latest run of a call that `first` ran first: each re-run is claimed by the one who runs it."""
@@ -192,51 +244,78 @@ def _not_kept(size: int, max_bytes: int) -> str:
 
 
 class EventFeed:
-    """Wakes the replays waiting on a session's log when an event is added to it, on any replica.
+    """Per replica: wakes the replays following a stream when an event is added to it, on any replica.
 
-    One subscription (`store.watch(events=True)`) while any replay waits, so a
-    thousand waiting replays cost the store nothing until their logs grow.
+    One subscription (`store.watch(events=True)`) while any replay waits, whose messages name the session
+    and the stream: a replay wakes for its own stream's events only, however chatty its session, and a
+    thousand waiting replays cost the store nothing until their streams grow. It also marks the streams
+    followed here as read (`mark_read`), once per interval per stream however many replays follow it.
     """
 
     def __init__(self, store: SessionStore) -> None:
         self.store = store
-        self._waiting: dict[str, set[asyncio.Event]] = {}
+        self._waiting: dict[tuple[str, str], set[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
+        # Each stream followed here: when it was last marked read in the store.
+        self._marked: dict[tuple[str, str], float] = {}
 
-    def register(self, session_id: str) -> asyncio.Event:
+    def register(self, session_id: str, stream_id: str) -> asyncio.Event:
         woken = asyncio.Event()
-        self._waiting.setdefault(session_id, set()).add(woken)
+        self._waiting.setdefault((session_id, stream_id), set()).add(woken)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._listen())
         return woken
 
-    def forget(self, session_id: str, woken: asyncio.Event) -> None:
-        waiting = self._waiting.get(session_id)
+    def forget(self, session_id: str, stream_id: str, woken: asyncio.Event) -> None:
+        waiting = self._waiting.get((session_id, stream_id))
         if waiting is not None:
             waiting.discard(woken)
             if not waiting:
-                del self._waiting[session_id]
+                del self._waiting[session_id, stream_id]
+                self._marked.pop((session_id, stream_id), None)
         if not self._waiting and self._task is not None:
             self._task.cancel()
             self._task = None
 
-    def _wake(self, session_ids: list[str]) -> None:
-        for session_id in session_ids:
-            for woken in self._waiting.get(session_id, ()):
+    async def mark_read(self, session_id: str, stream_id: str, ttl_seconds: int) -> None:
+        """Tell the replica running the stream's call that someone reads it (`SessionEvents.unread`): a
+        claim for `ttl_seconds`, renewed every third of it while any replay here follows the stream."""
+        now = time.monotonic()
+        if now - self._marked.get((session_id, stream_id), -math.inf) < ttl_seconds / 3:
+            return
+        self._marked[session_id, stream_id] = now
+        try:
+            # Charged to nobody: a few bytes for ttl_seconds, one per stream followed, within MAX_REPLAYS.
+            await self.store.claim(_reading(session_id, stream_id), "read", ttl_seconds)
+        except StoreUnavailable as exc:
+            self._marked.pop((session_id, stream_id), None)
+            log.warning("stream %s of session %s not marked read: %s", stream_id, session_id, exc)
+
+    def _wake_all(self) -> None:
+        for waiting in self._waiting.values():
+            for woken in waiting:
                 woken.set()
 
     async def _listen(self) -> None:
         while self._waiting:
             try:
                 async with self.store.watch(events=True) as added:
-                    # Whatever was added before the subscription began is read by the replays' next check.
-                    self._wake(list(self._waiting))
-                    async for session_id in added:
-                        self._wake([session_id])
+                    # Whatever was added before the subscription began is read by the replays woken here.
+                    self._wake_all()
+                    async for message in added:
+                        session_id, _, stream_id = message.partition(" ")
+                        for woken in self._waiting.get((session_id, stream_id), ()):
+                            woken.set()
             except StoreUnavailable as exc:
-                log.warning("event feed lost (%s); replays poll until it is back", exc)
-                self._wake(list(self._waiting))
+                # What the feed carried while lost is gone: every replay reads afresh, now and once back.
+                log.warning("event feed lost (%s); replays read again once it is back", exc)
+                self._wake_all()
                 await asyncio.sleep(1.0)
+
+
+def _reading(session_id: str, stream_id: str) -> str:
+    """The claim saying that a replay somewhere reads the stream (`EventFeed.mark_read`)."""
+    return f"reading:{session_id}:{stream_id}"
 
 
 _messages: TypeAdapter[JSONRPCMessage] = TypeAdapter(JSONRPCMessage)
@@ -255,24 +334,27 @@ class SessionEvents(EventStore):
         on_answer: Callable[[str, str], None] | None = None,
         runs: Runs | None = None,
         call_ttl_seconds: int = 300,
-        poll_seconds: float = 0.1,
         idle_seconds: float = 30.0,
+        abandoned_seconds: float = 30.0,
     ) -> None:
-        """Without a `feed`, a waiting replay polls every `poll_seconds`. `on_answer(session_id,
-        request_id)` is told of each request's answer as it is stored, before it is sent. With `runs`,
-        a call's stream names the run that streams it, and a replay runs it again once that run is
-        gone; without, a replay with nothing new for `idle_seconds` ends (its client may resume again)."""
+        """`feed`: the replica's (without, one of its own). `on_answer(session_id, request_id)` is told of
+        each request's answer as it is stored, before it is sent. With `runs`, a call's stream names the
+        run that streams it, and a replay runs it again once that run is gone; without, a replay with
+        nothing new for `idle_seconds` ends (its client may resume again). A call nobody reads for
+        `abandoned_seconds` is cancelled (`unread`)."""
         self.store = store
         self.session_id = session_id
         self.max_event_bytes = max_event_bytes
-        self.feed = feed
+        self.feed = feed if feed is not None else EventFeed(store)
         self.on_answer = on_answer
         self.runs = runs
         self.call_ttl_seconds = call_ttl_seconds
-        self.poll_seconds = poll_seconds
         self.idle_seconds = idle_seconds
-        # The calls streaming now on this transport: request id -> its stream in the log.
+        self.abandoned_seconds = abandoned_seconds
+        # The calls streaming now on this transport, until they answer: request id -> its stream in the log.
         self._streams: dict[str, str] = {}
+        # Those of them nobody reads here, each waiting to be cancelled unless a replay reads it (`unread`).
+        self._unread: dict[str, asyncio.Task[None]] = {}
 
     async def start_stream(
         self, stream_id: str, request: JSONRPCRequest, http: Request, *, stream: str | None = None
@@ -280,6 +362,8 @@ class SessionEvents(EventStore):
         """A call is about to stream (JsonFirstTransport): record what re-running it takes, under
         this run. `stream`: the call's stream in the log, when this is a re-run of it."""
         if self.runs is None or len(stream_id.encode()) > MAX_STREAM_ID_BYTES:
+            # Nothing to re-run it from; still a call streaming, until its answer (`unread`).
+            self._streams[stream_id] = stream_id
             return
         run = stream or f"{stream_id}{STREAM_MARK}{secrets.token_hex(6)}"
         self._streams[stream_id] = run
@@ -297,20 +381,65 @@ class SessionEvents(EventStore):
                 "request": text if len(text) <= MAX_RERUN_REQUEST_BYTES else None,
                 "key": http.headers.get("x-request-id"),
             }
-            await self.store.claim(f"call:{self.session_id}:{run}", json.dumps(call), self.call_ttl_seconds)
-        except StoreUnavailable as exc:
+            await self.store.claim(
+                f"call:{self.session_id}:{run}", json.dumps(call), self.call_ttl_seconds, holder=client_of(http.scope)
+            )
+        except (StoreUnavailable, LimitExceeded) as exc:
             log.warning("call %s of session %s not recorded for re-running: %s", stream_id, self.session_id, exc)
+
+    def unread(self, stream_id: str, cancel: Callable[[str], Awaitable[None]]) -> None:
+        """Nobody reads the call `stream_id` here any more (its client's connection closed; a re-run has
+        none): unless a replay, here or on another replica, reads its stream within `abandoned_seconds`,
+        `cancel(why)` cancels it. Nothing for a call that has answered."""
+        run = self._streams.get(stream_id)
+        if run is None or stream_id in self._unread:
+            return
+        task = asyncio.get_running_loop().create_task(self._cancel_unless_read(stream_id, run, cancel))
+        self._unread[stream_id] = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            if self._unread.get(stream_id) is task:
+                del self._unread[stream_id]
+
+        task.add_done_callback(done)
+
+    async def _cancel_unless_read(self, stream_id: str, run: str, cancel: Callable[[str], Awaitable[None]]) -> None:
+        wait = self.abandoned_seconds
+        while True:
+            await asyncio.sleep(wait)
+            if self._streams.get(stream_id) != run:
+                return  # answered meanwhile
+            try:
+                if await self.store.claimed(_reading(self.session_id, run)) is not None:
+                    # A replay reads it (EventFeed.mark_read): its client is back. Once its last reader has
+                    # gone, the mark lapses within `abandoned_seconds`, and the call goes a third later.
+                    wait = self.abandoned_seconds / 3
+                    continue
+            except StoreUnavailable as exc:
+                log.warning("whether call %s of session %s is read was not checked: %s", run, self.session_id, exc)
+                continue
+            log.info(
+                "cancelling call %s of session %s: nobody read it for %g s",
+                run,
+                self.session_id,
+                self.abandoned_seconds,
+            )
+            await cancel(ABANDONED.format(seconds=self.abandoned_seconds))
+            return
 
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
         if self.on_answer is not None and isinstance(message, JSONRPCResponse | JSONRPCError):
             self.on_answer(self.session_id, str(message.id))
+        run = self._streams.get(stream_id)
+        answered = run is not None and message is not None and _answers(message, stream_id)
+        if answered:
+            del self._streams[stream_id]
+            waiting = self._unread.pop(stream_id, None)
+            if waiting is not None:
+                waiting.cancel()
         if len(stream_id.encode()) > MAX_STREAM_ID_BYTES:
             return ""  # sent live, without an id: nothing to resume from
-        if stream_id in self._streams:
-            run = self._streams[stream_id]
-            if message is not None and _answers(message, stream_id):
-                del self._streams[stream_id]
-            stream_id = run
+        stream_id = run or stream_id
         # The SDK's own wire form (exclude_unset), so a replayed event reads
         # exactly like the live one. exclude_none would drop the `"id": null`
         # of an error answering no request, and the text would not parse back.
@@ -323,13 +452,25 @@ class SessionEvents(EventStore):
                 by_alias=True, exclude_unset=True
             )
         try:
-            return await self.store.add_event(self.session_id, stream_id, text)
-        except StoreUnavailable as exc:
+            event_id = await self.store.add_event(self.session_id, stream_id, text)
+        except (StoreUnavailable, LimitExceeded) as exc:
             # Raising here would stop the SDK's message router, and the session
             # with it. The message still goes out, live and without an id: there
             # is no stored place to resume from.
             log.warning("event of session %s not stored: %s", self.session_id, exc)
             return ""
+        if answered:
+            await self._drop_call_record(stream_id)
+        return event_id
+
+    async def _drop_call_record(self, run: str) -> None:
+        """The call's answer is in the log: a replay reads it there, and nobody will run the call again."""
+        if STREAM_MARK not in run:
+            return
+        try:
+            await self.store.release(f"call:{self.session_id}:{run}")
+        except StoreUnavailable as exc:
+            log.debug("call record of %s in session %s not dropped (it expires): %s", run, self.session_id, exc)
 
     async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
         """Send the stream's events after `last_event_id`, following it to its final event; then None.
@@ -338,34 +479,41 @@ class SessionEvents(EventStore):
         nothing new for `idle_seconds`, e.g. because the replica running the
         call died: the client may resume again from the last event it got.
         """
-        woken = None if self.feed is None else self.feed.register(self.session_id)
         try:
-            return await self._follow(last_event_id, send_callback, woken)
+            found = await self.store.events_after(self.session_id, last_event_id)
+        except StoreUnavailable as exc:
+            log.warning("replay for session %s stopped: %s", self.session_id, exc)
+            return None
+        if found is None:
+            return None  # unknown: CheckResumption answered that already
+        stream_id, events = found
+        woken = self.feed.register(self.session_id, stream_id)
+        try:
+            # What was added between that read and the registration is read at once.
+            woken.set()
+            cursor = events[-1][0] if events else last_event_id
+            return await self._follow(stream_id, cursor, events, send_callback, woken)
         finally:
-            if woken is not None and self.feed is not None:
-                self.feed.forget(self.session_id, woken)
+            self.feed.forget(self.session_id, stream_id, woken)
 
     async def _follow(
-        self, last_event_id: EventId, send_callback: EventCallback, woken: asyncio.Event | None
+        self,
+        stream_id: str,
+        cursor: str,
+        events: list[tuple[str, str | None]],
+        send_callback: EventCallback,
+        woken: asyncio.Event,
     ) -> StreamId | None:
-        cursor = last_event_id
+        """Deliver `events`, then what the stream adds after `cursor` (the last event read of the log),
+        read when the feed says the stream grew: until its answer, or until the call has ended."""
         quiet_since = anyio.current_time()
         checked = quiet_since - RUNNER_CHECK_SECONDS  # a quiet call's runner is asked about at once
+        watched = self.runs is not None and STREAM_MARK in stream_id
         call: dict[str, Any] | None = None  # what the stream's call record says, once read
         progressed: dict[Any, float] = {}  # each progress token's latest progress sent
+        read_ttl = max(1, math.ceil(self.abandoned_seconds))
         while True:
-            if woken is not None:
-                woken.clear()  # before the read: an event added after it wakes the wait below
-            try:
-                found = await self.store.events_after(self.session_id, cursor)
-            except StoreUnavailable as exc:
-                log.warning("replay for session %s stopped: %s", self.session_id, exc)
-                return None
-            if found is None:
-                return None  # unknown (CheckResumption answered that already), or trimmed while following
-            stream_id, events = found
             for event_id, text in events:
-                cursor = event_id
                 if text is None:
                     continue  # a priming event: a place to resume from, nothing to send
                 message = _messages.validate_json(text)
@@ -375,27 +523,41 @@ class SessionEvents(EventStore):
                 if _answers(message, stream_id):
                     return None  # the call's answer: the stream is complete
             now = anyio.current_time()
-            watched = self.runs is not None and STREAM_MARK in stream_id
             if events:
                 quiet_since = now
             elif watched and now - checked >= RUNNER_CHECK_SECONDS:
                 checked = now
-                if call is None and (call := await self._call_of(stream_id)) is not None:
-                    await self._progress_so_far(call, progressed)
+                if call is None:
+                    call = await self._call_of(stream_id)
+                    if call is None:
+                        watched = False  # no record (the store was out, or it expired): nobody re-runs it
+                    else:
+                        await self._progress_so_far(call, progressed)
                 if call is not None and await self._runner_gone(stream_id, call, send_callback):
                     return None
             if not events and call is None and now - quiet_since >= self.idle_seconds:
                 return None  # nobody can tell whether the call still runs: its client may resume again
-            if woken is None:
-                await anyio.sleep(self.poll_seconds)
-                continue
-            left = RUNNER_CHECK_SECONDS if watched else self.idle_seconds - (now - quiet_since)
-            with anyio.move_on_after(max(0.0, min(FALLBACK_POLL_SECONDS, left))):
-                await woken.wait()
+            await self.feed.mark_read(self.session_id, stream_id, read_ttl)
+            if not woken.is_set():
+                left = RUNNER_CHECK_SECONDS if watched else self.idle_seconds - (now - quiet_since)
+                with anyio.move_on_after(max(0.0, min(read_ttl / 3, left))):
+                    await woken.wait()
+            events = []
+            if woken.is_set():
+                woken.clear()  # before the read: an event added after it wakes the next wait
+                try:
+                    found = await self.store.stream_since(self.session_id, stream_id, cursor)
+                except StoreUnavailable as exc:
+                    log.warning("replay for session %s stopped: %s", self.session_id, exc)
+                    return None
+                if found is None:
+                    return None  # trimmed while following, or expired
+                cursor, events = found
 
     async def _call_of(self, run: str) -> dict[str, Any] | None:
         """The record of the call streamed as `run`; None when there is none (the store was out when it
-        started, or it expired): such a stream ends after a quiet `idle_seconds`, as an unwatched one."""
+        started, it expired, or the call has answered): such a stream ends after a quiet `idle_seconds`,
+        as an unwatched one."""
         try:
             text = await self.store.claimed(f"call:{self.session_id}:{run}")
         except StoreUnavailable as exc:
@@ -420,18 +582,23 @@ class SessionEvents(EventStore):
         Its runner alive: nothing to do. Gone: this replica claims the re-run, and runs the call again
         under its idempotency key (its writes already applied replay), into the same stream; or, when it
         cannot, ends the stream with an error saying a retry is safe. Another replica's claim: it re-runs.
+        `call["runner"]` follows the latest runner known: a run gone stays gone, so while the one it
+        names lives, there is no later one to look for.
         """
         assert self.runs is not None
         call_name = f"{self.session_id}:{run}"
         try:
-            runner = await self.runs.runner_of(call_name, call["runner"])
+            if await self.runs.alive(call["runner"]):
+                return False
+            runner = call["runner"] = await self.runs.runner_of(call_name, call["runner"])
             if await self.runs.alive(runner):
                 return False
-            if not await self.store.claim(f"rerun:{call_name}:{runner}", self.runs.run_id, self.call_ttl_seconds):
-                return False  # another replica runs it again; its events come through the store
+            if not await self.runs.claim_rerun(f"rerun:{call_name}:{runner}", self.call_ttl_seconds):
+                return False  # another replay or replica runs it again; its events come through the store
         except StoreUnavailable as exc:
             log.warning("runner of %s in session %s not checked: %s", run, self.session_id, exc)
             return False
+        call["runner"] = self.runs.run_id
         request, rerun = call.get("request"), _rerun.get()
         if request is not None and rerun is not None:
             log.info("re-running call %s of session %s: its replica %s is gone", run, self.session_id, runner)
@@ -455,8 +622,9 @@ class SessionEvents(EventStore):
             event_id = await self.store.add_event(
                 self.session_id, run, error.model_dump_json(by_alias=True, exclude_unset=True)
             )
-        except StoreUnavailable:
-            event_id = None
+        except (StoreUnavailable, LimitExceeded):
+            return error, None
+        await self._drop_call_record(run)
         return error, event_id
 
 
@@ -520,12 +688,15 @@ class CheckResumption:
             headers.append((b"x-request-id", key.encode()))
         sub = {**scope, "method": "POST", "headers": headers, "query_string": b"", STREAM_SCOPE_KEY: stream}
         messages = [{"type": "http.request", "body": body, "more_body": False}]
+        started = asyncio.Event()
 
         async def receive() -> Message:
             if messages:
                 return messages.pop()
-            await anyio.sleep_forever()
-            raise AssertionError("unreachable")
+            # Nobody reads the response: once it has started, its "connection" closes, and the call runs on
+            # as any whose client left, for as long as a replay reads its stream (SessionEvents.unread).
+            await started.wait()
+            return {"type": "http.disconnect"}
 
         status: list[int] = []
 
@@ -533,6 +704,7 @@ class CheckResumption:
             # The stream is in the store, and the replay delivers it; only a refusal matters here.
             if message["type"] == "http.response.start":
                 status.append(message["status"])
+                started.set()
 
         async def run() -> None:
             try:

@@ -7,24 +7,33 @@ HAProxy (back to the replica running the call) or straight to another one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx2
 import pytest
 import uvicorn
-from conftest import free_ports
+from conftest import Replica, free_ports, two_replicas
 from starlette.responses import PlainTextResponse
 
-from mcp_ha.check.wire import Event, RawSession
-from mcp_ha.session_store import mint_event_id
+from mcp_ha.check.wire import Event, RawSession, SessionlessSession
+from mcp_ha.session_store import SessionStore, mint_event_id
 from mcp_ha.stack import Stack
 from mcp_ha.stores.memory_store import InMemorySessionStore
 from mcp_ha.stores.redis_store import RedisSessionStore
-from mcp_ha.streams import MALFORMED, MAX_RERUN_REQUEST_BYTES, UNAVAILABLE, UNKNOWN, CheckResumption
+from mcp_ha.streams import (
+    MALFORMED,
+    MAX_RERUN_REQUEST_BYTES,
+    RUNNER_CHECK_SECONDS,
+    UNAVAILABLE,
+    UNKNOWN,
+    CheckResumption,
+    EventFeed,
+)
 
 ITEMS = 30
 ANALYSIS = {"name": "analyze_data", "arguments": {"num_items": ITEMS}, "_meta": {"progressToken": "analysis"}}
@@ -320,3 +329,373 @@ async def test_a_re_run_the_replica_refuses_is_reported_with_its_answer() -> Non
     request = json.dumps({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "t", "arguments": {}}})
     await app._rerun(scope, "5~0123456789ab", request, "a-key", refused)
     assert "answered 404" in await asyncio.wait_for(told, 5)
+
+
+# -- what following a stream costs (issue 25) ------------------------------------------------------------------
+
+NOTE = json.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}})
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def events_store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
+    if request.param == "memory":
+        yield InMemorySessionStore(max_events=8)
+        return
+    redis_stack: Stack = request.getfixturevalue("redis_stack")
+    store = RedisSessionStore(
+        redis_stack.config.redis_url,
+        **redis_stack.config.redis_auth,
+        prefix=f"mcp:t{uuid.uuid4().hex[:8]}",
+        max_events=8,
+    )
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.timeout(30)
+async def test_stream_since_gives_the_streams_events_after_any_event_and_the_latest(events_store: SessionStore) -> None:
+    sid, other = uuid.uuid4().hex, uuid.uuid4().hex
+    first = await events_store.add_event(sid, "a", None)
+    b1 = await events_store.add_event(sid, "b", '"b1"')
+    a1 = await events_store.add_event(sid, "a", '"a1"')
+    b2 = await events_store.add_event(sid, "b", '"b2"')
+    await events_store.add_event(other, "a", '"of another session"')
+    assert await events_store.stream_since(sid, "a", first) == (b2, [(a1, '"a1"')])
+    # From an event of another stream: what followed it, of this one.
+    assert await events_store.stream_since(sid, "a", b1) == (b2, [(a1, '"a1"')])
+    assert await events_store.stream_since(sid, "b", a1) == (b2, [(b2, '"b2"')])
+    assert await events_store.stream_since(sid, "a", b2) == (b2, [])
+    # Nothing of another session's, nor its ids.
+    assert await events_store.stream_since(other, "a", first) is None
+    assert await events_store.stream_since(sid, "a", mint_event_id(sid, "1-0")) is None
+    # Trimmed (the log keeps 8 here): None, as events_after says.
+    for i in range(8):
+        await events_store.add_event(sid, "b", json.dumps(i))
+    assert await events_store.stream_since(sid, "a", first) is None
+    latest = await events_store.add_event(sid, "a", '"a2"')
+    assert await events_store.stream_since(sid, "a", b2) is None
+    assert await events_store.stream_since(sid, "b", latest) == (latest, [])
+
+
+@pytest.mark.timeout(30)
+async def test_a_waiting_replay_is_woken_by_its_own_stream_only(events_store: SessionStore) -> None:
+    """The feed's messages name the session and the stream: an event of another stream of the same session
+    wakes nobody following this one."""
+    sid = uuid.uuid4().hex
+    feed = EventFeed(events_store)
+    a, b = feed.register(sid, "a"), feed.register(sid, "b")
+    try:
+        async with asyncio.timeout(5):
+            await a.wait()  # the feed's subscription began (it wakes everyone, to read what came before)
+        a.clear()
+        b.clear()
+        await events_store.add_event(sid, "a", NOTE)
+        async with asyncio.timeout(5):
+            await a.wait()
+        await asyncio.sleep(0.3)
+        assert not b.is_set(), "a replay of stream b was woken by stream a's event"
+        await events_store.add_event(sid, "b", NOTE)
+        async with asyncio.timeout(5):
+            await b.wait()
+    finally:
+        feed.forget(sid, "a", a)
+        feed.forget(sid, "b", b)
+
+
+def commandstats(stack: Stack) -> dict[str, tuple[int, int]]:
+    """INFO commandstats: (calls, usec) per command."""
+    text = stack.redis_command("redis", "INFO", "commandstats")
+    assert isinstance(text, str)
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("cmdstat_"):
+            name, _, fields = line.removeprefix("cmdstat_").partition(":")
+            values = dict(part.split("=") for part in fields.split(","))
+            found[name] = (int(values["calls"]), int(values["usec"]))
+    return found
+
+
+def delta(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], name: str) -> tuple[int, int]:
+    calls, usec = after.get(name, (0, 0))
+    calls_before, usec_before = before.get(name, (0, 0))
+    return calls - calls_before, usec - usec_before
+
+
+def commands(stats: dict[str, tuple[int, int]]) -> int:
+    return sum(calls for name, (calls, _) in stats.items() if name != "info")
+
+
+@pytest.fixture(scope="module")
+def replicas(redis_stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Replica, Replica]]:
+    """Two replicas of the demo server, straight (no HAProxy), that cancel a call nobody reads after 1 s and
+    forget a session idle for 1 s."""
+    env = {"ABANDONED_CALL_SECONDS": str(ABANDONED), "SESSION_IDLE_SECONDS": "1"}
+    with two_replicas(redis_stack, tmp_path_factory.mktemp("streams"), **env) as pair:
+        yield pair
+
+
+ABANDONED = 1.0
+
+
+@pytest.fixture
+async def kit_store(redis_stack: Stack) -> AsyncIterator[RedisSessionStore]:
+    """The replicas' store, as they see it."""
+    store = RedisSessionStore(redis_stack.config.redis_url, **redis_stack.config.redis_auth)
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.timeout(60)
+async def test_a_replay_reads_what_was_added_after_its_cursor_not_the_log(
+    redis_stack: Stack, replicas: tuple[Replica, Replica], kit_store: RedisSessionStore, http: httpx2.AsyncClient
+) -> None:
+    """Each event added to a followed stream costs its replay the same in Redis whether the session's log holds
+    a few events or 900: the replay reads from the last event it read (commandstats: LRANGE's time per event)."""
+    one, _ = replicas
+    added = 40
+
+    async def lrange_per_event(filler: int) -> tuple[float, int]:
+        session = RawSession(http, one.url)
+        sid = await session.initialize()
+        first = await kit_store.add_event(sid, "followed", None)
+        for i in range(filler):
+            await kit_store.add_event(sid, "other", json.dumps(i))
+        got: list[Event] = []
+        caught_up, all_in = asyncio.Event(), asyncio.Event()
+
+        async def follow() -> None:
+            async with session.resume(first) as stream:
+                assert stream.response.status_code == 200
+                caught_up.set()
+                async for event in stream:
+                    got.append(event)
+                    if len(got) == added:
+                        all_in.set()
+
+        task = asyncio.create_task(follow())
+        try:
+            async with asyncio.timeout(10):
+                await caught_up.wait()
+            await asyncio.sleep(1.0)  # its first read from the cursor (the 900 once) is done
+            before = commandstats(redis_stack)
+            for _ in range(added):
+                await kit_store.add_event(sid, "followed", NOTE)
+                await asyncio.sleep(0.01)
+            async with asyncio.timeout(10):
+                await all_in.wait()
+            after = commandstats(redis_stack)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        calls, usec = delta(before, after, "lrange")
+        return usec / added, calls
+
+    small, small_calls = await lrange_per_event(5)
+    large, large_calls = await lrange_per_event(900)
+    print(f"LRANGE per event followed: {small:.1f} us (a 6-event log), {large:.1f} us (906 events)")
+    assert 0 < small_calls <= 2 * added and 0 < large_calls <= 2 * added, (small_calls, large_calls)
+    # Reading the whole log each time costs ~100x here; from the cursor, the same.
+    assert large <= 4 * max(small, 1.0), f"{large:.1f} us per event with a 906-event log, {small:.1f} with 6"
+
+
+@contextlib.asynccontextmanager
+async def watching(session: RawSession, seconds: int = 30) -> AsyncIterator[str]:
+    """A quiet call (watch_counter) streaming on `session`, its connection kept read: its first event's id."""
+    first: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def read() -> None:
+        async with session.stream(
+            "tools/call", {"name": "watch_counter", "arguments": {"duration_seconds": seconds}}
+        ) as stream:
+            async for event in stream:
+                if event.id and not first.done():
+                    first.set_result(event.id)
+
+    task = asyncio.create_task(read())
+    try:
+        await asyncio.sleep(0.3)
+        await session.call("increment_counter")  # something for it to stream
+        async with asyncio.timeout(10):
+            event_id = await first
+        yield event_id
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@pytest.mark.timeout(90)
+async def test_waiting_replays_of_a_quiet_call_share_one_check_per_interval(
+    redis_stack: Stack, replicas: tuple[Replica, Replica], http: httpx2.AsyncClient
+) -> None:
+    """8 replays on one replica of a quiet call running on another cost Redis what one does: one check per
+    RUNNER_CHECK_SECONDS that the call's replica lives and one mark every third of ABANDONED_CALL_SECONDS that
+    the stream is read (commandstats, commands of every kind); no reads until the stream grows."""
+    one, two = replicas
+    session = RawSession(http, one.url)
+    await session.initialize()
+    window = 3.0
+
+    async def rate() -> float:
+        """Redis commands/s over `window` (those run by the kit's functions included)."""
+        before = commandstats(redis_stack)
+        await asyncio.sleep(window)
+        return (commands(commandstats(redis_stack)) - commands(before)) / window
+
+    async def follow(event_id: str) -> None:
+        async with session.at(two.url).resume(event_id) as stream:
+            assert stream.response.status_code == 200
+            async for _ in stream:
+                pass
+
+    async with watching(session) as event_id:
+        await asyncio.sleep(0.5)
+        idle = await rate()
+        replays = [asyncio.create_task(follow(event_id))]
+        await asyncio.sleep(1.0)
+        with_one = await rate()
+        replays += [asyncio.create_task(follow(event_id)) for _ in range(7)]
+        await asyncio.sleep(1.5)
+        with_eight = await rate()
+        assert not any(task.done() for task in replays), [task for task in replays if task.done()]
+        for task in replays:
+            task.cancel()
+        await asyncio.gather(*replays, return_exceptions=True)
+    one_costs, eight_cost = with_one - idle, with_eight - idle
+    print(f"Redis commands/s: the call alone {idle:.1f}, +1 replay {one_costs:.1f}, +8 replays {eight_cost:.1f}")
+    # Each replay polling on its own cost ~12 commands/s: 8 cost ~100. Shared: a check every
+    # RUNNER_CHECK_SECONDS, a mark every third of a second here (ABANDONED_CALL_SECONDS is 1), the feed's ping.
+    assert eight_cost <= 1.5 * one_costs + 3, f"8 waiting replays added {eight_cost:.1f} commands/s, 1 {one_costs:.1f}"
+    assert eight_cost <= 5 / RUNNER_CHECK_SECONDS + 5, f"8 waiting replays added {eight_cost:.1f} commands/s"
+
+
+async def first_progress(session: RawSession, items: int) -> tuple[int, str]:
+    """Start an analysis of `items` (50 ms each) and cut its connection at its first progress: (its request id,
+    the last event id received)."""
+    call = {"name": "analyze_data", "arguments": {"num_items": items}, "_meta": {"progressToken": "p"}}
+    async with session.stream("tools/call", call) as stream:
+        async for event in stream:
+            if event.message and event.message.get("method") == "notifications/progress":
+                return stream.request_id, str(event.id)
+    raise AssertionError("the analysis streamed no progress")
+
+
+@pytest.mark.timeout(60)
+async def test_a_call_whose_client_left_is_cancelled_after_the_grace(
+    replicas: tuple[Replica, Replica], kit_store: RedisSessionStore, http: httpx2.AsyncClient
+) -> None:
+    """Nobody resumes it within ABANDONED_CALL_SECONDS: the call is cancelled (it never writes its result), and
+    its stream ends with the SDK's "Request cancelled" error, which a late resume gets at once."""
+    one, _ = replicas
+    session = RawSession(http, one.url)
+    sid = await session.initialize()
+    left_at = time.monotonic()
+    request_id, last = await first_progress(session, 80)  # 4 s of work
+    await asyncio.sleep(ABANDONED + 1.0)
+    async with asyncio.timeout(2):
+        after = await resumed_to_the_end(session, last)
+    answer = after[-1].message
+    assert answer["id"] == request_id and answer["error"]["code"] == -32800, answer
+    await asyncio.sleep(max(0.0, left_at + 4 * 1.5 - time.monotonic()))
+    assert await kit_store.get(sid, "analysis_result") is None, "the abandoned call ran to its end"
+
+
+@pytest.mark.timeout(60)
+async def test_a_call_resumed_within_the_grace_runs_to_its_end(
+    replicas: tuple[Replica, Replica], kit_store: RedisSessionStore, http: httpx2.AsyncClient
+) -> None:
+    """Its client resumes on another replica within ABANDONED_CALL_SECONDS and reads for longer than both it
+    and SESSION_IDLE_SECONDS: the call runs to its end on its own replica, its answer delivered once."""
+    one, two = replicas
+    session = RawSession(http, one.url)
+    sid = await session.initialize()
+    request_id, last = await first_progress(session, 80)
+    await asyncio.sleep(ABANDONED / 3)
+    async with asyncio.timeout(15):
+        after = await resumed_to_the_end(session.at(two.url), last)
+    answer = after[-1].message
+    assert answer["id"] == request_id and "result" in answer, answer
+    assert answer["result"]["structuredContent"]["items_processed"] == 80
+    assert answer["result"]["structuredContent"]["instance"] == "mcp-server-1"
+    assert await kit_store.get(sid, "analysis_result") == {"total_score": 1.5 * sum(range(81)), "items_processed": 80}
+
+
+@pytest.mark.timeout(60)
+async def test_a_call_whose_resumed_stream_is_left_too_is_cancelled(
+    replicas: tuple[Replica, Replica], kit_store: RedisSessionStore, http: httpx2.AsyncClient
+) -> None:
+    """A resume keeps the call only while it reads: once its client leaves that stream too, the call is
+    cancelled within about the grace again."""
+    one, two = replicas
+    session = RawSession(http, one.url)
+    sid = await session.initialize()
+    started = time.monotonic()
+    request_id, last = await first_progress(session, 120)  # 6 s of work
+    async with session.at(two.url).resume(last) as stream:
+        async for event in stream:
+            last = str(event.id) if event.id else last
+            if time.monotonic() - started > ABANDONED + 1.0:
+                break  # read past the grace, then gone again
+    await asyncio.sleep(2 * ABANDONED + 1.0)
+    async with asyncio.timeout(2):
+        after = await resumed_to_the_end(session, last)
+    answer = after[-1].message
+    assert answer["id"] == request_id and answer["error"]["code"] == -32800, answer
+    await asyncio.sleep(max(0.0, started + 6 * 1.5 - time.monotonic()))
+    assert await kit_store.get(sid, "analysis_result") is None, "the call ran to its end"
+
+
+@pytest.mark.timeout(60)
+async def test_a_2026_call_whose_client_left_is_cancelled(
+    replicas: tuple[Replica, Replica], kit_store: RedisSessionStore, http: httpx2.AsyncClient
+) -> None:
+    """2026-07-28 has no resuming: a streamed call whose connection closes is cancelled, and writes nothing
+    more. The same call read to its end writes its result (so the check can fail)."""
+    one, _ = replicas
+    session = SessionlessSession(http, one.url)
+    await session.open()
+
+    async def analysis(cut: bool) -> str:
+        handle = (await session.call("create_session"))["session_id"]
+        call = {"name": "analyze_data", "arguments": {"num_items": 40, "session_id": handle}}
+        async with session.stream("tools/call", {**call, "_meta": {"progressToken": "p"}}) as stream:
+            assert stream.response.headers["content-type"].startswith("text/event-stream")
+            async for _ in stream:
+                if cut:
+                    break
+        return handle
+
+    cut, read = await analysis(cut=True), await analysis(cut=False)
+    await asyncio.sleep(40 * 0.05 + 1.0)  # the cut call's work, had it gone on
+    assert await kit_store.get(read, "analysis_result") is not None
+    assert await kit_store.get(cut, "analysis_result") is None, "the call ran on after its client left"
+
+
+@pytest.mark.timeout(60)
+async def test_a_calls_re_run_record_is_dropped_once_it_has_answered(
+    redis_stack: Stack, replicas: tuple[Replica, Replica], kit_store: RedisSessionStore, http: httpx2.AsyncClient
+) -> None:
+    """While a streamed call runs, the store keeps its request to run it again should its replica die; once its
+    answer is in the log, nothing (it was kept for 300 s, up to 16 KB each)."""
+    one, _ = replicas
+    session = RawSession(http, one.url)
+    sid = await session.initialize()
+    call = {"name": "analyze_data", "arguments": {"num_items": 20}, "_meta": {"progressToken": "p"}}
+    record: str | None = None
+    async with session.stream("tools/call", call) as stream:
+        async for event in stream:
+            if record is None:
+                log = redis_stack.redis_command("redis", "LRANGE", f"mcp:events:{sid}", "0", "-1")
+                assert isinstance(log, list), log
+                # Entries are "<position> <stream's length> <stream><message>"; the call's stream has a run mark.
+                streams = [rest[: int(length)] for _, length, rest in (str(entry).split(" ", 2) for entry in log)]
+                record = f"call:{sid}:{next(stream for stream in streams if '~' in stream)}"
+                assert await kit_store.claimed(record) is not None, "no re-run record while the call runs"
+            answer = event.message
+    assert answer is not None and "result" in answer, answer
+    assert record is not None and await kit_store.claimed(record) is None, "the re-run record outlived the answer"
