@@ -35,7 +35,11 @@ of the server's first turns the response into the SDK's own SSE stream,
 that message first, with the SSE `retry:` field. Its POST handling
 (`_handle_post_request`) is the SDK's, validation included, for everything
 else. The event log is told which streams have not started
-(`_unstreamed`), so their answers cost no write.
+(`_unstreamed`), so their answers cost no write. A call whose response's
+connection closes before it answers holds its session (counted in flight, so
+the SDK does not end it as idle, the call with it) until it answers, and the
+event log is told (`unread`), which cancels it as the client's
+`notifications/cancelled` would once nobody has read it for a while.
 
 Subscriptions (`subscriptions.py`) need the server to answer
 `subscriptions/listen`, `resources/subscribe` and `resources/unsubscribe`.
@@ -45,6 +49,14 @@ handler, so they go on its low-level server (`_mcp_server`), whose
 Refusing a replayed request state (`request_state.py`) needs a middleware
 of the same server's, just outside the SDK's `RequestStateBoundary`, which
 is where the sealed state is still on the request.
+
+Bounds (`limits.py`, `adoption.py`) need two more things: a middleware of
+that server's around every request's handler, outermost (`CallsRunning`:
+a call in flight until its handler ends); and, to forget a client's least
+recently used idle transport, whether a transport is idle and a way to end
+it as its idle timeout would. Both through its public `idle_scope`: the SDK
+holds its deadline at infinity while a request is in flight, and cancelling
+it is what the timeout does.
 
 FastMCP's `get_session` reads a session from its `session_state_store` as
 one value whose layout is FastMCP's own (`handles.FastMCPSessions` serves it
@@ -72,7 +84,9 @@ if an upgrade moves them, that test fails first and says which.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 from collections.abc import Callable
 from functools import partial
 from http import HTTPStatus
@@ -102,19 +116,22 @@ from mcp.server.streamable_http import (
 )
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+from mcp.shared.message import SessionMessage
 from mcp_types import (
     DEFAULT_NEGOTIATED_VERSION,
     INTERNAL_ERROR,
     InitializeRequestParams,
     JSONRPCError,
     JSONRPCMessage,
+    JSONRPCNotification,
     JSONRPCRequest,
     JSONRPCResponse,
+    RequestId,
     jsonrpc_message_adapter,
 )
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -157,6 +174,21 @@ def held_count(manager: StreamableHTTPSessionManager) -> int:
     return len(manager._server_instances)
 
 
+def idle(manager: StreamableHTTPSessionManager, session_id: str) -> bool:
+    """Whether the transport of `session_id` (held here) serves nothing now: its idle countdown runs (the
+    SDK stops it, a deadline of infinity, while any request is in flight, a GET stream included)."""
+    scope = manager._server_instances[session_id].idle_scope
+    return scope is not None and not scope.cancel_called and scope.deadline != math.inf
+
+
+def forget(manager: StreamableHTTPSessionManager, session_id: str) -> None:
+    """End the transport of `session_id` now, as its idle timeout would: the SDK discards it, and the
+    session's next request adopts it again."""
+    scope = manager._server_instances[session_id].idle_scope
+    if scope is not None:
+        scope.cancel()
+
+
 # Set on an ASGI scope by the kit (streams.py) to re-run a call into the stream it names: the request is
 # answered over that stream, every message stored, as the call's first run would have been.
 STREAM_SCOPE_KEY = "mcp_ha.stream"
@@ -172,8 +204,13 @@ class _Unstreamed(EventStore):
     def __init__(self, events: EventStore, unstreamed: dict[str, tuple[JSONRPCRequest, Request]]) -> None:
         self.events = events
         self.unstreamed = unstreamed
+        # The responses streaming, until their answers; and the releases of the sessions held by those
+        # whose connection closed first (see JsonFirstTransport's `_left`).
+        self.streaming: set[str] = set()
+        self.held: dict[str, Callable[[], None]] = {}
 
     async def start(self, stream_id: str, message: JSONRPCRequest, request: Request, stream: str | None) -> None:
+        self.streaming.add(stream_id)
         start = getattr(self.events, "start_stream", None)
         if start is not None:
             await start(stream_id, message, request, stream=stream)
@@ -183,6 +220,11 @@ class _Unstreamed(EventStore):
             if isinstance(message, JSONRPCResponse | JSONRPCError):
                 return ""  # an answer as JSON: nothing to resume
             await self.start(stream_id, *self.unstreamed.pop(stream_id), None)
+        if isinstance(message, JSONRPCResponse | JSONRPCError):
+            self.streaming.discard(stream_id)
+            release = self.held.pop(stream_id, None)
+            if release is not None:
+                release()
         return await self.events.store_event(stream_id, message)
 
     async def replay_events_after(self, last_event_id: EventId, send_callback: EventCallback) -> StreamId | None:
@@ -208,10 +250,7 @@ class JsonFirstTransport(StreamableHTTPServerTransport):
         writer = self._read_stream_writer
         if not self.is_json_response_enabled and writer is not None and all(check_accept_headers(request)):
             if self._check_content_type(request):
-                try:
-                    body = await request.body()
-                except ClientDisconnect:
-                    return  # the client left before its request arrived: nothing to run, nobody to answer
+                body = await request.body()  # read whole already: limits.BodyLimit drops a client that left
                 try:
                     message = jsonrpc_message_adapter.validate_python(pydantic_core.from_json(body), by_name=False)
                 except ValueError:  # not JSON-RPC (pydantic's ValidationError is one): the SDK answers it
@@ -267,7 +306,46 @@ class JsonFirstTransport(StreamableHTTPServerTransport):
             await sse_writer.aclose()
             await self._clean_up_memory_streams(request_id)
         finally:
+            self._left(request_id, message.id)
             await sse_reader.aclose()
+
+    def _left(self, stream_id: str, request_id: RequestId) -> None:
+        """The connection reading the response `stream_id` has closed. A call still running holds its
+        session until it answers (the SDK ends a session idle for its idle timeout, and its calls with it),
+        and its event store, told (its `unread(stream_id, cancel)`, if it has one), may cancel it."""
+        events = self._event_store
+        if not isinstance(events, _Unstreamed) or stream_id not in events.streaming or stream_id in events.held:
+            return
+        events.held[stream_id] = self._hold()
+        unread = getattr(events.events, "unread", None)
+        if unread is not None:
+            unread(stream_id, partial(self._cancel, request_id))
+
+    def _hold(self) -> Callable[[], None]:
+        """Counts as a request in flight, as the SDK counts them, until the release returned is called."""
+        scope, idle = self.idle_scope, self._idle_timeout
+        if scope is None or idle is None:
+            return lambda: None
+        self._requests_in_flight += 1
+        scope.deadline = math.inf
+
+        def release() -> None:
+            self._requests_in_flight -= 1
+            if not self._requests_in_flight:
+                scope.deadline = anyio.current_time() + idle
+
+        return release
+
+    async def _cancel(self, request_id: RequestId, reason: str) -> None:
+        """Cancel a request still running, as its client's `notifications/cancelled` would: the SDK then
+        answers it with its "Request cancelled" error, which ends its stream."""
+        writer = self._read_stream_writer
+        if writer is None:
+            return
+        params = {"requestId": request_id, "reason": reason}
+        cancelled = JSONRPCNotification(jsonrpc="2.0", method="notifications/cancelled", params=params)
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            await writer.send(SessionMessage(cancelled))
 
 
 def bind_event_store(manager: StreamableHTTPSessionManager, session_id: str, event_store: EventStore) -> None:
@@ -345,6 +423,11 @@ async def adopt(
 def add_request_handler(mcp: FastMCP, method: str, params_type: type[Any], handler: Any) -> None:
     """`handler` answers `method` on `mcp` (replacing FastMCP's answer, if it had one)."""
     mcp._mcp_server.add_request_handler(method, params_type, handler)
+
+
+def add_server_middleware(mcp: FastMCP, middleware: Any) -> None:
+    """Run `middleware` (an SDK server middleware) around every request `mcp` serves, outermost."""
+    mcp._mcp_server.middleware.insert(0, middleware)
 
 
 def add_outside_request_state_boundary(mcp: FastMCP, middleware: Any) -> None:

@@ -33,6 +33,14 @@ Every transport, opened here or adopted, keeps its events in the session's
 event log (`streams.SessionEvents`), so its streams resume on any
 replica.
 
+A session costs a replica its transport (~40 KB) only while it is used:
+a transport idle for SESSION_IDLE_SECONDS is forgotten (its next request
+adopts it again), and one client holds at most MAX_TRANSPORTS_PER_CLIENT
+of them here (`Transports`): when it opens or brings back one more, its
+least recently used idle one is forgotten. A session forgotten here keeps
+only its entries in `Ownership` and `Transports` (a few hundred bytes)
+until they are pruned.
+
 The SDK-facing half (creating a transport under a given id) is in
 `_sdk.py`; this module is the policy.
 """
@@ -43,6 +51,7 @@ import asyncio
 import functools
 import logging
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -92,6 +101,52 @@ class Ownership:
             self.stale.discard(session_id)
 
 
+class Transports:
+    """The session transports this replica holds, per client, least recently used first."""
+
+    def __init__(self, max_per_client: int) -> None:
+        self.max_per_client = max_per_client
+        self._held: dict[str, OrderedDict[str, None]] = {}
+        self._client: dict[str, str] = {}
+
+    def used(self, session_id: str) -> None:
+        client = self._client.get(session_id)
+        if client is not None:
+            self._held[client].move_to_end(session_id)
+
+    def opened(self, manager: Any, session_id: str, client: str) -> None:
+        """`client` holds a transport for `session_id` here now: past `max_per_client`, its least
+        recently used idle ones are forgotten (busy ones stay: other bounds count what keeps them busy)."""
+        self._drop(session_id)
+        held = self._held.setdefault(client, OrderedDict())
+        held[session_id] = None
+        self._client[session_id] = client
+        if len(held) <= self.max_per_client:
+            return
+        for other in list(held):
+            if len(held) <= self.max_per_client:
+                break
+            if not _sdk.holds(manager, other):
+                self._drop(other)  # forgotten by the SDK already (idle, or ended)
+            elif other != session_id and _sdk.idle(manager, other):
+                _sdk.forget(manager, other)
+                self._drop(other)
+                log.info("forgot the transport of session %s: its client holds %d here", other, self.max_per_client)
+
+    def prune(self, held: Callable[[str], bool]) -> None:
+        """Forget the entries of transports the SDK no longer holds."""
+        for session_id in [sid for sid in self._client if not held(sid)]:
+            self._drop(session_id)
+
+    def _drop(self, session_id: str) -> None:
+        client = self._client.pop(session_id, None)
+        if client is not None:
+            held = self._held[client]
+            del held[session_id]
+            if not held:
+                del self._held[client]
+
+
 class RecordSessions(Middleware):
     """At `initialize`, record what another replica needs to adopt the session, and keep its events."""
 
@@ -102,12 +157,15 @@ class RecordSessions(Middleware):
         *,
         path: str = "/mcp",
         events: Callable[[str], SessionEvents] | None = None,
+        transports: Transports | None = None,
     ) -> None:
-        """`events(session_id)`: the session's event log (default: `SessionEvents` as it comes)."""
+        """`events(session_id)`: the session's event log (default: `SessionEvents` as it comes);
+        `transports`: the bound on each client's (default: none)."""
         self.store = store
         self.ownership = ownership
         self.path = path
         self.events = events or functools.partial(SessionEvents, store)
+        self.transports = transports
 
     async def on_initialize(self, context: MiddlewareContext, call_next):
         session_id = context.fastmcp_context.session_id if context.fastmcp_context else None
@@ -143,6 +201,8 @@ class RecordSessions(Middleware):
         # Before the answer is routed, so it is the first event of the session's log.
         manager = _sdk.running_session_manager(scope["app"], self.path)
         _sdk.bind_event_store(manager, session_id, self.events(session_id))
+        if self.transports is not None:
+            self.transports.opened(manager, session_id, holder)
         return result
 
 
@@ -176,10 +236,13 @@ class AdoptSessions:
         on_adopt: Callable[[], None] | None = None,
         on_serve: Callable[[str, dict[str, Any], Any], None] | None = None,
         events: Callable[[str], SessionEvents] | None = None,
+        transports: Transports | None = None,
     ) -> None:
         """`on_serve(session_id, record, connection)`: told of each session this replica starts serving
-        from its record (subscriptions.py restores its subscriptions). `events` as for RecordSessions."""
+        from its record (subscriptions.py restores its subscriptions). `events` and `transports` as for
+        RecordSessions."""
         self.app = app
+        self.transports = transports
         self.events = events or functools.partial(SessionEvents, store)
         self.store = store
         self.ownership = ownership
@@ -207,7 +270,11 @@ class AdoptSessions:
         manager = _sdk.running_session_manager(scope["app"], self.path)
         if len(self.ownership.epochs) + len(self.ownership.stale) > self._prune_at:
             self.ownership.prune(lambda sid: _sdk.holds(manager, sid))
+            if self.transports is not None:
+                self.transports.prune(lambda sid: _sdk.holds(manager, sid))
             self._prune_at = 2 * (len(self.ownership.epochs) + len(self.ownership.stale)) + 1000
+        if self.transports is not None:
+            self.transports.used(session_id)
         try:
             if scope["method"] == "DELETE":
                 if await self.store.owner(session_id) != owner(scope) or not await self._end(
@@ -286,6 +353,8 @@ class AdoptSessions:
                 except (KeyError, TypeError, ValidationError) as exc:
                     log.warning("not adopting %s: corrupt session record (%s)", session_id, exc)
                     return False
+                if self.transports is not None:
+                    self.transports.opened(manager, session_id, client_of(scope))
             if epoch is None:
                 self.ownership.stale.add(session_id)
                 log.info("serving session %s to resume a stream, without taking it over", session_id)

@@ -9,7 +9,32 @@ answered with a clear error when hit (docs/operations.md lists them).
   measures what it buffered; so the replica counts what arrives and answers
   413 with a JSON-RPC error past the bound, before the SDK sees a byte. A
   body within it is read whole first (MCP messages are small, and HAProxy
-  buffers them anyway), so the app gets it as it was sent.
+  buffers them anyway), so the app gets it as it was sent. A client that
+  hangs up before its body has arrived is let go: nothing is run for it.
+
+  Then its JSON's structure is bounded before anything parses it: at most
+  MAX_REQUEST_ITEMS keys and array elements in all, nested at most
+  MAX_REQUEST_DEPTH deep, else 400 with JSON-RPC -32600. Parsing, validating
+  and digesting a megabyte of 80,000 keys kept the event loop for most of a
+  second, so that 32 of them at once stalled /health past HAProxy's check
+  and took the replica out. Counting costs far less: one pass over the bytes
+  bounds both from above (every item but a container's first follows a
+  comma; no JSON nests deeper than its opening brackets), which settles
+  nearly every body at once. A body that bound does not clear is refused
+  when its strings alone take it past (a few more passes: so are 80,000
+  keys), else counted exactly, strings set aside (`structure`): on the event
+  loop when it is small, else in a worker thread, one at a time, so bodies
+  made to need it wait their turn instead of holding the loop.
+
+  What the event loop spends on a body grows with its size and its items,
+  and /health waits behind whatever the loop has to do (HAProxy takes a
+  replica out after two checks over 800 ms). So heavy bodies (over 64 KiB,
+  or over 1,000 items by that bound) take turns, HEAVY_AT_ONCE at a time:
+  reading, bounding and the SDK's parsing and validating, until the answer
+  starts. One waiting its turn stays unread in its client's socket, and a
+  turn lasts HEAVY_TURN_SECONDS at most: a client too slow to send its body
+  within it waits for another, holding nobody up. Everything else, /health
+  included, passes at once.
 - `SessionLimits`: an `initialize` is refused before the SDK opens anything
   for it (a refused initialize would otherwise leave a transport behind
   until it idles out): 400 (JSON-RPC -32602) when its clientInfo and
@@ -20,13 +45,23 @@ answered with a clear error when hit (docs/operations.md lists them).
   Retry-After. The store enforces the same two counts atomically when the
   session is recorded, so a race past this check is refused there.
 
-- `OneAnswerPerId`: a request whose JSON-RPC id is still in flight on its
-  session gets 409 with a JSON-RPC error, instead of the SDK keying both
-  calls' answers by that id and one of them never answering. An id is in
-  flight from its request until its answer is on its way: released when the
-  event log takes the answer (an SSE answer; before it is sent), when a JSON
-  answer starts, or when the request ends however it ends, so a client that
-  reuses an id after reading its answer is never refused.
+- `CallsInFlight`: calls (JSON-RPC requests) in flight on this replica, at
+  most MAX_CALLS_PER_SESSION per session and MAX_CALLS_PER_CLIENT per
+  client (sessionless 2026-07-28 ones count per client only): one more
+  gets 429 with Retry-After and a JSON-RPC error before the SDK reads it. A
+  call is in flight from its request's receipt until both its answer has
+  gone and its handler has ended (`CallsRunning`, a middleware of the SDK's):
+  a call whose client hung up runs on, so it still counts. A
+  `subscriptions/listen` stream is no call: its own bounds count it
+  (`subscriptions.py`).
+
+  And a request whose JSON-RPC id is still in flight on its session gets
+  409 with a JSON-RPC error, instead of the SDK keying both calls' answers
+  by that id and one of them never answering. An id is in flight from its
+  request until its answer is on its way: released when the event log takes
+  the answer (an SSE answer; before it is sent), when a JSON answer starts,
+  or when the request ends however it ends, so a client that reuses an id
+  after reading its answer is never refused.
 
 Elsewhere, each where the resource is: the event log's bounds
 (`streams.SessionEvents`, the store's `max_log_bytes`), replays per session
@@ -37,9 +72,14 @@ streams (`subscriptions.py`), and idle transports (SESSION_IDLE_SECONDS).
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
+import operator
+from collections import Counter
 from typing import Any
 
+import anyio
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -63,13 +103,96 @@ def _too_large(max_bytes: int) -> JSONResponse:
     return refusal(413, f"Request body over {max_bytes} bytes")
 
 
-class BodyLimit:
-    """ASGI middleware: a body to `path` over `max_bytes` gets 413 (module docstring)."""
+# Delete tables for bytes.translate (C speed, one pass): what is left is what is counted.
+_ALL = bytes(range(256))
+_NOT_COMMAS_OR_OPENS = _ALL.translate(None, b",[{")
+_NOT_BRACKETS = _ALL.translate(None, b"[]{}")
+_WHITESPACE = b" \t\r\n"
+_AS_BRACES = bytes.maketrans(b"[]", b"{}")
+# A body up to this size that the bound does not clear is counted exactly on the event loop (under a
+# millisecond); a larger one in a worker thread.
+INLINE_BYTES = 64 * 1024
+# Heavy bodies (over INLINE_BYTES, or over HEAVY_ITEMS by the one-pass bound) are read, bounded and handed
+# to the SDK this many at a time, each turn HEAVY_TURN_SECONDS at most (it ends when the answer starts).
+HEAVY_AT_ONCE = 1
+HEAVY_ITEMS = 1000
+HEAVY_TURN_SECONDS = 1.0
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int, path: str = "/mcp") -> None:
+
+def structure_bound(body: bytes) -> tuple[int, int]:
+    """Upper bounds on a JSON text's (keys and array elements, depth), in one pass over its bytes: each
+    item but a container's first follows a comma, and nothing nests deeper than its opening brackets
+    (commas and brackets inside strings only raise them)."""
+    kept = body.translate(None, _NOT_COMMAS_OR_OPENS)
+    return len(kept), len(kept) - kept.count(b",")
+
+
+def unescaped(body: bytes) -> bytes:
+    """The JSON text without its escaped backslashes, then its escaped quotes: each quote left opens or
+    closes a string."""
+    return body.replace(b"\\\\", b"").replace(b'\\"', b"")
+
+
+def over_by_strings(text: bytes, max_items: int) -> bool:
+    """Whether an `unescaped` JSON text's strings alone take it past `max_items`: each is a key, a key's
+    value, an array element or the whole text, so there are at most 2 x items + 1 of them."""
+    return text.count(b'"') // 2 > 2 * max_items + 1
+
+
+def structure(text: bytes, max_items: int) -> tuple[int, int]:
+    """An `unescaped` JSON text's keys and array elements in all, and its depth: exact for valid JSON
+    (invalid JSON gets bounds from above, and its parser refuses it). Past `max_items`, the depth is only
+    bounded from above: its opening brackets."""
+    # Outside the strings, a string a value like any other: every comma and bracket left is structure.
+    outside = b"0".join(text.split(b'"')[::2]).translate(None, _WHITESPACE)
+    opens = outside.count(b"{") + outside.count(b"[")
+    items = outside.count(b",") + opens - outside.count(b"{}") - outside.count(b"[]")
+    closes = outside.count(b"}") + outside.count(b"]")
+    if items > max_items or closes != opens:
+        return items, opens
+    # Within valid JSON every container but the outermost is an item, so there are at most max_items + 1
+    # runs of opening brackets, each ended by one close: the depth before the n-th close is the length
+    # of the runs before it less the n - 1 closes before that.
+    runs = outside.translate(_AS_BRACES, _NOT_BRACKETS).split(b"}")
+    return items, max(map(operator.sub, itertools.accumulate(map(len, runs)), itertools.count()), default=0)
+
+
+class _Slot:
+    """A request's turn among the heavy ones (BodyLimit): HEAVY_TURN_SECONDS at most, given back once."""
+
+    def __init__(self, places: anyio.Semaphore) -> None:
+        self.places = places
+        self._ends: asyncio.TimerHandle | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._ends is not None
+
+    async def take(self) -> None:
+        if self._ends is None:
+            await self.places.acquire()
+            self._ends = asyncio.get_running_loop().call_later(HEAVY_TURN_SECONDS, self.give_back)
+
+    def give_back(self) -> None:
+        if self._ends is not None:
+            self._ends.cancel()
+            self._ends = None
+            self.places.release()
+
+
+class BodyLimit:
+    """ASGI middleware: a body to `path` over `max_bytes` gets 413, a structure past `max_items` or
+    `max_depth` 400; heavy bodies take turns (module docstring)."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int, max_items: int, max_depth: int, path: str = "/mcp") -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_items = max_items
+        self.max_depth = max_depth
         self.path = path
+        # Exact counts of large bodies: one at a time, off the event loop.
+        self._counting = anyio.CapacityLimiter(1)
+        self._heavy = anyio.Semaphore(HEAVY_AT_ONCE)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
@@ -77,20 +200,60 @@ class BodyLimit:
         declared = Headers(scope=scope).get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             return await _too_large(self.max_bytes)(scope, receive, send)
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away: the app hears it too
-                return await self.app(scope, _replay([message]), send)
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                return await _too_large(self.max_bytes)(scope, receive, send)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        await self.app(scope, _replay([{"type": "http.request", "body": b"".join(chunks)}], then=receive), send)
+        slot = _Slot(self._heavy)
+        try:
+            if declared is not None and declared.isdigit() and int(declared) > INLINE_BYTES:
+                await slot.take()  # before reading: a body waiting its turn stays in its client's socket
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return  # the client went away before its request arrived: nothing to run, nobody to answer
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.max_bytes:
+                    return await _too_large(self.max_bytes)(scope, receive, send)
+                if size > INLINE_BYTES:
+                    await slot.take()  # again, if its client was too slow to send the body within its turn
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+            body = b"".join(chunks)
+            items, depth = structure_bound(body)
+            if items > HEAVY_ITEMS:
+                await slot.take()
+            refused = None if items <= self.max_items and depth <= self.max_depth else await self._refusal(body)
+            if refused is not None:
+                return await refused(scope, receive, send)
+
+            async def answer(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    slot.give_back()
+                await send(message)
+
+            await self.app(scope, _replay([{"type": "http.request", "body": body}], then=receive), answer)
+        finally:
+            slot.give_back()
+
+    async def _refusal(self, body: bytes) -> JSONResponse | None:
+        """For a body the one-pass bound does not clear: the refusal, if its structure is past a bound."""
+        text = unescaped(body)
+        if over_by_strings(text, self.max_items):
+            items, depth = self.max_items + 1, 0  # many keys or strings: refused without counting them all
+        elif len(text) <= INLINE_BYTES:
+            items, depth = structure(text, self.max_items)
+        else:
+            items, depth = await anyio.to_thread.run_sync(structure, text, self.max_items, limiter=self._counting)
+        if items > self.max_items:
+            message = f"The request holds over {self.max_items:,} JSON keys and array elements (MAX_REQUEST_ITEMS)"
+            return refusal(400, message)
+        if depth > self.max_depth:
+            return refusal(
+                400,
+                f"The request nests JSON {depth} deep; this server takes at most {self.max_depth} (MAX_REQUEST_DEPTH)",
+            )
+        return None
 
 
 def _replay(messages: list[Message], *, then: Receive | None = None) -> Receive:
@@ -191,11 +354,45 @@ async def _peek_json(receive: Receive) -> tuple[Any, Receive]:
     return request, _replay(messages, then=receive)
 
 
-class InFlight:
-    """The JSON-RPC ids in flight on each session, on this replica."""
+# Where CallsInFlight leaves a request's `Call` in its ASGI scope, for CallsRunning to find in the handler.
+CALL_SCOPE_KEY = "mcp_ha.call"
+# Not calls: a listen stream lasts as long as its client wants, and subscriptions.py bounds them itself.
+UNCOUNTED_METHODS = frozenset({"subscriptions/listen"})
 
-    def __init__(self) -> None:
+
+class Call:
+    """One call in flight: counted while anything holds it (its HTTP exchange, its handler)."""
+
+    __slots__ = ("_holds", "client", "in_flight", "session_id")
+
+    def __init__(self, in_flight: InFlight, session_id: str | None, client: str) -> None:
+        self.in_flight = in_flight
+        self.session_id = session_id
+        self.client = client
+        self._holds = 0
+
+    def hold(self) -> None:
+        if not self._holds:
+            self.in_flight.count(self, 1)
+        self._holds += 1
+
+    def drop(self) -> None:
+        self._holds -= 1
+        if not self._holds:
+            self.in_flight.count(self, -1)
+
+
+class InFlight:
+    """On this replica: the JSON-RPC ids in flight on each session, and the calls in flight per session
+    and per client."""
+
+    def __init__(self, *, max_per_session: int, max_per_client: int) -> None:
+        self.max_per_session = max_per_session
+        self.max_per_client = max_per_client
         self._ids: dict[str, set[str]] = {}
+        # A Counter drops no key by itself: `count` does, so a session or client gone costs nothing.
+        self._per_session: Counter[str] = Counter()
+        self._per_client: Counter[str] = Counter()
 
     def take(self, session_id: str, request_id: str) -> bool:
         """Mark `request_id` in flight on `session_id`; False if it already is."""
@@ -212,9 +409,33 @@ class InFlight:
             if not ids:
                 del self._ids[session_id]
 
+    def admit(self, session_id: str | None, client: str) -> Call | str:
+        """A new call, held (its caller drops it); or, past a bound, why not."""
+        if session_id is not None and self._per_session[session_id] >= self.max_per_session:
+            return (
+                f"This session has {self.max_per_session} calls in flight on this replica, the most one session "
+                "may (MAX_CALLS_PER_SESSION): wait for one to answer, then send this again"
+            )
+        if self._per_client[client] >= self.max_per_client:
+            return (
+                f"You have {self.max_per_client} calls in flight on this replica, the most one client may "
+                "(MAX_CALLS_PER_CLIENT): wait for one to answer, then send this again"
+            )
+        call = Call(self, session_id, client)
+        call.hold()
+        return call
 
-class OneAnswerPerId:
-    """ASGI middleware: a request id still in flight on its session gets 409 (module docstring)."""
+    def count(self, call: Call, change: int) -> None:
+        for counter, key in ((self._per_session, call.session_id), (self._per_client, call.client)):
+            if key is not None:
+                counter[key] += change
+                if counter[key] <= 0:
+                    del counter[key]
+
+
+class CallsInFlight:
+    """ASGI middleware inside the auth layer (a client is its principal): calls in flight past a bound
+    get 429, a request id still in flight on its session 409 (module docstring)."""
 
     def __init__(self, app: ASGIApp, *, in_flight: InFlight, path: str = "/mcp") -> None:
         self.app = app
@@ -222,19 +443,37 @@ class OneAnswerPerId:
         self.path = path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        session_id = Headers(scope=scope).get("mcp-session-id") if scope["type"] == "http" else None
-        if session_id is None or scope["path"] != self.path or scope["method"] != "POST":
+        if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST" or refused_by_auth(scope):
             return await self.app(scope, receive, send)
         request, replay = await _peek_json(receive)
-        request_id = request.get("id") if isinstance(request, dict) and "method" in request else None
-        if request_id is None or isinstance(request_id, bool | dict | list):
-            return await self.app(scope, replay, send)
+        if not isinstance(request, dict) or "method" not in request or request.get("id") is None:
+            return await self.app(scope, replay, send)  # a notification, a response, or not JSON-RPC
+        request_id = request["id"]
+        method = request.get("method")
+        if not isinstance(method, str) or method in UNCOUNTED_METHODS:
+            return await self.app(scope, replay, send)  # not a call (the SDK refuses a method that is no string)
+        session_id = Headers(scope=scope).get("mcp-session-id") if session_era(scope) else None
+        call = self.in_flight.admit(session_id, client_of(scope))
+        if isinstance(call, str):
+            answer_id = None if isinstance(request_id, dict | list) else request_id
+            return await refusal(429, call, code=-32000, id=answer_id, retry_after=1)(scope, replay, send)
+        scope[CALL_SCOPE_KEY] = call
+        try:
+            if session_id is None or isinstance(request_id, bool | dict | list):
+                return await self.app(scope, replay, send)
+            await self._one_answer_per_id(scope, replay, send, session_id, request_id)
+        finally:
+            call.drop()
+
+    async def _one_answer_per_id(
+        self, scope: Scope, receive: Receive, send: Send, session_id: str, request_id: Any
+    ) -> None:
         key = str(request_id)  # as the SDK keys a request's stream
         if not self.in_flight.take(session_id, key):
             message = (
                 f"A request with id {json.dumps(request_id)[:64]} is still in flight on this session; use another id"
             )
-            return await refusal(409, message, id=request_id)(scope, replay, send)
+            return await refusal(409, message, id=request_id)(scope, receive, send)
 
         async def send_answer(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -244,6 +483,21 @@ class OneAnswerPerId:
             await send(message)
 
         try:
-            await self.app(scope, replay, send_answer)
+            await self.app(scope, receive, send_answer)
         finally:
             self.in_flight.release(session_id, key)
+
+
+class CallsRunning:
+    """A middleware of the SDK's, around every request's handler: while a call's handler runs, its `Call`
+    stays in flight, though its client may have hung up (module docstring)."""
+
+    async def __call__(self, ctx: Any, call_next: Any) -> Any:
+        call = getattr(ctx.request, "scope", {}).get(CALL_SCOPE_KEY)
+        if call is None:
+            return await call_next(ctx)
+        call.hold()
+        try:
+            return await call_next(ctx)
+        finally:
+            call.drop()

@@ -26,7 +26,8 @@ What each step owns:
   so it sees what the client gets; store errors; idempotency keys; session
   records innermost), `create_session` and `end_session` for sessionless clients, `/health`,
   `/metrics`, the log filters, and the ASGI layers around the MCP endpoint,
-  outermost first: request ids, drain, the body bound, stream resumption, adoption. Its
+  outermost first: request ids, drain, the body and structure bounds, (inside
+  the auth layer) calls in flight, session limits, stream resumption, adoption. Its
   lifespan makes SIGTERM drain and closes the store. Mount it in any ASGI
   server and every guarantee comes with it.
 - `run(app)`: uvicorn with structured logs, on the settings' host and port.
@@ -50,17 +51,16 @@ from fastmcp.server.sessions import SessionId
 from mcp.server.subscriptions import ServerEvent
 from mcp_types import SubscribeRequestParams, SubscriptionsListenRequestParams, UnsubscribeRequestParams
 from starlette.middleware import Middleware as StarletteMiddleware
-from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import _sdk
-from .adoption import AdoptSessions, Ownership, RecordSessions
+from .adoption import AdoptSessions, Ownership, RecordSessions, Transports
 from .drain import Drain, drain_on_sigterm
 from .errors import ANSWERED, StoreErrors
 from .handles import FastMCPSessions, create_handle, end_handle, session_id_for
 from .health import StoreHealth, health_endpoint
 from .idempotency import IdempotentCalls, current_call
-from .limits import BodyLimit, InFlight, OneAnswerPerId, SessionLimits
+from .limits import BodyLimit, CallsInFlight, CallsRunning, InFlight, SessionLimits
 from .logs import Expected, RequestIds, configure
 from .principals import owner
 from .request_state import NoteSealedState, RefuseReplays, request_state_security
@@ -82,6 +82,7 @@ def make_store(settings: Settings, *, on_replay: Callable[[Any], None] | None = 
         "max_state_bytes": settings.max_state_bytes,
         "max_sessions": settings.max_sessions,
         "max_sessions_per_holder": settings.max_sessions_per_client,
+        "max_bytes_per_holder": settings.max_bytes_per_client,
         "on_replay": on_replay,
     }
     if settings.uses_redis:
@@ -229,7 +230,11 @@ class HighAvailability:
         mcp.add_middleware(RefuseReplays(self.store, ttl_seconds=self.settings.request_state_ttl_seconds))
         _sdk.add_outside_request_state_boundary(mcp, NoteSealedState())
         feed = EventFeed(self.store)
-        in_flight = InFlight()
+        in_flight = InFlight(
+            max_per_session=self.settings.max_calls_per_session, max_per_client=self.settings.max_calls_per_client
+        )
+        _sdk.add_server_middleware(mcp, CallsRunning())
+        transports = Transports(self.settings.max_transports_per_client)
         events = functools.partial(
             SessionEvents,
             self.store,
@@ -238,8 +243,9 @@ class HighAvailability:
             on_answer=in_flight.release,
             runs=self.runs,
             call_ttl_seconds=int(self.settings.event_ttl_seconds),
+            abandoned_seconds=self.settings.abandoned_call_seconds,
         )
-        mcp.add_middleware(RecordSessions(self.store, self.ownership, path=path, events=events))
+        mcp.add_middleware(RecordSessions(self.store, self.ownership, path=path, events=events, transports=transports))
 
         @mcp.tool(name="create_session")
         async def create_session() -> dict:
@@ -263,7 +269,11 @@ class HighAvailability:
             return manager is not None and _sdk.holds(manager, session_id)
 
         subscriptions = Subscriptions(
-            self.bus, max_streams=self.settings.max_listen_streams, resource_matches=resource_matches, holds=holds
+            self.bus,
+            max_streams=self.settings.max_listen_streams,
+            max_per_client=self.settings.max_listens_per_client,
+            resource_matches=resource_matches,
+            holds=holds,
         )
         _sdk.add_request_handler(mcp, "subscriptions/listen", SubscriptionsListenRequestParams, subscriptions.listen)
         _sdk.add_request_handler(mcp, "resources/subscribe", SubscribeRequestParams, subscriptions.subscribe)
@@ -279,12 +289,12 @@ class HighAvailability:
             mcp.custom_route("/metrics", methods=["GET"])(metrics.endpoint)
         # A store's refusal is answered (errors.py): its traceback would bury real bugs.
         logging.getLogger("fastmcp.server.server").addFilter(Expected(*ANSWERED))
-        # A client that hung up before its body arrived is the client's doing, not an error of ours.
-        logging.getLogger("mcp.server.streamable_http").addFilter(Expected(ClientDisconnect))
 
         app = mcp.http_app(
             path=path,
             middleware=[
+                # First inside the auth layer: a client is its principal.
+                StarletteMiddleware(CallsInFlight, in_flight=in_flight, path=path),
                 StarletteMiddleware(
                     SessionLimits,
                     store=self.store,
@@ -311,6 +321,7 @@ class HighAvailability:
                     on_adopt=metrics.SESSIONS_ADOPTED.inc if metrics else None,
                     on_serve=subscriptions.restore,
                     events=events,
+                    transports=transports,
                 ),
             ],
             # An idle session costs a replica a transport (~40 KB) until it is forgotten, and
@@ -339,10 +350,18 @@ class HighAvailability:
                     await self.store.aclose()
 
         app.router.lifespan_context = lifespan
-        guarded = OneAnswerPerId(app, in_flight=in_flight, path=path)
         return NameReplica(
             RequestIds(
-                self.drain.middleware(BodyLimit(guarded, max_bytes=self.settings.max_body_bytes, path=path), path=path)
+                self.drain.middleware(
+                    BodyLimit(
+                        app,
+                        max_bytes=self.settings.max_body_bytes,
+                        max_items=self.settings.max_request_items,
+                        max_depth=self.settings.max_request_depth,
+                        path=path,
+                    ),
+                    path=path,
+                )
             ),
             self.instance,
         )

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 
 from .session_store import (
     DEFAULT_EVENT_TTL_SECONDS,
+    DEFAULT_MAX_BYTES_PER_HOLDER,
     DEFAULT_MAX_LOG_BYTES,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_MAX_SESSIONS_PER_HOLDER,
@@ -70,6 +71,8 @@ class Settings:
     max_record_bytes: int = field(default=4096, metadata={"env": "MAX_SESSION_RECORD_BYTES"})
     # Open `subscriptions/listen` streams one replica serves at once.
     max_listen_streams: int = field(default=1024, metadata={"env": "MAX_LISTEN_STREAMS"})
+    # Of those, the most one client (its principal, else its address) holds on one replica.
+    max_listens_per_client: int = field(default=64, metadata={"env": "MAX_LISTEN_STREAMS_PER_CLIENT"})
     # The largest event a session's event log keeps (a larger answer is kept as an error saying to call again).
     max_event_bytes: int = field(default=64 * 1024, metadata={"env": "MAX_EVENT_BYTES"})
     # What a session's event log keeps, in bytes: its latest events.
@@ -81,11 +84,24 @@ class Settings:
     max_sessions_per_client: int = field(
         default=DEFAULT_MAX_SESSIONS_PER_HOLDER, metadata={"env": "MAX_SESSIONS_PER_CLIENT"}
     )
+    # Everything the store keeps for one client (state, op and call records, claims, records, event logs).
+    max_bytes_per_client: int = field(default=DEFAULT_MAX_BYTES_PER_HOLDER, metadata={"env": "MAX_CLIENT_BYTES"})
     # A replica forgets an idle session's transport after this; adoption brings it back on its next request.
-    session_idle_seconds: float = field(default=60.0, metadata={"env": "SESSION_IDLE_SECONDS"})
+    session_idle_seconds: float = field(default=5.0, metadata={"env": "SESSION_IDLE_SECONDS"})
+    # Session transports one client holds on one replica: past it, its least recently used idle one is forgotten.
+    max_transports_per_client: int = field(default=256, metadata={"env": "MAX_TRANSPORTS_PER_CLIENT"})
+    # Calls (JSON-RPC requests) in flight on one replica, per session and per client.
+    max_calls_per_session: int = field(default=16, metadata={"env": "MAX_CALLS_PER_SESSION"})
+    max_calls_per_client: int = field(default=64, metadata={"env": "MAX_CALLS_PER_CLIENT"})
+    # A request body's JSON: keys and array elements in all, and how deep it nests.
+    max_request_items: int = field(default=10_000, metadata={"env": "MAX_REQUEST_ITEMS"})
+    max_request_depth: int = field(default=32, metadata={"env": "MAX_REQUEST_DEPTH"})
     # Streams being resumed (GET with Last-Event-ID) at once: per session, and on one replica.
     max_replays_per_session: int = field(default=8, metadata={"env": "MAX_REPLAYS_PER_SESSION"})
     max_replays: int = field(default=256, metadata={"env": "MAX_REPLAYS"})
+    # A streamed call nobody reads (its client's connection closed, no resumed stream reading it) this long
+    # is cancelled.
+    abandoned_call_seconds: float = field(default=30.0, metadata={"env": "ABANDONED_CALL_SECONDS"})
     # FastMCP's own variable, read here so the layer reads the environment in one place: unset, the kit
     # turns FastMCP's OpenTelemetry spans off (replica.py).
     fastmcp_telemetry_mode: str | None = field(default=None, metadata={"env": "FASTMCP_TELEMETRY_MODE"})
@@ -102,14 +118,22 @@ class Settings:
             "max_body_bytes",
             "max_record_bytes",
             "max_listen_streams",
+            "max_listens_per_client",
             "max_event_bytes",
             "max_log_bytes",
             "max_state_bytes",
             "max_sessions",
             "max_sessions_per_client",
+            "max_bytes_per_client",
             "session_idle_seconds",
+            "max_transports_per_client",
+            "max_calls_per_session",
+            "max_calls_per_client",
+            "max_request_items",
+            "max_request_depth",
             "max_replays_per_session",
             "max_replays",
+            "abandoned_call_seconds",
             "sse_retry_ms",
         ):
             if getattr(self, name) <= 0:

@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -561,24 +562,30 @@ async def test_deeply_nested_json_is_a_parse_error_not_a_recursion_error(unharme
 async def test_a_session_initialized_with_deeply_nested_capabilities_is_adopted_or_refused_cleanly(
     unharmed: Guard, http: httpx2.AsyncClient
 ) -> None:
-    """Initialize params are stored for adoption and read back by another replica: depth must not break that."""
-    capabilities = json.loads('{"experimental":{"x":{"deep":' + nested(150) + "}}}")
-    session = RawSession(http, unharmed.stack.config.mcp_url)
-    response = await http.post(
-        session.url,
-        headers=headers_for(None),
-        json={
+    """Initialize params are stored for adoption and read back by another replica: depth must not break that.
+    Past MAX_REQUEST_DEPTH the replica refuses the body before anything parses it (400, -32600)."""
+
+    def initialize(depth: int) -> dict[str, Any]:
+        capabilities = json.loads('{"experimental":{"x":{"deep":' + nested(depth) + "}}}")
+        return {
             "jsonrpc": "2.0",
             "id": 1,
             "method": "initialize",
             "params": {
                 "protocolVersion": PROTOCOL,
                 "capabilities": capabilities,
-                "clientInfo": {"name": "\x1b[31m" + "é" * 1000, "version": nested(100)},
+                "clientInfo": {"name": "\x1b[31m" + "é" * 1000, "version": nested(depth)},
             },
-        },
-    )
+        }
+
+    session = RawSession(http, unharmed.stack.config.mcp_url)
+    refused = await http.post(session.url, headers=headers_for(None), json=initialize(150))
     tried("deeply nested JSON")
+    assert refused.status_code == 400, refused.text[:300]
+    assert refused.json()["error"]["code"] == -32600
+    assert "MAX_REQUEST_DEPTH" in refused.json()["error"]["message"]
+    # Within the bound (the envelope takes 6 levels of the default 32): stored, and adopted everywhere.
+    response = await http.post(session.url, headers=headers_for(None), json=initialize(20))
     assert "result" in last_jsonrpc_message(response), response.text[:300]
     session.session_id = response.headers["mcp-session-id"]
     owner = (await session.call("increment_counter"))["instance"]

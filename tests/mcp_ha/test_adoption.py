@@ -8,13 +8,16 @@ import json
 import re
 import signal
 import subprocess
+import time
 import uuid
+from pathlib import Path
 
 import httpx2
 import pytest
+from conftest import replica_on
 
 from mcp_ha.adoption import Ownership
-from mcp_ha.check.wire import RawSession, last_jsonrpc_message
+from mcp_ha.check.wire import RawSession, final_message, last_jsonrpc_message
 from mcp_ha.stack import Stack
 
 
@@ -72,12 +75,13 @@ async def test_a_burst_of_first_requests_on_an_adopting_replica_all_succeed(
 ) -> None:
     first = (await raw.call("increment_counter"))["instance"]
     other = next(name for name in stack.config.replica_names() if name != first)
-    burst = [direct(stack, http, other, raw.session_id) for _ in range(20)]
+    # As many as one session may have in flight on a replica (MAX_CALLS_PER_SESSION).
+    burst = [direct(stack, http, other, raw.session_id) for _ in range(16)]
     for i, session in enumerate(burst):
         session._next_id = 100 * (i + 1)  # JSON-RPC ids must differ within a session
     # One request adopts; the others arrive while it does, and must not find a half-built transport.
     results = await asyncio.gather(*(s.call("increment_counter") for s in burst))
-    assert sorted(r["counter"] for r in results) == list(range(2, 22))
+    assert sorted(r["counter"] for r in results) == list(range(2, 18))
 
 
 async def test_an_id_the_store_does_not_know_is_404_on_every_replica(stack: Stack, http: httpx2.AsyncClient) -> None:
@@ -219,3 +223,74 @@ async def test_a_session_id_the_kit_never_minted_is_a_4xx_and_reaches_neither_re
     await asyncio.sleep(0.5)  # a log line is written as the answer goes out: give the last one time to land
     for name in replicas:
         assert marker not in (stack.log_dir / f"{name}.log").read_text(errors="replace")
+
+
+# -- what a session costs a replica: SESSION_IDLE_SECONDS, MAX_TRANSPORTS_PER_CLIENT --
+
+
+async def held(http: httpx2.AsyncClient, url: str) -> int:
+    """How many session transports the replica at `url` holds (its /metrics)."""
+    text = (await http.get(url.removesuffix("/mcp") + "/metrics")).text
+    return int(float(re.search(r"^mcp_sessions_held (\S+)$", text, re.M).group(1)))  # type: ignore[union-attr]
+
+
+LONG_CALL = {"name": "analyze_data", "arguments": {"num_items": 60}}  # 3 s of work, streamed
+
+
+async def test_past_max_transports_per_client_its_least_recently_used_idle_ones_are_forgotten(
+    redis_stack: Stack, tmp_path: Path
+) -> None:
+    with replica_on(redis_stack, tmp_path, "transports", MAX_TRANSPORTS_PER_CLIENT="3", METRICS="on") as replica:
+        async with httpx2.AsyncClient(timeout=30) as http:
+            busy = RawSession(http, replica.url)
+            await busy.initialize()
+            async with busy.stream("tools/call", LONG_CALL) as stream:
+                events = aiter(stream)
+                await anext(events)
+                # Every session here is one client's (one address): five more, each used once.
+                sessions = [RawSession(http, replica.url) for _ in range(5)]
+                for session in sessions:
+                    await session.initialize()
+                    assert (await session.call("increment_counter"))["counter"] == 1
+                assert await held(http, replica.url) == 3
+                # The least recently used one was busy with a call: it was not forgotten, and its call ends well.
+                answer = [event.message async for event in events if event.message][-1]
+                assert answer["result"]["structuredContent"]["items_processed"] == 60
+            log = replica.log.read_text()
+            forgotten = [s for s in sessions if f"forgot the transport of session {s.session_id}" in log]
+            assert [s.session_id for s in forgotten] == [s.session_id for s in sessions[:3]]
+            assert f"forgot the transport of session {busy.session_id}" not in log
+            # A forgotten one is adopted back on its next request, its state whole.
+            for session in forgotten:
+                assert (await session.call("increment_counter"))["counter"] == 2
+            assert await held(http, replica.url) == 3
+
+
+async def test_a_session_with_a_call_running_or_a_stream_open_is_not_idle(redis_stack: Stack, tmp_path: Path) -> None:
+    with replica_on(redis_stack, tmp_path, "idle", SESSION_IDLE_SECONDS="1", METRICS="on") as replica:
+        async with httpx2.AsyncClient(timeout=30) as http:
+            session = RawSession(http, replica.url)
+            await session.initialize()
+            # A call three times the idle timeout long, whose client hangs up after its first event: the
+            # session stays, the call runs to its end, and the stream resumed afterwards delivers its answer.
+            async with session.stream("tools/call", LONG_CALL) as stream:
+                first = await anext(aiter(stream))
+            assert first.id is not None
+            await asyncio.sleep(3.5)
+            async with session.resume(first.id) as resumed:
+                messages = [event.message async for event in resumed if event.message]
+            assert messages[-1]["result"]["structuredContent"]["items_processed"] == 60
+            assert "adopted session" not in replica.log.read_text()
+            # An open GET stream holds the session too; closed, the session idles out.
+            headers = {**session.headers(), "Accept": "text/event-stream"}
+            async with http.stream("GET", replica.url, headers=headers) as listening:
+                assert listening.status_code == 200
+                await asyncio.sleep(2.5)
+                assert await held(http, replica.url) == 1
+            deadline = time.monotonic() + 15
+            while await held(http, replica.url):
+                assert time.monotonic() < deadline, "the idle session was never forgotten"
+                await asyncio.sleep(0.2)
+            # Forgotten, not lost: the next call adopts it again.
+            response = await session.post("tools/call", {"name": "increment_counter", "arguments": {}})
+            assert final_message(response)["result"]["structuredContent"]["counter"] == 1

@@ -6,17 +6,23 @@ import asyncio
 import contextlib
 import json
 import secrets
+import statistics
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
 from conftest import replica_on
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from mcp_ha.check.wire import ACCEPT, PROTOCOL, RawSession, final_message
+from mcp_ha.check.wire import ACCEPT, PROTOCOL, RawSession, SessionlessSession, final_message
+from mcp_ha.limits import structure, structure_bound, unescaped
 from mcp_ha.stack import Stack
 
 pytestmark = pytest.mark.timeout(60)
@@ -208,3 +214,245 @@ async def test_a_request_id_in_flight_on_its_session_is_refused_and_free_again_o
             await http.post(session.url, headers=session.headers(), json=call("increment_counter", {}))
         )
         assert again["result"]["structuredContent"]["counter"] == 1
+
+
+# -- the structure of a request body: MAX_REQUEST_ITEMS, MAX_REQUEST_DEPTH --
+
+MAX_REQUEST_ITEMS, MAX_REQUEST_DEPTH = 10_000, 32
+# A tools/call's own keys (jsonrpc, id, method, params; name, arguments) and depth (to inside `arguments`).
+ENVELOPE_ITEMS, ENVELOPE_DEPTH = 6, 3
+
+
+def counted(value: Any) -> tuple[int, int]:
+    """Keys and array elements in all, and depth, counted on the parsed value."""
+    if isinstance(value, dict | list):
+        inner = [counted(v) for v in (value.values() if isinstance(value, dict) else value)]
+        return len(value) + sum(i for i, _ in inner), 1 + max((d for _, d in inner), default=0)
+    return 0, 0
+
+
+JSON_TEXT = st.text(alphabet=st.sampled_from(list('ab,:[]{}"\\ \n\u00e9')), max_size=6)
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | JSON_TEXT,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(JSON_TEXT, children, max_size=4),
+    max_leaves=30,
+)
+
+
+@pytest.mark.quick
+@settings(max_examples=400, deadline=None)
+@given(value=JSON_VALUES, indent=st.sampled_from([None, 1, "\t"]), ascii=st.booleans())
+def test_a_bodys_structure_is_counted_exactly_however_it_is_written(value: Any, indent: Any, ascii: bool) -> None:
+    """Strings full of commas, brackets, quotes and backslashes, whitespace anywhere: the count is the parser's."""
+    body = json.dumps(value, indent=indent, ensure_ascii=ascii).encode()
+    items, depth = counted(value)
+    assert structure(unescaped(body), 10**9) == (items, depth)
+    bound_items, bound_depth = structure_bound(body)
+    assert bound_items >= items and bound_depth >= depth
+
+
+def tool_call(arguments: str, tool: str = "increment_counter", request_id: int = 1) -> bytes:
+    return (
+        f'{{"jsonrpc":"2.0","id":{request_id},"method":"tools/call",'
+        f'"params":{{"name":"{tool}","arguments":{arguments}}}}}'
+    ).encode()
+
+
+def keys(count: int, pad: str = "") -> str:
+    return "{" + ",".join(f'"k{i}{pad}":0' for i in range(count)) + "}"
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "1" + "]" * depth
+
+
+def assert_past_structure(response: httpx2.Response, setting: str) -> None:
+    assert response.status_code == 400, response.text[:300]
+    error = response.json()["error"]
+    assert error["code"] == -32600 and setting in error["message"], error
+
+
+def assert_served(response: httpx2.Response) -> None:
+    """Past the structure bound: the SDK's answer (a tool error, for arguments no tool takes)."""
+    assert response.status_code == 200, response.text[:300]
+    assert "result" in final_message(response) or "error" in final_message(response)
+
+
+@pytest.fixture
+async def direct(stack: Stack, http: httpx2.AsyncClient) -> RawSession:
+    """A session on one replica, spoken to directly."""
+    session = RawSession(http, f"http://127.0.0.1:{stack.config.replica_ports[0]}/mcp")
+    await session.initialize()
+    return session
+
+
+async def test_a_body_past_max_request_items_gets_400_and_one_just_within_is_served(direct: RawSession) -> None:
+    async def send(arguments: str) -> httpx2.Response:
+        return await direct.http.post(direct.url, headers=direct.headers(), content=tool_call(arguments))
+
+    assert_served(await send(keys(MAX_REQUEST_ITEMS - ENVELOPE_ITEMS)))
+    assert_past_structure(await send(keys(MAX_REQUEST_ITEMS - ENVELOPE_ITEMS + 1)), "MAX_REQUEST_ITEMS")
+    # As many in an array, and in keys long enough that the body nears MAX_BODY_BYTES.
+    assert_served(await send("[" + ",".join(["0"] * (MAX_REQUEST_ITEMS - ENVELOPE_ITEMS)) + "]"))
+    assert_past_structure(
+        await send("[" + ",".join(["0"] * (MAX_REQUEST_ITEMS - ENVELOPE_ITEMS + 1)) + "]"), "MAX_REQUEST_ITEMS"
+    )
+    assert_served(await send(keys(MAX_REQUEST_ITEMS - ENVELOPE_ITEMS, pad="x" * 90)))
+    assert_past_structure(await send(keys(MAX_REQUEST_ITEMS, pad="x" * 90)), "MAX_REQUEST_ITEMS")
+    # Commas, brackets and escaped quotes inside strings are no structure: bodies the one-pass bound does not
+    # clear, counted exactly, small (on the event loop) and large (in a worker thread).
+    for size in (30_000, 600_000):
+        text = ('\\"[{,' * size)[:size]
+        assert_served(await send(json.dumps({"note": text})))
+        assert_served(await send(json.dumps({"notes": [text[: size // 2], text[: size // 2]]})))
+    # Strings alone past the bound: a body of many short ones is refused as it is.
+    assert_past_structure(await send(json.dumps(["s"] * 30_000)), "MAX_REQUEST_ITEMS")
+
+
+async def test_a_body_past_max_request_depth_gets_400_and_one_just_within_is_served(
+    stack: Stack, direct: RawSession
+) -> None:
+    async def send(arguments: str) -> httpx2.Response:
+        return await direct.http.post(direct.url, headers=direct.headers(), content=tool_call(arguments))
+
+    within = MAX_REQUEST_DEPTH - ENVELOPE_DEPTH
+    assert_served(await send(f'{{"x":{nested(within)}}}'))
+    past = await send(f'{{"x":{nested(within + 1)}}}')
+    assert_past_structure(past, "MAX_REQUEST_DEPTH")
+    assert f"{MAX_REQUEST_DEPTH + 1} deep" in past.json()["error"]["message"]
+    # Many more brackets than levels: counted exactly.
+    siblings = ",".join(["[[]]"] * 100)
+    assert_served(await send(f'{{"x":{nested(within)},"y":[{siblings}]}}'))
+    assert_past_structure(await send(f'{{"y":[{siblings}],"x":{nested(within + 1)}}}'), "MAX_REQUEST_DEPTH")
+    # Through HAProxy as well, and an initialize too (it has no session yet).
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": PROTOCOL, "capabilities": {"x": json.loads(nested(40))}, "clientInfo": {}},
+    }
+    headers = {"accept": ACCEPT, "content-type": "application/json", "mcp-protocol-version": PROTOCOL}
+    response = await direct.http.post(stack.config.mcp_url, headers=headers, json=body)
+    assert_past_structure(response, "MAX_REQUEST_DEPTH")
+
+
+async def test_80000_keys_are_refused_at_the_cost_of_reading_them_and_health_stays_fast(
+    stack: Stack, direct: RawSession
+) -> None:
+    """Finding 3: parsing, validating and digesting such bodies held the event loop, /health failed HAProxy's
+    check, and replicas went down one after another. Refused, one costs about what any body its size costs."""
+    http = direct.http
+    wide = tool_call(keys(80_000))
+    plain = tool_call(json.dumps({"note": "n" * (len(wide) - 100)}))  # as large; the one-pass bound clears it
+
+    async def timed(body: bytes) -> float:
+        started = time.perf_counter()
+        response = await http.post(direct.url, headers=direct.headers(), content=body)
+        elapsed = time.perf_counter() - started
+        if body is wide:
+            assert_past_structure(response, "MAX_REQUEST_ITEMS")
+        else:
+            assert_served(response)
+        return elapsed
+
+    wide_times, plain_times = [], []
+    for _ in range(5):  # interleaved, so the machine's load weighs on both alike
+        wide_times.append(await timed(wide))
+        plain_times.append(await timed(plain))
+    assert statistics.median(wide_times) <= 3 * statistics.median(plain_times), (wide_times, plain_times)
+
+    health = f"http://127.0.0.1:{stack.config.replica_ports[0]}/health"
+
+    async def checks(count: int) -> list[float]:
+        times = []
+        for _ in range(count):
+            started = time.perf_counter()
+            assert (await http.get(health)).status_code == 200
+            times.append(time.perf_counter() - started)
+            await asyncio.sleep(0.05)
+        return times
+
+    at_rest = await checks(20)
+    # 16 clients at once, from a process of their own at the lowest priority (as in the finding): on a shared
+    # machine, so that what is measured is the replica's event loop, not the machine's scheduler.
+    attack = await asyncio.create_subprocess_exec(
+        *("nice", "-n", "19", sys.executable, "-c", ATTACKER, direct.url, json.dumps(direct.headers()), "16", "6"),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    finished = asyncio.ensure_future(attack.communicate(wide))
+    await asyncio.sleep(1.5)
+    under_attack = await checks(20)
+    statuses = json.loads((await asyncio.wait_for(finished, 60))[0])
+    assert set(statuses) == {"400"} and statuses["400"] >= 16, statuses
+    assert statistics.median(under_attack) <= 5 * statistics.median(at_rest), (at_rest, under_attack)
+
+
+# Sends the body on stdin to argv[1] with the headers argv[2], from argv[3] clients at once for argv[4] s; prints
+# how many answers of each status came.
+ATTACKER = """
+import asyncio, collections, json, sys, time
+import httpx2
+url, headers, clients, seconds = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+body = sys.stdin.buffer.read()
+statuses = collections.Counter()
+async def client(http, stop):
+    while time.monotonic() < stop:
+        statuses[str((await http.post(url, headers=headers, content=body)).status_code)] += 1
+async def main():
+    async with httpx2.AsyncClient(timeout=60, limits=httpx2.Limits(max_connections=clients)) as http:
+        stop = time.monotonic() + seconds
+        await asyncio.gather(*(client(http, stop) for _ in range(clients)))
+asyncio.run(main())
+print(json.dumps(statuses))
+"""
+
+
+# -- calls in flight: MAX_CALLS_PER_SESSION, MAX_CALLS_PER_CLIENT --
+
+
+def assert_busy(response: httpx2.Response, setting: str, request_id: int) -> None:
+    assert response.status_code == 429, response.text[:300]
+    assert response.headers["retry-after"] == "1"
+    answer = response.json()
+    assert answer["id"] == request_id and answer["error"]["code"] == -32000 and setting in answer["error"]["message"]
+
+
+LONG_CALL = {"name": "analyze_data", "arguments": {"num_items": 80}}  # 4 s of work, streamed
+INCREMENT = {"name": "increment_counter", "arguments": {}}
+
+
+async def test_calls_in_flight_past_a_sessions_or_a_clients_bound_get_429_until_they_answer(
+    redis_stack: Stack, tmp_path: Path
+) -> None:
+    env = {"MAX_CALLS_PER_SESSION": "2", "MAX_CALLS_PER_CLIENT": "3"}
+    with bounded_replica(redis_stack, tmp_path, **env) as (url, (alice, bob, _)):
+        async with httpx2.AsyncClient(timeout=30) as http:
+            first, second = RawSession(http, url, token=alice), RawSession(http, url, token=alice)
+            await first.initialize()
+            await second.initialize()
+            async with contextlib.AsyncExitStack() as held:
+                for _ in range(2):
+                    stream = await held.enter_async_context(first.stream("tools/call", LONG_CALL))
+                    await anext(aiter(stream))
+                assert_busy(await first.post("tools/call", INCREMENT), "MAX_CALLS_PER_SESSION", first._next_id)
+                # Another session of hers has room, up to her third call in flight on this replica...
+                stream = await held.enter_async_context(second.stream("tools/call", LONG_CALL))
+                await anext(aiter(stream))
+                assert_busy(await second.post("tools/call", INCREMENT), "MAX_CALLS_PER_CLIENT", second._next_id)
+                # ...her sessionless (2026-07-28) calls count against her too...
+                sessionless = SessionlessSession(http, url, token=alice)
+                refused = await sessionless.post("tools/call", {"name": "get_status", "arguments": {}})
+                assert_busy(refused, "MAX_CALLS_PER_CLIENT", sessionless._next_id)
+                # ...and another principal is not held back.
+                other = RawSession(http, url, token=bob)
+                await other.initialize()
+                assert (await other.call("increment_counter"))["counter"] == 1
+            # She hung up on her calls, but they run on: each counts until it has answered.
+            assert_busy(await first.post("tools/call", INCREMENT), "MAX_CALLS_PER_SESSION", first._next_id)
+            deadline = time.monotonic() + 30
+            while (response := await first.post("tools/call", INCREMENT)).status_code == 429:
+                assert time.monotonic() < deadline, "the calls' places were never freed"
+                await asyncio.sleep(0.25)
+            assert final_message(response)["result"]["structuredContent"]["counter"] == 1
+            assert (await second.call("increment_counter"))["counter"] == 1

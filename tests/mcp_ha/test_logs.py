@@ -8,11 +8,13 @@ import json
 import logging
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx2
 import pytest
+from conftest import replica_on
 
-from mcp_ha.check.wire import RawSession
+from mcp_ha.check.wire import RawSession, SessionlessSession
 from mcp_ha.logs import MAX_REQUEST_ID, RequestFields, RequestIds, configure, json_formatter
 from mcp_ha.stack import Stack
 
@@ -158,3 +160,51 @@ async def test_a_valid_session_id_and_a_plain_request_id_are_logged_as_sent(capt
 def test_an_unknown_log_format_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="LOG_FORMAT must be one of json, text"):
         configure(log_format="xml", instance="x")
+
+
+async def test_clients_that_hang_up_mid_request_leave_no_error_in_the_log(redis_stack: Stack, tmp_path: Path) -> None:
+    """Finding 12: HAProxy cutting 2026-07-28 requests mid-body logged ERROR "Exception in ASGI application"
+    with a ClientDisconnect traceback for each. A client's doing: at most one line, below ERROR."""
+    with replica_on(redis_stack, tmp_path, "cut", LOG_FORMAT="json") as replica:
+        async with httpx2.AsyncClient(timeout=30) as http:
+            session = RawSession(http, replica.url)
+            await session.initialize()
+            sessionless = SessionlessSession(http, replica.url)
+
+            def request(client: RawSession, request_id: int) -> bytes:
+                params = client._params({"name": "analyze_data", "arguments": {"num_items": 20}})
+                body = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})
+                headers = client._wire_headers("tools/call", params)
+                head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+                return (
+                    f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}Content-Length: {len(body)}\r\n\r\n{body}"
+                ).encode()
+
+            async def cut(client: RawSession, request_id: int, where: str) -> None:
+                reader, writer = await asyncio.open_connection("127.0.0.1", replica.port)
+                data = request(client, request_id)
+                writer.write(data[:-10] if where == "mid-body" else data)
+                await writer.drain()
+                if where == "mid-answer":
+                    await reader.read(1)
+                    await asyncio.sleep(request_id % 5 * 0.1)
+                else:
+                    await asyncio.sleep(0.05)
+                writer.transport.abort()
+
+            cuts = [
+                cut(client, 1000 * n + i, where)
+                for n, where in enumerate(("mid-body", "after-body", "mid-answer"))
+                for client in (session, sessionless)
+                for i in range(10)
+            ]
+            await asyncio.gather(*cuts)
+            # Served as ever afterwards.
+            assert (await sessionless.call("increment_counter", {"session_id": await sessionless.open()}))[
+                "counter"
+            ] == 1
+            await asyncio.sleep(1.5)  # the cut calls run on to their ends
+    text = replica.log.read_text()
+    lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]  # not the start-up notice
+    assert [line for line in lines if line["level"] in ("ERROR", "CRITICAL") or "exc_info" in line] == []
+    assert "Traceback" not in text

@@ -10,8 +10,9 @@ import inspect
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -124,7 +125,7 @@ async def probe_server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[st
         await ctx.info("something to stream first")
         return {"session_id": ctx.session_id}
 
-    app = mcp.http_app(path="/mcp", retry_interval=500)
+    app = mcp.http_app(path="/mcp", retry_interval=500, session_idle_timeout=600)
     (port,) = free_ports(1)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
@@ -218,6 +219,84 @@ async def test_a_session_adopted_for_a_principal_is_served_to_it_and_to_nobody_e
         delete = await http.delete(url, headers={**headers, "Authorization": f"Bearer {PROBE_TOKENS['alice']}"})
         assert delete.status_code == 200
     assert session_id not in manager._session_owners, "the SDK no longer forgets an ended session's owner"
+
+
+async def test_an_idle_transport_is_told_from_a_busy_one_and_ended_as_its_idle_timeout_would(probe_server) -> None:
+    """idle() reads the SDK's idle countdown (its public idle_scope), forget() cancels it as the timeout would."""
+    url, app = probe_server
+    manager = sdk_sessions.session_manager(app, "/mcp")
+    headers = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": PROTOCOL}
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+
+    async def until(condition: Callable[[], bool], what: str) -> None:
+        for _ in range(100):
+            if condition():
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(what)
+
+    async with httpx2.AsyncClient(timeout=10) as http:
+        session_id = (await http.post(url, headers=headers, json=initialize)).headers["mcp-session-id"]
+        headers["mcp-session-id"] = session_id
+        await until(lambda: sdk_sessions.idle(manager, session_id), "a session with nothing in flight is not idle")
+        async with http.stream("GET", url, headers={**headers, "Accept": "text/event-stream"}) as listening:
+            assert listening.status_code == 200
+            await until(lambda: not sdk_sessions.idle(manager, session_id), "an open GET stream leaves it idle")
+        await until(lambda: sdk_sessions.idle(manager, session_id), "idle again once the stream closed")
+        sdk_sessions.forget(manager, session_id)
+        await until(lambda: not sdk_sessions.holds(manager, session_id), "forget() did not end the transport")
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "whoami", "arguments": {}}}
+        assert (await http.post(url, headers=headers, json=call)).status_code == 404
+
+
+@pytest.mark.quick
+def test_a_server_middleware_added_sees_every_request_with_its_asgi_scope() -> None:
+    """add_server_middleware puts limits.CallsRunning on FastMCP's private low-level server, outermost; it finds
+    what an ASGI middleware left in the request's scope (the Call it holds) on the SDK's context."""
+    mcp = FastMCP("probe")
+
+    @mcp.tool
+    async def whoami(ctx: Context) -> dict:
+        return {"session_id": ctx.session_id}
+
+    seen: list[tuple[str, object]] = []
+
+    async def middleware(ctx: Any, call_next: Any) -> Any:
+        seen.append((ctx.method, getattr(ctx.request, "scope", {}).get("mcp_ha.probe")))
+        return await call_next(ctx)
+
+    sdk_sessions.add_server_middleware(mcp, middleware)
+    assert mcp._mcp_server.middleware[0] is middleware
+    app = mcp.http_app(path="/mcp", stateless_http=True)
+
+    async def marking(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            scope["mcp_ha.probe"] = "mark"
+        await app(scope, receive, send)
+
+    async def scenario() -> None:
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "whoami", "arguments": {}}}
+        headers = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": "2026-07-28"}
+        meta = {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {},
+        }
+        body["params"]["_meta"] = meta  # type: ignore[index]
+        headers |= {"Mcp-Method": "tools/call", "Mcp-Name": "whoami"}
+        async with app.router.lifespan_context(app):
+            transport = httpx2.ASGITransport(app=marking)
+            async with httpx2.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+                response = await http.post("/mcp", headers=headers, json=body)
+                assert response.status_code == 200, response.text
+
+    asyncio.run(scenario())
+    assert ("tools/call", "mark") in seen, seen
 
 
 async def stored_after_first(store: InMemorySessionStore, session_id: str, response: httpx2.Response) -> tuple:
