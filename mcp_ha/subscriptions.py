@@ -11,9 +11,10 @@ their session's stream. Here:
   a change costs no extra round trip, and the server's own events
   (`HighAvailability.publish`, e.g. `ToolsListChanged`) go the same way, as
   the wire notification's JSON. A replica watches the feed from its first
-  listener on and fans each message out to its own listeners: an event costs
-  one message per watching replica and one per listener, never replicas x
-  listeners.
+  listener on and hands each message to the listeners of what it changed,
+  found by a dict lookup: an event costs one message per watching replica and
+  one call per listener concerned, never replicas x listeners, and a write
+  costs a replica the same however many listen to other things.
 - A resource template with a `{session_id}` parameter shows that session's
   state: when the session changes, its URI under each such template is
   updated.
@@ -23,9 +24,10 @@ their session's stream. Here:
 - A filter this server cannot serve (a field the spec does not define, a URI
   no resource of this server matches, more than `MAX_URIS`) is refused with
   -32602 before anything is held.
-- The bounds: `max_streams` listen streams per replica, `MAX_URIS` per
-  stream or session, the SDK's buffer per stream (a stream that stops
-  reading is ended).
+- The bounds: `max_per_client` listen streams per client on a replica (its
+  principal, else its address: `principals.client_of`), `max_streams` per
+  replica whoever holds them, `MAX_URIS` per stream or session, the SDK's
+  buffer per stream (a stream that stops reading is ended).
 - A stream ends gracefully when its replica drains, or when the feed is
   lost (Redis gone: what was sent meanwhile is gone); its client listens
   again and refetches, as the spec has it. A replica that dies drops its
@@ -42,10 +44,18 @@ import contextlib
 import json
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
-from mcp.server.subscriptions import ListenHandler, ResourceUpdated, ServerEvent
+from mcp.server.subscriptions import (
+    ListenHandler,
+    PromptsListChanged,
+    ResourcesListChanged,
+    ResourceUpdated,
+    ServerEvent,
+    ToolsListChanged,
+)
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import event_from_wire, event_to_notification
 from mcp_types import (
@@ -53,12 +63,13 @@ from mcp_types import (
     INVALID_PARAMS,
     EmptyResult,
     SubscribeRequestParams,
+    SubscriptionFilter,
     SubscriptionsListenRequestParams,
     SubscriptionsListenResult,
     UnsubscribeRequestParams,
 )
 
-from .principals import owner
+from .principals import client_of, owner
 from .session_store import SessionStore, StoreUnavailable, is_session_id
 
 log = logging.getLogger(__name__)
@@ -74,6 +85,10 @@ START_SECONDS = 2.0
 REWATCH_SECONDS = 0.5
 UNAVAILABLE = "Subscriptions are unavailable: the session store does not answer; try again shortly."
 TOO_MANY_STREAMS = "This replica serves its limit of listen streams; try again shortly."
+TOO_MANY_FOR_CLIENT = (
+    "This client holds its limit of listen streams on this replica (MAX_LISTEN_STREAMS_PER_CLIENT); "
+    "end one before listening again."
+)
 # The filter fields the spec (2026-07-28) defines; anything else is a filter this server cannot serve.
 FILTER_FIELDS = frozenset({"toolsListChanged", "promptsListChanged", "resourcesListChanged", "resourceSubscriptions"})
 
@@ -100,7 +115,10 @@ class StoreBus:
         self.store = store
         # Resource templates showing one session's state, with `{session_id}` in them (`Subscriptions.start`).
         self.session_templates: list[str] = []
-        self._listeners: dict[object, Listener] = {}
+        # Listeners of every event (the session-era subscriptions' one), and listen streams by each event
+        # they asked for: a message is handed to the listeners it concerns, never to all of them.
+        self._everything: dict[object, Listener] = {}
+        self._by_event: dict[ServerEvent, dict[object, Listener]] = {}
         self._watching: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         # Told when the feed is lost (what it carried meanwhile is gone), and when it is watched again.
@@ -111,11 +129,28 @@ class StoreBus:
         await self.store.publish(_encode(event))
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """`listener` hears every event."""
         token = object()
-        self._listeners[token] = listener
+        self._everything[token] = listener
 
         def unsubscribe() -> None:
-            self._listeners.pop(token, None)
+            self._everything.pop(token, None)
+
+        return unsubscribe
+
+    def subscribe_to(self, events: Iterable[ServerEvent], listener: Listener) -> Callable[[], None]:
+        """`listener` hears `events` only, and costs nothing when anything else happens."""
+        token, keys = object(), frozenset(events)
+        for event in keys:
+            self._by_event.setdefault(event, {})[token] = listener
+
+        def unsubscribe() -> None:
+            for event in keys:
+                listeners = self._by_event.get(event)
+                if listeners is not None:
+                    listeners.pop(token, None)
+                    if not listeners:
+                        del self._by_event[event]
 
         return unsubscribe
 
@@ -162,14 +197,16 @@ class StoreBus:
             event = _decode(message)
             events = [event] if event is not None else []
         for event in events:
-            for listener in list(self._listeners.values()):
+            concerned = self._by_event.get(event)
+            for listener in [*self._everything.values(), *(concerned.values() if concerned else ())]:
                 try:
                     listener(event)
                 except Exception:  # one listener's fault must not starve the others
                     log.exception("a subscription listener raised")
 
-    def hiding(self, uris: frozenset[str]) -> _View:
-        return _View(self, uris)
+    def listening(self, notifications: SubscriptionFilter, hidden: frozenset[str]) -> _Stream:
+        """The bus as one listen stream asking for `notifications` sees it, `hidden` URIs left out."""
+        return _Stream(self, _events_of(notifications) - {ResourceUpdated(uri) for uri in hidden})
 
     async def aclose(self) -> None:
         if self._watching is not None:
@@ -178,24 +215,28 @@ class StoreBus:
                 await self._watching
 
 
-class _View:
-    """The bus as one stream sees it: updates of `hidden` URIs never reach it."""
+def _events_of(notifications: SubscriptionFilter) -> frozenset[ServerEvent]:
+    """The events a listen filter asks for (as the SDK's `event_matches` reads it)."""
+    flags: list[tuple[bool | None, ServerEvent]] = [
+        (notifications.tools_list_changed, ToolsListChanged()),
+        (notifications.prompts_list_changed, PromptsListChanged()),
+        (notifications.resources_list_changed, ResourcesListChanged()),
+    ]
+    uris = notifications.resource_subscriptions or ()
+    return frozenset({event for flag, event in flags if flag is True} | {ResourceUpdated(uri) for uri in uris})
 
-    def __init__(self, bus: StoreBus, hidden: frozenset[str]) -> None:
-        self._bus, self._hidden = bus, hidden
+
+class _Stream:
+    """The bus as one listen stream sees it: only the events it asked for, and never a hidden URI's."""
+
+    def __init__(self, bus: StoreBus, events: frozenset[ServerEvent]) -> None:
+        self._bus, self._events = bus, events
 
     async def publish(self, event: ServerEvent) -> None:
         await self._bus.publish(event)
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
-        if not self._hidden:
-            return self._bus.subscribe(listener)
-
-        def shown(event: ServerEvent) -> None:
-            if not (isinstance(event, ResourceUpdated) and event.uri in self._hidden):
-                listener(event)
-
-        return self._bus.subscribe(shown)
+        return self._bus.subscribe_to(self._events, listener)
 
 
 def _invalid(message: str) -> MCPError:
@@ -210,12 +251,14 @@ class Subscriptions:
         bus: StoreBus,
         *,
         max_streams: int,
+        max_per_client: int,
         resource_matches: Callable[[str], Awaitable[bool]],
         holds: Callable[[str], bool] = lambda session_id: True,
     ) -> None:
         """`holds(session_id)`: whether this replica still serves that session-era session."""
         self.bus = bus
         self.max_streams = max_streams
+        self.max_per_client = max_per_client
         self._resource_matches = resource_matches
         self.holds = holds
         self._streams: set[ListenHandler] = set()
@@ -229,6 +272,8 @@ class Subscriptions:
         self._sending: set[asyncio.Task[None]] = set()
         # Listens admitted but not yet streaming, so concurrent ones cannot overshoot max_streams.
         self._starting = 0
+        # Listens admitted per client (`client_of`), streaming or not yet: at most max_per_client each.
+        self._by_client: Counter[str] = Counter()
         # One subscribe or unsubscribe at a time per session, so its record is written in order.
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         bus.on_lost = self.close
@@ -265,19 +310,28 @@ class Subscriptions:
         if extra:
             raise _invalid(f"Unsupported subscription filter: {', '.join(sorted(extra))[:200]}.")
         hidden = await self._checked(list(params.notifications.resource_subscriptions or ()))
+        client = _client(ctx)
+        if self._by_client[client] >= self.max_per_client:
+            raise MCPError(INTERNAL_ERROR, TOO_MANY_FOR_CLIENT)
         if len(self._streams) + self._starting >= self.max_streams:
             raise MCPError(INTERNAL_ERROR, TOO_MANY_STREAMS)
-        self._starting += 1
+        self._by_client[client] += 1
         try:
-            await self.bus.start()
+            self._starting += 1
+            try:
+                await self.bus.start()
+            finally:
+                self._starting -= 1
+            handler = ListenHandler(self.bus.listening(params.notifications, hidden), max_subscriptions=1)
+            self._streams.add(handler)
+            try:
+                return await handler(ctx, params)
+            finally:
+                self._streams.discard(handler)
         finally:
-            self._starting -= 1
-        handler = ListenHandler(self.bus.hiding(hidden), max_subscriptions=1)
-        self._streams.add(handler)
-        try:
-            return await handler(ctx, params)
-        finally:
-            self._streams.discard(handler)
+            self._by_client[client] -= 1
+            if not self._by_client[client]:
+                del self._by_client[client]  # a client that listens no more keeps no entry
 
     def _lock(self, session_id: str) -> asyncio.Lock:
         lock = self._locks.get(session_id)
@@ -400,6 +454,12 @@ def _recorded_uris(record: dict[str, Any]) -> set[str]:
     """The subscriptions a session's record keeps (at most MAX_URIS, strings only)."""
     uris = record.get(RECORD_ENTRY)
     return {uri for uri in uris[:MAX_URIS] if isinstance(uri, str)} if isinstance(uris, list) else set()
+
+
+def _client(ctx: Any) -> str:
+    """Who a listen counts against: the HTTP request's client (`client_of`); one for all off HTTP (stdio)."""
+    scope = getattr(ctx.request, "scope", None)
+    return client_of(scope) if scope is not None else "local"
 
 
 def _session_id(ctx: Any) -> str:
