@@ -139,9 +139,36 @@ class ReplicaEnvStack(Stack):
 
 
 # The bounds tests/test_abuse.py's stack runs with where the defaults would take minutes to reach.
-ABUSE_BOUNDS = {"MAX_SESSIONS_PER_CLIENT": "50", "SESSION_IDLE_SECONDS": "2", "MAX_REPLAYS": "24"}
+ABUSE_BOUNDS = {
+    "MAX_SESSIONS_PER_CLIENT": "50",
+    "SESSION_IDLE_SECONDS": "2",
+    "MAX_REPLAYS": "24",
+    # Above what the notes-until-Redis-is-full test writes (Redis refuses first there), below 50 x 256 KiB.
+    "MAX_CLIENT_BYTES": str(8 << 20),
+    # Each write through HAProxy keeps an op record (~550 B) this long, counted in its client's bytes: the
+    # bystander's ~100 writes a second would pass MAX_CLIENT_BYTES within the module at the default 600.
+    "OP_TTL_SECONDS": "60",
+    "MAX_CALLS_PER_CLIENT": "16",
+    "MAX_LISTEN_STREAMS_PER_CLIENT": "16",
+    "ABANDONED_CALL_SECONDS": "2",
+}
 # Its principals (static tokens): the bystander, and one per kind of attacker.
-ABUSE_PRINCIPALS = ("bystander", "attacker", "flooder", "other", "idler", "replayer")
+ABUSE_PRINCIPALS = (
+    "bystander",
+    "attacker",
+    "flooder",
+    "other",
+    "idler",
+    "replayer",
+    "filler",
+    "h2c",
+    "caller",
+    "rereader",
+    "poller",
+    "listener",
+    "writer",
+    "opener",
+)
 
 
 @pytest.fixture(scope="module")
