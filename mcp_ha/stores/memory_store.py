@@ -526,15 +526,23 @@ class InMemorySessionStore(SessionStore):
         self._send(f"{session_id} {stream_id}", events=True)
         return mint_event_id(session_id, f"{number}-0")
 
-    async def events_after(self, session_id: str, event_id: str) -> tuple[str, list[tuple[str, str | None]]] | None:
+    def _logged(self, session_id: str, event_id: str) -> tuple[_EventLog, int] | None:
+        """The session's log and the number of the event `event_id` names in it; None for no such log or id."""
         self._expire()
         position = event_position(session_id, event_id)
         log = self._events.get(session_id)
         if position is None or log is None:
             return None
         number, _, sequence = position.partition("-")
-        index = int(number) - log.entries[0][0]
-        if int(sequence) != 0 or not 0 <= index < len(log.entries):
+        return None if int(sequence) != 0 else (log, int(number))
+
+    async def events_after(self, session_id: str, event_id: str) -> tuple[str, list[tuple[str, str | None]]] | None:
+        found = self._logged(session_id, event_id)
+        if found is None:
+            return None
+        log, number = found
+        index = number - log.entries[0][0]
+        if not 0 <= index < len(log.entries):
             return None
         stream_id = log.entries[index][1]
         later = itertools.islice(log.entries, index + 1, None)
@@ -543,16 +551,12 @@ class InMemorySessionStore(SessionStore):
     async def stream_since(
         self, session_id: str, stream_id: str, event_id: str
     ) -> tuple[str, list[tuple[str, str | None]]] | None:
-        self._expire()
-        position = event_position(session_id, event_id)
-        log = self._events.get(session_id)
-        if position is None or log is None:
+        found = self._logged(session_id, event_id)
+        if found is None:
             return None
-        number, _, sequence = position.partition("-")
-        if int(sequence) != 0:
-            return None
+        log, number = found
         # From the end back to the event: what was added since, not the log.
-        later = list(itertools.takewhile(lambda entry: entry[0] > int(number), reversed(log.entries)))
+        later = list(itertools.takewhile(lambda entry: entry[0] > number, reversed(log.entries)))
         if len(later) == len(log.entries) or log.entries[-1 - len(later)][0] != int(number):
             return None  # trimmed, or never there
         latest = later[0][0] if later else int(number)
