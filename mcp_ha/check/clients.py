@@ -91,6 +91,13 @@ async def _ignore_progress(progress: float, total: float | None, message: str | 
     """A progress handler that shows nothing: asking for progress is what makes a call stream."""
 
 
+def _leaf(exc: BaseException) -> BaseException:
+    """The first exception inside (nested) exception groups: what actually went wrong."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
 class ReplicaSeen:
     """An httpx response hook: the replica (and session id) of the latest answer."""
 
@@ -351,6 +358,9 @@ class PythonSDKClient(CheckClient):
         self.session: ClientSession | None = None
         self._closing = asyncio.Event()
         self._holder: asyncio.Task | None = None
+        # What ended the SDK's transport early: the SDK answers every later call "Connection closed",
+        # which alone does not say why.
+        self.ended_by: BaseException | None = None
 
     async def _hold(self, ready: asyncio.Future[None]) -> None:
         try:
@@ -371,7 +381,8 @@ class PythonSDKClient(CheckClient):
                 ready.set_exception(exc)
             elif not isinstance(exc, asyncio.CancelledError):
                 # The transport ended on an error: every later call fails, which the figures count.
-                log.debug("a python_sdk session ended: %r", exc)
+                self.ended_by = exc
+                log.warning("a python_sdk session ended: %r", exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
 
@@ -383,7 +394,18 @@ class PythonSDKClient(CheckClient):
     async def _call(self, tool: str, arguments: dict[str, Any], bound: float | None, progress: bool) -> Answer:
         if self.session is None:
             raise RuntimeError("the session is not open")
-        result = await self.session.call_tool(tool, arguments, progress_callback=_ignore_progress if progress else None)
+        try:
+            result = await self.session.call_tool(
+                tool, arguments, progress_callback=_ignore_progress if progress else None
+            )
+        except Exception as exc:
+            if self._holder is not None and not self._holder.done():
+                # The holder records the transport's end just after the calls see it.
+                await asyncio.wait([self._holder], timeout=0.5)
+            if self.ended_by is not None:
+                cause = _leaf(self.ended_by)
+                raise RuntimeError(f"{exc} (the SDK's transport ended on {type(cause).__name__}: {cause})") from exc
+            raise
         if not isinstance(result, CallToolResult):
             raise TypeError(f"{tool} answered a {type(result).__name__}, not a CallToolResult")
         return Answer(structured(result, tool), self.seen.replica)
