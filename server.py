@@ -34,6 +34,8 @@ INSTANCE_ID = ha.instance
 
 # Seconds analyze_data spends per item, so its progress stream is observable.
 ANALYZE_STEP_SECONDS = 0.05
+# Items between checkpoints: a re-run redoes at most this many, and a call keeps num_items / this records.
+ANALYZE_CHECKPOINT_EVERY = 10
 WATCH_POLL_SECONDS = 0.5
 WATCH_MAX_SECONDS = 30
 # The longest note add_note keeps, in UTF-8 bytes (what the store keeps), and
@@ -127,13 +129,18 @@ async def analyze_data(
 ) -> dict:
     """A multi-step job that streams log and progress notifications as it goes."""
     session = await ha.session(ctx, session_id)  # before the work: a call without a session fails fast
-    await ctx.info(f"Starting analysis of {num_items} items on {INSTANCE_ID}")
-    total_score = 0.0
-    for item in range(1, num_items + 1):
+    # Run again after its replica died, it carries on from its latest checkpoint, not from item 1.
+    resumed = await session.resume()
+    done, total_score = resumed.checkpoint or (0, 0.0)
+    again = f" (resumed after item {done})" if resumed.rerun else ""
+    await ctx.info(f"Starting analysis of {num_items} items on {INSTANCE_ID}{again}")
+    for item in range(done + 1, num_items + 1):
         await asyncio.sleep(ANALYZE_STEP_SECONDS)
         total_score += 1.5 * item
         await ctx.debug(f"Processed item {item}/{num_items}: score so far {total_score}")
         await ctx.report_progress(item, num_items)
+        if item % ANALYZE_CHECKPOINT_EVERY == 0:
+            await session.checkpoint([item, total_score])
     await session.set("analysis_result", {"total_score": total_score, "items_processed": num_items})
     await ctx.info(f"Analysis complete: {num_items} items, total score {total_score}")
     return {"items_processed": num_items, "total_score": total_score, "instance": INSTANCE_ID}

@@ -63,6 +63,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
+import secrets
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -509,6 +510,19 @@ class SessionStore(ABC):
         """Release connections."""
 
 
+@dataclass(frozen=True)
+class Resume:
+    """Where an earlier run of the call being served got to (`Session.resume`).
+
+    `rerun`: another run of this call (same idempotency key) began before this one: its replica died,
+    HAProxy or the client sent the call again, or a task was redelivered. `checkpoint`: the value of its
+    latest `Session.checkpoint`, None when it recorded none.
+    """
+
+    rerun: bool
+    checkpoint: Any = None
+
+
 class Session:
     """One session's view of the store: what a tool author works with.
 
@@ -541,6 +555,8 @@ class Session:
         self.owner = owner
         self._call = call
         self._writes: dict[tuple[str, str], int] = {}
+        self._checkpoints = 0
+        self._resumed: Resume | None = None
 
     def _op(self, operation: str, key: str) -> Op | None:
         if self._call is None:
@@ -587,6 +603,83 @@ class Session:
 
     async def touch(self) -> None:
         await self.store.touch(self.id)
+
+    async def resume(self) -> Resume:
+        """Whether this call ran before, and where it got to: call it once, before the work.
+
+        A re-run repeats the tool from its start, and its writes replay the first run's in order
+        (each write is matched by what it does: the n-th write of an operation to a key). A tool that
+        skips to its latest checkpoint skips writes too, so this restores, with the checkpoint, the
+        count of every write made up to it: the writes after it are matched to the first run's, and
+        apply once. Without an idempotency key (no HAProxy in front, none in `_meta`) nothing ties two
+        runs together: `Resume(rerun=False)`.
+        """
+        if self._resumed is not None:
+            return self._resumed
+        if self._call is None:
+            self._resumed = Resume(rerun=False)
+            return self._resumed
+        # The first run's mark is recorded once; any later run gets the first one's back.
+        mark = secrets.token_hex(8)
+        first = await self.store.apply(self.id, [], expect={}, result=mark, epoch=self.epoch, op=self._mark("run"))
+        if first == mark:
+            self._resumed = Resume(rerun=False)
+            return self._resumed
+        latest, recorded = await self._latest_checkpoint()
+        if latest:
+            self._checkpoints = latest
+            for operation, key, count in recorded["writes"]:
+                if count > self._writes.get((operation, key), 0):
+                    self._writes[operation, key] = count
+        self._resumed = Resume(rerun=True, checkpoint=recorded["value"] if latest else None)
+        return self._resumed
+
+    async def checkpoint(self, value: Any) -> None:
+        """Record how far this call got (`value`: JSON, small): a re-run's `resume` returns it.
+
+        Each checkpoint is kept with the call's write records, as long as they are (OP_TTL_SECONDS
+        after the call's latest write), and charged to the session's client. No-op without an
+        idempotency key (see `resume`).
+        """
+        if self._call is None:
+            return
+        self._checkpoints += 1
+        writes = [[operation, key, count] for (operation, key), count in self._writes.items()]
+        record = {"value": value, "writes": writes}
+        op = self._mark(f"checkpoint:{self._checkpoints}")
+        await self.store.apply(self.id, [], expect={}, result=record, epoch=self.epoch, op=op)
+
+    def _mark(self, name: str) -> Op:
+        call_key, digest = self._call  # type: ignore[misc]  # only called with a call
+        return Op(call_key, digest, f".{name}")
+
+    async def _latest_checkpoint(self) -> tuple[int, Any]:
+        """The number and record of the latest checkpoint an earlier run made ((0, None): none).
+
+        Checkpoints are numbered 1, 2, 3... with no gap, so the latest is found in a few reads:
+        doubling until one is missing, then halving the gap.
+        """
+
+        async def made(n: int) -> tuple[bool, Any]:
+            return await self.store.recall(self.id, self._mark(f"checkpoint:{n}"))
+
+        found, record = await made(1)
+        if not found:
+            return 0, None
+        low, high = 1, 2
+        while True:
+            found, later = await made(high)
+            if not found:
+                break
+            low, record, high = high, later, high * 2
+        while high - low > 1:  # `low` was made, `high` was not
+            middle = (low + high) // 2
+            found, later = await made(middle)
+            if found:
+                low, record = middle, later
+            else:
+                high = middle
+        return low, record
 
     async def apply_once(self, block: Callable[[Transaction], Awaitable[T]], *, attempts: int = 5, name: str = "") -> T:
         """Run `block`, then commit the writes it staged and its return value as one; once per call.

@@ -235,6 +235,33 @@ async def test_a_sessionless_client_gets_the_logs_its_request_asks_for(
             assert "Starting analysis" in logs[0]["data"]["msg"] and "Analysis complete" in logs[-1]["data"]["msg"]
 
 
+async def test_analyze_data_sent_again_under_its_key_resumes_from_its_checkpoint(
+    mcp_url: str, bearer: str | None
+) -> None:
+    """A re-run of a call (its replica died; here, the client sent it again under the same key) carries on
+    from the latest checkpoint of the first run, and answers as the first run did."""
+    key = {"io.github.mcp-ha-kit/idempotency-key": f"analyze-{uuid.uuid4().hex}"}
+    async with httpx2.AsyncClient(timeout=30) as http:
+        session = SessionlessSession(http, mcp_url, token=bearer)
+        handle = await session.open()
+        answers, starts = [], []
+        for _ in range(2):
+            response = await session.post(
+                "tools/call",
+                {
+                    "name": "analyze_data",
+                    "arguments": {"num_items": 25, "session_id": handle},
+                    "_meta": {**key, "io.modelcontextprotocol/logLevel": "info"},
+                },
+            )
+            messages = jsonrpc_messages(response)
+            starts += [m["params"]["data"]["msg"] for m in messages if m.get("method") == "notifications/message"][:1]
+            answers.append({k: v for k, v in messages[-1]["result"]["structuredContent"].items() if k != "instance"})
+    assert answers == [{"items_processed": 25, "total_score": 1.5 * 25 * 26 / 2}] * 2
+    # The first run checkpointed every 10 items: the second started after item 20.
+    assert "resumed" not in starts[0] and starts[1].endswith("(resumed after item 20)")
+
+
 async def test_health_names_the_replica(stack: Stack) -> None:
     async with httpx2.AsyncClient() as http:
         through_proxy = await http.get(f"http://127.0.0.1:{stack.config.http_port}/health")

@@ -26,6 +26,7 @@ from mcp_ha.session_store import (
     LimitExceeded,
     Op,
     OpReused,
+    Resume,
     Session,
     SessionStore,
     StoreFull,
@@ -703,6 +704,85 @@ async def test_apply_once_of_a_stale_owner_is_fenced(store: SessionStore) -> Non
     with pytest.raises(Fenced):
         await Session(store, sid, epoch=first, call=("c", "d"), owner=None).apply_once(counter_block(runs))
     assert await store.items(sid) == {}
+
+
+async def run_steps(session: Session, steps: int, *, die_after: int | None = None) -> list[int]:
+    """A job of `steps` steps that resumes from its checkpoint: each step counts in `done` and logs its
+    number; a run that dies after `die_after` steps raises. The steps this run did."""
+    resumed = await session.resume()
+    start = resumed.checkpoint or 0
+    ran = []
+    for step in range(start + 1, steps + 1):
+        await session.incr("done")
+        await session.append("log", step)
+        await session.checkpoint(step)
+        ran.append(step)
+        if step == die_after:
+            raise RuntimeError("the replica died")
+    return ran
+
+
+async def test_a_rerun_resumes_from_its_checkpoint_and_applies_each_write_once(store: SessionStore) -> None:
+    sid = new_id()
+    epoch = await store.open_session(sid, RECORD)
+    first = Session(store, sid, epoch=epoch, call=("job-1", "digest"), owner=None)
+    with pytest.raises(RuntimeError):
+        await run_steps(first, 10, die_after=6)
+    assert await first.resume() == Resume(rerun=False)  # what it was told
+    # The re-run (another replica, same call) knows it is one, and starts after step 6.
+    again = Session(store, sid, epoch=epoch, call=("job-1", "digest"), owner=None)
+    assert await run_steps(again, 10) == [7, 8, 9, 10]
+    assert await again.resume() == Resume(rerun=True, checkpoint=6)
+    # Its writes after the checkpoint applied, once: counted as the first run would have counted them.
+    assert await store.items(sid) == {"done": 10, "log": list(range(1, 11))}
+    # A third run of the finished call does nothing again: every write replays.
+    third = Session(store, sid, epoch=epoch, call=("job-1", "digest"), owner=None)
+    assert await run_steps(third, 10) == []
+    assert await store.items(sid) == {"done": 10, "log": list(range(1, 11))}
+    # Another call starts afresh.
+    other = Session(store, sid, epoch=epoch, call=("job-2", "digest"), owner=None)
+    assert await run_steps(other, 2) == [1, 2]
+    assert await store.get(sid, "done") == 12
+
+
+@pytest.mark.parametrize("died_after", [1, 2, 3, 5, 8, 13])
+async def test_resume_finds_the_latest_checkpoint_however_many(store: SessionStore, died_after: int) -> None:
+    sid = new_id()
+    first = Session(store, sid, epoch=None, call=("job", "d"), owner=None)
+    with pytest.raises(RuntimeError):
+        await run_steps(first, 20, die_after=died_after)
+    again = Session(store, sid, epoch=None, call=("job", "d"), owner=None)
+    assert await run_steps(again, 20) == list(range(died_after + 1, 21))
+    assert await store.items(sid) == {"done": 20, "log": list(range(1, 21))}
+
+
+async def test_a_rerun_that_checkpointed_nothing_starts_over_and_replays_its_writes(store: SessionStore) -> None:
+    sid = new_id()
+    first = Session(store, sid, epoch=None, call=("job", "d"), owner=None)
+    assert await first.resume() == Resume(rerun=False)
+    await first.incr("done")
+    again = Session(store, sid, epoch=None, call=("job", "d"), owner=None)
+    assert await again.resume() == Resume(rerun=True, checkpoint=None)
+    assert await again.incr("done") == 1  # the first run's write, replayed
+    assert await store.get(sid, "done") == 1
+
+
+async def test_without_a_call_nothing_resumes(store: SessionStore) -> None:
+    sid = new_id()
+    for _ in range(2):
+        session = Session(store, sid, epoch=None, call=None, owner=None)
+        assert await run_steps(session, 3) == [1, 2, 3]
+    assert await store.get(sid, "done") == 6
+    assert await store.items(sid) == {"done": 6, "log": [1, 2, 3, 1, 2, 3]}
+
+
+async def test_a_stale_owners_checkpoint_is_fenced(store: SessionStore) -> None:
+    sid = new_id()
+    first = await store.open_session(sid, RECORD)
+    stale = Session(store, sid, epoch=first, call=("job", "d"), owner=None)
+    await store.adopt_session(sid)
+    with pytest.raises(Fenced):
+        await stale.checkpoint(1)
 
 
 async def test_copy_from_copies_only_another_session_of_the_same_owner(store: SessionStore) -> None:
