@@ -53,9 +53,10 @@ from mcp_types import SubscribeRequestParams, SubscriptionsListenRequestParams, 
 from starlette.middleware import Middleware as StarletteMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from . import _sdk
+from . import _sdk, elicitation
 from .adoption import AdoptSessions, Ownership, RecordSessions, Transports
 from .drain import Drain, drain_on_sigterm
+from .elicitation import Answer, AskForInput
 from .errors import ANSWERED, StoreErrors
 from .handles import FastMCPSessions, create_handle, end_handle, session_id_for
 from .health import StoreHealth, health_endpoint
@@ -205,6 +206,21 @@ class HighAvailability:
         sid = await session_id_for(ctx, handle, self.store)
         return Session(self.store, sid, epoch=self.ownership.epoch(sid), call=current_call.get(), owner=owner())
 
+    async def elicit(
+        self, ctx: Context, message: str, response_type: Any, *, name: str = "answer", answer_within: float = 120.0
+    ) -> Answer:
+        """Ask the user `message` and get their answer, whoever the client (`elicitation.py`):
+
+            answer = await ha.elicit(ctx, "Delete every job?", bool, name="confirm")
+
+        `response_type` as `ctx.elicit` takes it; `name` tells apart the questions of one tool. A
+        session-era client has `answer_within` seconds to answer, and a re-run of its call gets the recorded
+        answer without asking again; a 2026-07-28 client brings its answers with each leg.
+        """
+        return await elicitation.elicit(
+            ctx, lambda c: self.session(c), message, response_type, name=name, answer_within=answer_within
+        )
+
     async def publish(self, event: ServerEvent) -> None:
         """Tell every listener, on every replica, of `event` (e.g. `ToolsListChanged()`).
 
@@ -227,6 +243,7 @@ class HighAvailability:
             mcp.add_middleware(metrics.ToolMetrics())
         mcp.add_middleware(StoreErrors(self.ownership))
         mcp.add_middleware(IdempotentCalls())
+        mcp.add_middleware(AskForInput())
         mcp.add_middleware(RefuseReplays(self.store, ttl_seconds=self.settings.request_state_ttl_seconds))
         _sdk.add_outside_request_state_boundary(mcp, NoteSealedState())
         feed = EventFeed(self.store)

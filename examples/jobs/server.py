@@ -22,7 +22,6 @@ record, through any replica. So:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import secrets
@@ -31,13 +30,9 @@ from typing import Annotated, Any
 from fastmcp import Context
 from fastmcp.exceptions import ToolError
 from fastmcp.server.elicitation import AcceptedElicitation
-from mcp_types import ElicitRequest, ElicitRequestFormParams, ElicitResult, InputRequiredResult
 from pydantic import Field
 
 from mcp_ha import HighAvailability, Session, SessionHandle
-
-# Not re-exported by `mcp_ha`: which generation a call speaks, as the demo server (server.py) asks it.
-from mcp_ha.handles import session_era_id
 from mcp_ha.session_store import Transaction
 
 ha = HighAvailability.from_env()
@@ -49,12 +44,7 @@ MAX_JOBS = 1000
 RUNNING, DONE, CANCELLED = "running", "done", "cancelled"
 # A job id as start_job mints it; anything else names no job, and never reaches a state key.
 JOB_ID = re.compile(r"[0-9a-f]{16}")
-# How long a session-era confirmation may wait for its answer: a call is never held open for ever.
-ASK_TIMEOUT_SECONDS = 120
 DELETE_QUESTION = "Delete every job of this session ({count} in all)?"
-CANNOT_ASK = "This client declared no elicitation capability, so delete_all_jobs cannot ask it to confirm."
-# The confirmation form: one boolean, as the spec's restricted schema allows.
-CONFIRM_SCHEMA = {"type": "object", "properties": {"confirm": {"type": "boolean"}}, "required": ["confirm"]}
 
 Name = Annotated[str, Field(min_length=1, max_length=100, description="What to call the job (1-100 characters).")]
 Steps = Annotated[int, Field(ge=0, le=1000, description="How many steps the job takes (0-1000).")]
@@ -173,43 +163,17 @@ async def cancel_job(job_id: JobId, ctx: Context, session_id: SessionHandle = No
 
 
 @mcp.tool
-async def delete_all_jobs(ctx: Context, session_id: SessionHandle = None) -> dict | InputRequiredResult:
-    """Delete every job of this session, once the user confirms: by elicitation on the session's stream
-    (session-era clients), or as a multi-round-trip request whose second leg may reach any replica
-    (2026-07-28). A running job stops at its next step. How many were deleted (0 when declined)."""
+async def delete_all_jobs(ctx: Context, session_id: SessionHandle = None) -> dict:
+    """Delete every job of this session, once the user confirms (asked on the session's stream for
+    session-era clients, in a second leg that may reach any replica for 2026-07-28 ones). A running job
+    stops at its next step. How many were deleted (0 when declined)."""
     session = await ha.session(ctx, session_id)
     count = len(await session.get("jobs", []))
     if count == 0:
         return {"deleted": 0, "instance": ha.instance}  # nothing to ask about
-    question = DELETE_QUESTION.format(count=count)
-    if session_era_id(ctx) is not None:
-        capabilities = ctx.session.client_capabilities
-        if capabilities is None or capabilities.elicitation is None:
-            # It would never answer: say so now rather than hold the call open.
-            raise _mistake(CANNOT_ASK)
-        try:
-            async with asyncio.timeout(ASK_TIMEOUT_SECONDS):
-                answer = await ctx.elicit(question, response_type=bool)
-        except TimeoutError:
-            raise ToolError(
-                f"No answer to the confirmation within {ASK_TIMEOUT_SECONDS} s; nothing was deleted."
-            ) from None
-        confirmed = isinstance(answer, AcceptedElicitation) and answer.data is True
-    elif ctx.input_responses is None or ctx.request_state is None:
-        # Answers without the state this leg hands out were never asked for here: ask.
-        form = ElicitRequestFormParams(message=question, requested_schema=CONFIRM_SCHEMA)
-        # The state comes back sealed and is opened once (the kit's request state): its return proves
-        # the question was asked. It says how many jobs the question was about.
-        return InputRequiredResult(
-            input_requests={"confirm": ElicitRequest(params=form)}, request_state=json.dumps({"count": count})
-        )
-    else:
-        reply = ctx.input_responses.get("confirm")
-        confirmed = (
-            isinstance(reply, ElicitResult)
-            and reply.action == "accept"
-            and (reply.content or {}).get("confirm") is True
-        )
+    # One call for every client; asked once per call, however often the call is re-run.
+    answer = await ha.elicit(ctx, DELETE_QUESTION.format(count=count), bool, name="confirm")
+    confirmed = isinstance(answer, AcceptedElicitation) and answer.data is True
     if not confirmed:
         return {"deleted": 0, "instance": ha.instance}
 

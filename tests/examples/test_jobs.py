@@ -282,8 +282,7 @@ async def test_delete_all_jobs_asks_first(jobs_stack: Stack, generation: str, an
         asked.append(message)
         if answer == "decline":
             return ElicitResult(action="decline")
-        # A session-era question asks for a bool; a sessionless one is the server's own form.
-        return True if generation == "session-era" else {"confirm": True}
+        return True
 
     async with connected(jobs_stack.config.mcp_url, generation, elicitation_handler=handler) as (client, session):
         for name in ("a", "b"):
@@ -295,6 +294,28 @@ async def test_delete_all_jobs_asks_first(jobs_stack: Stack, generation: str, an
         assert done["deleted"] == 2 and listed["count"] == 0 and listed["jobs"] == []
     else:
         assert done["deleted"] == 0 and listed["count"] == 2
+
+
+@pytest.mark.parametrize("generation", ["session-era", "sessionless"])
+async def test_a_rerun_of_delete_all_jobs_does_not_ask_again(jobs_stack: Stack, generation: str) -> None:
+    """The call sent again under its key (as after its replica died): the user was asked once, and the
+    re-run answers as the first run did (ha.elicit records the answer with the call's writes). Declined,
+    so that the re-run reaches the question again."""
+    asked: list[str] = []
+
+    async def handler(message: str, response_type: type, params: object, context: object) -> object:
+        asked.append(message)
+        return ElicitResult(action="decline")
+
+    key = {"io.github.mcp-ha-kit/idempotency-key": f"delete-{uuid.uuid4().hex}"}
+    async with connected(jobs_stack.config.mcp_url, generation, elicitation_handler=handler) as (client, session):
+        await call(client, "start_job", {"name": "a", "steps": 1, "step_seconds": 0, **session})
+        first = await call(client, "delete_all_jobs", session, meta=key)
+        again = await call(client, "delete_all_jobs", session, meta=key)
+    # A 2026-07-28 re-run starts again from its first leg, whose answer the client gives again: the
+    # server never holds the question open, so only a session-era call can be re-run mid-question.
+    assert len(asked) == (1 if generation == "session-era" else 2)
+    assert without_instance(first) == without_instance(again) == {"deleted": 0}
 
 
 async def test_delete_all_jobs_refuses_a_client_that_cannot_be_asked(
@@ -315,7 +336,7 @@ async def test_a_deleted_job_stops_and_says_so(jobs_stack: Stack) -> None:
         running.set()
 
     async def confirm(message: str, response_type: type, params: object, context: object) -> object:
-        return {"confirm": True}
+        return True
 
     async with connected(jobs_stack.config.mcp_url, "sessionless", elicitation_handler=confirm) as (client, session):
         started = asyncio.create_task(
