@@ -12,16 +12,14 @@ serve `app` with any ASGI server.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from datetime import UTC, datetime
 from typing import Annotated
 
 from fastmcp import Context
-from fastmcp.exceptions import ResourceError, ToolError
+from fastmcp.exceptions import ResourceError
 from fastmcp.server.elicitation import AcceptedElicitation
-from mcp_types import ElicitRequest, ElicitRequestFormParams, ElicitResult, InputRequiredResult
 from pydantic import AfterValidator, Field
 
 from mcp_ha import HighAvailability, SessionHandle
@@ -147,50 +145,20 @@ async def analyze_data(
 
 
 RESET_QUESTION = "Reset this session's counter (now {counter}) to 0?"
-CANNOT_ASK = "This client declared no elicitation capability, so reset_counter cannot ask it to confirm."
-# How long a session-era confirmation may wait for its answer: a call is never held open for ever.
-ASK_TIMEOUT_SECONDS = 120
-# The confirmation form: one boolean, as the spec's restricted schema allows.
-CONFIRM_SCHEMA = {"type": "object", "properties": {"confirm": {"type": "boolean"}}, "required": ["confirm"]}
 
 
 @mcp.tool
-async def reset_counter(ctx: Context, session_id: SessionHandle = None) -> dict | InputRequiredResult:
+async def reset_counter(ctx: Context, session_id: SessionHandle = None) -> dict:
     """Set this session's counter back to 0, once the user confirms: by elicitation on the session's stream
     (session-era clients), or as a multi-round-trip request whose second leg may reach any replica (2026-07-28)."""
     session = await ha.session(ctx, session_id)
     counter = await session.get("counter", 0)
-    if session_era_id(ctx) is not None:
-        capabilities = ctx.session.client_capabilities
-        if capabilities is None or capabilities.elicitation is None:
-            # It would never answer: say so now rather than hold the call open.
-            raise ToolError(CANNOT_ASK, log_level=logging.DEBUG)  # the client's doing, not ours
-        try:
-            async with asyncio.timeout(ASK_TIMEOUT_SECONDS):
-                answer = await ctx.elicit(RESET_QUESTION.format(counter=counter), response_type=bool)
-        except TimeoutError:
-            raise ToolError(
-                f"No answer to the confirmation within {ASK_TIMEOUT_SECONDS} s; nothing was reset."
-            ) from None
-        confirmed = isinstance(answer, AcceptedElicitation) and answer.data is True
-        seen = counter
-    elif ctx.input_responses is None:
-        form = ElicitRequestFormParams(message=RESET_QUESTION.format(counter=counter), requested_schema=CONFIRM_SCHEMA)
-        # The state comes back sealed (mcp_ha/request_state.py): the counter the user was asked about.
-        return InputRequiredResult(
-            input_requests={"confirm": ElicitRequest(params=form)}, request_state=json.dumps({"counter": counter})
-        )
-    else:
-        reply = ctx.input_responses.get("confirm")
-        confirmed = (
-            isinstance(reply, ElicitResult)
-            and reply.action == "accept"
-            and (reply.content or {}).get("confirm") is True
-        )
-        seen = json.loads(ctx.request_state or "{}").get("counter", counter)
+    # One call for both generations (mcp_ha/elicitation.py); a re-run of the call does not ask again.
+    answer = await ha.elicit(ctx, RESET_QUESTION.format(counter=counter), bool, name="confirm")
+    confirmed = isinstance(answer, AcceptedElicitation) and answer.data is True
     if confirmed:
         await session.set("counter", 0)
-    return {"reset": confirmed, "was": seen, "counter": 0 if confirmed else counter, "instance": INSTANCE_ID}
+    return {"reset": confirmed, "was": counter, "counter": 0 if confirmed else counter, "instance": INSTANCE_ID}
 
 
 @mcp.tool(annotations=READ_ONLY)

@@ -117,7 +117,7 @@ async def elicit(
         capabilities = ctx.session.client_capabilities
         if capabilities is None or capabilities.elicitation is None:
             # It would never answer: say so now rather than hold the call open.
-            raise ToolError(CANNOT_ASK)
+            raise ToolError(CANNOT_ASK, log_level=logging.DEBUG)  # the client's doing, not ours
 
         async def ask(_tx: Any) -> dict[str, Any]:
             try:

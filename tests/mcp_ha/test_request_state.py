@@ -28,7 +28,7 @@ from mcp_ha.stack import Stack
 
 pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[2]
-CONFIRM = {"confirm": {"action": "accept", "content": {"confirm": True}}}
+CONFIRM = {"confirm": {"action": "accept", "content": {"value": True}}}
 
 
 @contextmanager
@@ -103,7 +103,7 @@ def test_a_stock_2026_client_confirms_through_the_balancer(stack: Stack) -> None
 
     async def scenario() -> None:
         async def confirm(message: str, response_type: type, params: object, context: object) -> dict:
-            return {"confirm": True}
+            return True
 
         async with Client(stack.config.mcp_url, timeout=30, elicitation_handler=confirm) as client:
             handle = (await client.call_tool("create_session", {})).data["session_id"]
