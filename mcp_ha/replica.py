@@ -67,7 +67,7 @@ from .principals import owner
 from .request_state import NoteSealedState, RefuseReplays, request_state_security
 from .session_store import Session, SessionStore, StoreLimits, is_session_id
 from .settings import Settings, SettingsError
-from .streams import CheckResumption, EventFeed, Runs, SessionEvents
+from .streams import CheckResumption, CutCalls, EventFeed, Runs, SessionEvents
 from .subscriptions import StoreBus, Subscriptions
 
 log = logging.getLogger(__name__)
@@ -330,6 +330,8 @@ class HighAvailability:
                     max_per_session=self.settings.max_replays_per_session,
                     max_replays=self.settings.max_replays,
                 ),
+                # A sessionless call's stream names its request, so a cut one ends at once (streams.py).
+                StarletteMiddleware(CutCalls, path=path),
                 StarletteMiddleware(
                     AdoptSessions,
                     store=self.store,

@@ -17,6 +17,12 @@ replica is killed with SIGKILL. Then the test only waits for the call's outcome,
 as the client hands it back: resuming the stream (GET with Last-Event-ID) is the
 client's business. Once the dead replica's lease lapses the replica the client
 resumed on runs the call again, under the same idempotency key, into the same stream.
+
+A 2026-07-28 call has no stream to resume: its client must be told at once that the
+call ended and may be retried, and the retry, under the call's idempotency key, must
+apply its writes once. The TypeScript SDK v2's client (tests/clients/ts/cut_call_client.mjs)
+and FastMCP's default `Client` each make the call through the retry docs/generations.md
+shows, run from the page as it is.
 """
 
 from __future__ import annotations
@@ -28,21 +34,26 @@ import logging
 import shutil
 import signal
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
-from conftest import running_stack
+from conftest import ROOT, running_stack
 from fastmcp import Client
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent, TextResourceContents
 
+from mcp_ha.idempotency import IDEMPOTENCY_KEY
 from mcp_ha.stack import Stack
+from mcp_ha.streams import CUT_KEYED
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -383,3 +394,196 @@ async def test_fastmcp_legacy_client_gets_a_streamed_call_killed_mid_way_complet
         except Exception as exc:
             outcome.summary_error = f"{type(exc).__name__}: {exc}"
     assert_the_call_completed_once_elsewhere_in_time(whole_stack, outcome)
+
+
+# -- 2026-07-28 clients: a call whose replica dies ends at once, and its retry applies once --------------------
+
+CUT_CALL_CLIENT = NODE_CLIENT.parent / "cut_call_client.mjs"
+DOCS = ROOT / "docs" / "generations.md"
+SECTION = "## When a call's replica dies (2026-07-28)"
+# FastMCP's Client has no request timeout of its own: this one, as the TypeScript SDK's default.
+FASTMCP_TIMEOUT_SECONDS = 60.0
+# Told well before its timeout: sooner than this share of it.
+TOLD_WITHIN_SHARE = 0.25
+
+
+def documented(language: str) -> str:
+    """The `language` code block of the docs' section on retrying a call whose replica died."""
+    section = DOCS.read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
+    return section.split(f"```{language}\n", 1)[1].split("```", 1)[0]
+
+
+@dataclass
+class Told:
+    """How a 2026-07-28 client's call went: the replica killed under it, and each attempt."""
+
+    kind: str
+    timeout: float  # the client's request timeout, in seconds
+    handle: str | None = None
+    killed: str | None = None
+    killed_at: float | None = None  # time.monotonic()
+    attempts: list[dict] = field(default_factory=list)  # key, ok, ended_at, and the error's code, data, message
+    result: dict | None = None
+    error: str | None = None
+
+    def told_after(self) -> float:
+        assert self.killed_at is not None and self.attempts, self.figures()
+        return self.attempts[0]["ended_at"] - self.killed_at
+
+    def figures(self) -> str:
+        ended = [f"{a['ended_at'] - self.killed_at:.2f} s" for a in self.attempts if self.killed_at is not None]
+        return (
+            f"{self.kind}: killed {self.killed}; attempts ended {ended} after the kill (its timeout "
+            f"{self.timeout:g} s); first: {self.attempts[:1]}; result: {self.result}; error: {self.error}"
+        )
+
+
+def assert_told_at_once_and_retried(stack: Stack, told: Told) -> None:
+    print(told.figures())  # shown with -rP / -s
+    assert told.error is None and told.result is not None, told.figures()
+    assert len(told.attempts) == 2, told.figures()
+    first, retry = told.attempts
+    assert not first["ok"] and first["code"] == -32603 and first["data"] == {"retryable": True}, told.figures()
+    assert CUT_KEYED in first["message"], told.figures()
+    assert told.told_after() < TOLD_WITHIN_SHARE * told.timeout, told.figures()
+    assert retry["ok"] and retry["key"] == first["key"] is not None, told.figures()
+    result = dict(told.result)
+    assert result.pop("instance") in set(stack.config.replica_names()) - {told.killed}, told.figures()
+    assert result == EXPECTED, told.figures()
+
+
+async def assert_applied_once(url: str, told: Told) -> None:
+    """The retried call's write is in, once: the call sent again under its key, as a client that lost the
+    answer would, runs again but replays its write, leaving what another call wrote since."""
+    key = told.attempts[0]["key"]
+    uri = summary_uri(told.handle)
+    async with Client(url, timeout=FASTMCP_TIMEOUT_SECONDS) as client:
+
+        async def analysis_result() -> dict:
+            contents = await client.read_resource(uri)
+            assert isinstance(contents[0], TextResourceContents), contents
+            return json.loads(contents[0].text)["analysis_result"]
+
+        assert await analysis_result() == EXPECTED
+        small = {"num_items": 2, "session_id": told.handle}
+        await client.call_tool("analyze_data", small, meta={IDEMPOTENCY_KEY: uuid.uuid4().hex})
+        again = await client.call_tool(
+            "analyze_data", {"num_items": ITEMS, "session_id": told.handle}, meta={IDEMPOTENCY_KEY: key}
+        )
+        assert (again.structured_content or {}).get("total_score") == EXPECTED["total_score"], again
+        assert await analysis_result() == {"items_processed": 2, "total_score": 4.5}
+
+
+async def test_typescript_2026_client_is_told_at_once_that_a_cut_call_may_be_retried_and_its_retry_applies_once(
+    whole_stack: Stack,
+) -> None:
+    told = Told("ts_sdk_2026", timeout=0.0)
+    process = await asyncio.create_subprocess_exec(
+        node(),
+        str(CUT_CALL_CLIENT),
+        whole_stack.config.mcp_url,
+        str(ITEMS),
+        str(DOCS),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = process.stdout, process.stderr
+    assert stdout is not None and stderr is not None
+    deadline = time.monotonic() + OUTCOME_BOUND_SECONDS + 30
+    serving: list[str] = []
+    progress = 0
+    try:
+        while True:
+            raw = await asyncio.wait_for(stdout.readline(), max(0.1, deadline - time.monotonic()))
+            if not raw:
+                raise AssertionError(f"the Node client ended early: {(await stderr.read()).decode()[-2000:]}")
+            message = json.loads(raw)
+            kind = message["type"]
+            if kind == "handle":
+                told.handle, told.timeout = message["session_id"], message["timeout_ms"] / 1000
+            elif kind == "serving":
+                serving.append(message["replica"])
+            elif kind == "progress":
+                progress += 1
+                if told.killed is None and serving and progress >= KILL_AFTER_PROGRESS:
+                    told.killed = serving[0]
+                    whole_stack.signal(told.killed, signal.SIGKILL)
+                    told.killed_at = time.monotonic()
+            elif kind == "attempt":
+                message["ended_at"] = time.monotonic()
+                message["message"] = message.pop("error", None)
+                told.attempts.append(message)
+            elif kind == "result":
+                told.result, told.error = message["structured"], message["error"]
+                break
+        assert await asyncio.wait_for(process.wait(), 10) == 0
+    except TimeoutError:
+        told.error = told.error or "no outcome within the test's bound (the Node client was stopped)"
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert told.timeout > 0, told.figures()
+    assert_told_at_once_and_retried(whole_stack, told)
+    await assert_applied_once(whole_stack.config.mcp_url, told)
+
+
+async def test_fastmcp_2026_client_is_told_at_once_that_a_cut_call_may_be_retried_and_its_retry_applies_once(
+    whole_stack: Stack,
+) -> None:
+    namespace: dict = {}
+    exec(compile(documented("python"), str(DOCS), "exec"), namespace)  # the page's snippet, as it is
+    call_tool_retrying = namespace["call_tool_retrying"]
+    told = Told("fastmcp_2026", timeout=FASTMCP_TIMEOUT_SECONDS)
+    serving: list[str] = []
+    enough = asyncio.Event()
+
+    async def on_log(message: object) -> None:
+        data = getattr(message, "data", None)
+        text = data["msg"] if isinstance(data, dict) else str(data)
+        if text.startswith("Starting analysis"):  # "... of N items on <replica>[ (...)]"
+            serving.append(text.split(" on ", 1)[1].split()[0])
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        if progress >= KILL_AFTER_PROGRESS and serving:
+            enough.set()
+
+    class Noted:
+        """What the snippet calls: the client itself, each attempt noted as it ends."""
+
+        def __init__(self, client: Client) -> None:
+            self.client = client
+
+        async def call_tool(self, name: str, arguments: dict, **options: Any) -> CallToolResult:
+            meta = options.get("meta")
+            attempt: dict = {"key": meta.get(IDEMPOTENCY_KEY) if isinstance(meta, dict) else None, "ok": False}
+            told.attempts.append(attempt)
+            try:
+                result = await self.client.call_tool(name, arguments, **options)
+                attempt["ok"] = True
+                return result
+            except MCPError as exc:
+                attempt.update(code=exc.code, data=exc.data, message=str(exc))
+                raise
+            finally:
+                attempt["ended_at"] = time.monotonic()
+
+    async with Client(whole_stack.config.mcp_url, timeout=told.timeout, log_handler=on_log) as client:
+        told.handle = (await client.call_tool("create_session", {})).structured_content["session_id"]
+        arguments = {"num_items": ITEMS, "session_id": told.handle}
+        call = asyncio.create_task(
+            call_tool_retrying(Noted(client), "analyze_data", arguments, progress_handler=on_progress)
+        )
+        try:
+            await asyncio.wait_for(enough.wait(), 10)
+            told.killed = serving[0]
+            whole_stack.signal(told.killed, signal.SIGKILL)
+            told.killed_at = time.monotonic()
+            result = await asyncio.wait_for(call, OUTCOME_BOUND_SECONDS)
+            told.result = result.structured_content
+        except Exception as exc:  # the client's own failure, or no outcome in the bound: what is measured
+            told.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            call.cancel()
+    assert_told_at_once_and_retried(whole_stack, told)
+    await assert_applied_once(whole_stack.config.mcp_url, told)

@@ -7,6 +7,7 @@ HAProxy (back to the replica running the call) or straight to another one.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import signal
@@ -20,12 +21,16 @@ import uvicorn
 from conftest import Replica, free_ports, two_replicas
 from starlette.responses import PlainTextResponse
 
-from mcp_ha.check.wire import Event, RawSession, SessionlessSession
+from mcp_ha.check.wire import Event, RawSession, SessionlessSession, final_message
+from mcp_ha.idempotency import IDEMPOTENCY_KEY
 from mcp_ha.session_store import SessionStore, mint_event_id
 from mcp_ha.stack import Stack
 from mcp_ha.stores.memory_store import InMemorySessionStore
 from mcp_ha.stores.redis_store import RedisSessionStore
 from mcp_ha.streams import (
+    CUT_KEYED,
+    CUT_MARK,
+    CUT_RETRY_MS,
     MALFORMED,
     MAX_RERUN_REQUEST_BYTES,
     RUNNER_CHECK_SECONDS,
@@ -33,6 +38,9 @@ from mcp_ha.streams import (
     UNKNOWN,
     CheckResumption,
     EventFeed,
+    cut_call_named,
+    cut_error,
+    cut_event_id,
 )
 
 ITEMS = 30
@@ -329,6 +337,135 @@ async def test_a_re_run_the_replica_refuses_is_reported_with_its_answer() -> Non
     request = json.dumps({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "t", "arguments": {}}})
     await app._rerun(scope, "5~0123456789ab", request, "a-key", refused)
     assert "answered 404" in await asyncio.wait_for(told, 5)
+
+
+# -- a 2026-07-28 call whose stream is cut: told at once, by any replica (issue 26) -----------------------------
+
+
+def analysis_of(items: int, handle: str | None = None, *, key: str | None = None) -> dict:
+    arguments = {"num_items": items, **({"session_id": handle} if handle else {})}
+    meta = {"progressToken": "p", **({IDEMPOTENCY_KEY: key} if key else {})}
+    return {"name": "analyze_data", "arguments": arguments, "_meta": meta}
+
+
+def cut_id(text: str) -> str:
+    """A cut-call event id for a JSON text of our choosing (well-formed or not)."""
+    return CUT_MARK + base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["unkeyed", "keyed"])
+async def test_a_sessionless_streamed_call_opens_with_an_event_naming_its_request(
+    mcp_url: str, http: httpx2.AsyncClient, keyed: bool
+) -> None:
+    session = SessionlessSession(http, mcp_url)
+    call = analysis_of(3, await session.open(), key=uuid.uuid4().hex if keyed else None)
+    async with session.stream("tools/call", call) as stream:
+        text = (await stream.response.aread()).decode()
+    priming, _, _ = text.partition("\r\n\r\n")
+    event_id, retry, data = priming.split("\r\n")
+    assert event_id.startswith(f"id: {CUT_MARK}") and (retry, data) == (f"retry: {CUT_RETRY_MS}", "data: "), text[:300]
+    assert cut_call_named(event_id.removeprefix("id: ")) == (stream.request_id, keyed)
+    # The call is answered as ever.
+    answer = final_message(stream.response)
+    assert answer["id"] == stream.request_id and answer["result"]["structuredContent"]["items_processed"] == 3
+
+
+async def test_listen_streams_and_session_era_streams_get_no_cut_event(
+    raw: RawSession, mcp_url: str, http: httpx2.AsyncClient
+) -> None:
+    """A listen stream's client learns at once that it ended; a session-era stream resumes from its log."""
+    listening = SessionlessSession(http, mcp_url)
+    async with listening.stream("subscriptions/listen", {"notifications": {"toolsListChanged": True}}) as stream:
+        assert stream.response.headers["content-type"].startswith("text/event-stream")
+        first = await anext(aiter(stream))
+    assert first.message is not None and first.message["method"] == "notifications/subscriptions/acknowledged", first
+    async with raw.stream("tools/call", analysis_of(3)) as stream:
+        event_ids = [event.id for event in [event async for event in stream]]
+    assert event_ids and not any(str(event_id).startswith(CUT_MARK) for event_id in event_ids), event_ids
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["unkeyed", "keyed"])
+async def test_resuming_a_cut_sessionless_call_answers_its_error_on_any_replica(
+    stack: Stack, mcp_url: str, http: httpx2.AsyncClient, keyed: bool
+) -> None:
+    """The GET a client sends once its stream is cut is answered at once, by any replica and with no store
+    read, with an error for the cut request: the call is not running, and a retry is safe."""
+    session = SessionlessSession(http, mcp_url)
+    call = analysis_of(40, await session.open(), key=uuid.uuid4().hex if keyed else None)
+    async with session.stream("tools/call", call) as stream:
+        priming = await anext(aiter(stream))
+    # Leaving the block cut the stream, which ends a 2026-07-28 call.
+    assert priming.message is None and str(priming.id).startswith(CUT_MARK), priming
+    expected = cut_error(stream.request_id, keyed).model_dump(by_alias=True, exclude_unset=True)
+    for at in [session, *(session.at(replica_url(stack, name)) for name in stack.config.replica_names())]:
+        async with asyncio.timeout(5), at.resume(str(priming.id)) as resumed:
+            assert resumed.response.status_code == 200
+            assert resumed.response.headers["content-type"].startswith("text/event-stream")
+            events = [event async for event in resumed]
+        assert [event.message for event in events] == [expected]
+    error = expected["error"]
+    assert error["code"] == -32603 and error["data"] == {"retryable": True}
+    assert (CUT_KEYED in error["message"]) is keyed and (IDEMPOTENCY_KEY in error["message"]) is not keyed
+
+
+BAD_CUT_IDS = [
+    CUT_MARK,
+    CUT_MARK + "!!!",
+    CUT_MARK + "A" * 8000,
+    CUT_MARK + "\xfc",
+    cut_id("[1]"),
+    cut_id("[1,true,3]"),
+    cut_id("[1.5,true]"),
+    cut_id("[true,true]"),
+    cut_id("[null,false]"),
+    cut_id('[1,"yes"]'),
+    cut_id('{"id":1}'),
+    cut_id("not json"),
+    cut_id("[" * 300),
+    cut_id(json.dumps(["x" * 400, True])),  # well-formed, but longer than any the kit mints
+    CUT_MARK + base64.urlsafe_b64encode(b"\xff\xfe[1,true]").decode(),
+    cut_id("[1,true]") + "%",
+]
+
+
+@pytest.mark.quick
+def test_only_the_ids_the_kit_mints_name_a_cut_call() -> None:
+    for request_id in [0, -1, 2**63, "", "a b", '\u00fc\n"', "x" * 200]:
+        for keyed in (False, True):
+            minted = cut_event_id(request_id, keyed)
+            assert minted is not None and cut_call_named(minted) == (request_id, keyed)
+    # Ids a cut event cannot name: no priming event, so the client does as it did without one.
+    assert [cut_event_id(rid, False) for rid in (None, True, 1.5, [1], {"a": 1}, "x" * 300)] == [None] * 6
+    assert [cut_call_named(bad) for bad in BAD_CUT_IDS] == [None] * len(BAD_CUT_IDS)
+
+
+async def test_a_malformed_cut_id_is_refused_cleanly_everywhere(
+    stack: Stack, raw: RawSession, mcp_url: str, http: httpx2.AsyncClient
+) -> None:
+    """A forged or broken id of the cut-call form gets the SDK's usual answer to a 2026-07-28 GET (405), and
+    a session's GET the 400 of any malformed id: never a 5xx."""
+    session = SessionlessSession(http, mcp_url)
+    urls = [mcp_url, *(replica_url(stack, name) for name in stack.config.replica_names())]
+    statuses = set()
+    for url in urls:
+        for bad in BAD_CUT_IDS:
+            headers = {**session.headers(), "Last-Event-ID": bad.encode("latin-1")}
+            response = await http.get(url, headers=headers)
+            statuses.add(response.status_code)
+            assert 400 <= response.status_code < 500, (url, bad[:40], response.status_code, response.text[:200])
+    assert statuses <= {400, 405, 431}, statuses
+    status, body = await resume_status_and_body(raw, cut_event_id(1, True) or "")
+    assert status == 400 and jsonrpc_error(body) == MALFORMED
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[" * 100_000, b'{"jsonrpc":"2.0","id":1}', b"\xff\xfe"])
+async def test_a_sessionless_post_that_is_no_request_is_answered_as_without_the_kit(
+    mcp_url: str, http: httpx2.AsyncClient, body: bytes
+) -> None:
+    headers = SessionlessSession(http, mcp_url).headers()
+    response = await http.post(mcp_url, headers=headers, content=body)
+    assert 400 <= response.status_code < 500, (response.status_code, response.text[:200])
+    assert CUT_MARK not in response.text
 
 
 # -- what following a stream costs (issue 25) ------------------------------------------------------------------

@@ -68,7 +68,7 @@ async function elicit(urls, n) {
     // requestState echoed verbatim (the resend may land on any replica).
     client.setRequestHandler('elicitation/create', async () => ({
         action: 'accept',
-        content: { confirm: true }
+        content: { value: true }
     }));
     const call = async (name, args = {}) => structured(await client.callTool({ name, arguments: args }), name);
 
