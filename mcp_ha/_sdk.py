@@ -63,6 +63,13 @@ one value whose layout is FastMCP's own (`handles.FastMCPSessions` serves it
 from the kit's store): a creation mark and the state under
 `fastmcp.server.sessions._MARKER_KEY` and `._STATE_KEY`.
 
+Durable tasks (`tasks.py`) run on the Docket that FastMCP's tasks extension
+(`fastmcp-tasks`) starts in the server's lifespan and keeps on the server
+(`_docket`), with no public way to reach it: the layer sets how long a
+finished task is kept on it (`execution_ttl`, which the extension does not
+take) and wraps the task functions registered there, before its worker runs
+any.
+
 Every private attribute touched here, and nowhere else in the kit:
 
 | attribute | of | why |
@@ -77,6 +84,7 @@ Every private attribute touched here, and nowhere else in the kit:
 | `_MARKER_KEY` | `fastmcp.server.sessions` | the creation mark in a FastMCP session's stored value |
 | `_STATE_KEY` | `fastmcp.server.sessions` | where that value holds the session's state |
 | `_mcp_server` | a FastMCP server | its low-level server, to add request handlers and a middleware to |
+| `_docket` | a FastMCP server | the Docket its tasks extension runs, while its lifespan runs (`tasks.py`) |
 
 `tests/mcp_ha/test_sdk.py` checks each of these against the installed SDK;
 if an upgrade moves them, that test fails first and says which.
@@ -449,3 +457,8 @@ def fastmcp_session_state(value: Any) -> dict[str, Any] | None:
     inner = value.get("value") if isinstance(value, dict) else None
     state = inner.get(fastmcp_sessions._STATE_KEY) if isinstance(inner, dict) else None
     return dict(state) if isinstance(state, dict) else None
+
+
+def docket_of(mcp: FastMCP) -> Any:
+    """The Docket the server's tasks extension runs (fastmcp-tasks), while its lifespan runs; else None."""
+    return mcp._docket

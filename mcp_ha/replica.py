@@ -19,7 +19,9 @@ What each step owns:
   sessions this replica owns (`adoption.Ownership`); the drain; the token
   verifier when authentication is on. Nothing connects until the app runs.
 - `server(name)`: a FastMCP server with that verifier, and error details
-  masked (a client sees "Error calling tool", never internals).
+  masked (a client sees "Error calling tool", never internals); with the
+  `tasks` extra installed, FastMCP's tasks extension on the kit's store, so
+  `@mcp.tool(task=True)` tools run as durable tasks (`tasks.py`).
 - `session(ctx, handle)`: the caller's state, always fenced by this replica's
   epoch and keyed by the call's idempotency key. The only way a tool gets one.
 - `http_app(mcp)`: the FastMCP middlewares in their order (metrics outermost,
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import logging
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -104,6 +107,11 @@ def make_store(settings: Settings, *, on_replay: Callable[[Any], None] | None = 
     from .stores.memory_store import InMemorySessionStore
 
     return InMemorySessionStore(**limits)
+
+
+def tasks_installed() -> bool:
+    """Whether fastmcp-tasks (the kit's `tasks` extra) is installed: `ha.server()` then serves durable tasks."""
+    return importlib.util.find_spec("fastmcp_tasks") is not None
 
 
 # Every HTTP answer of a replica names it, so the HA check (mcp_ha.check) sees which replica serves a
@@ -195,6 +203,11 @@ class HighAvailability:
             session_state_store=FastMCPSessions(self.store, others=options.pop("session_state_store", None)),
             **options,
         )
+        if tasks_installed():
+            # `@mcp.tool(task=True)` tools run as durable tasks on the kit's store (tasks.py).
+            from .tasks import HATasks
+
+            mcp.add_extension(HATasks(self.settings, self.store, self.runs))
         self._servers.add(mcp)
         return mcp
 
@@ -355,18 +368,27 @@ class HighAvailability:
 
         @asynccontextmanager
         async def lifespan(starlette: Any) -> AsyncIterator[Any]:
-            async with inner(starlette) as state:
-                drain_on_sigterm(self.drain)
-                lease = asyncio.get_running_loop().create_task(self.runs.keep_alive())
-                # A template with {session_id} shows that session's state: its subscribers hear of each change.
-                templates = await mcp.list_resource_templates(run_middleware=False)
-                self.bus.session_templates = [t.uri_template for t in templates if "{session_id}" in t.uri_template]
-                try:
+            if not tasks_installed():
+                tasked = [t.name for t in await mcp.get_tasks() if t.task_config.supports_tasks()]
+                if tasked:
+                    raise RuntimeError(
+                        f"{', '.join(sorted(tasked))}: task=True tools need the kit's tasks extra: "
+                        "pip install 'mcp-ha-kit[tasks]' (fastmcp-tasks)"
+                    )
+            # This replica's lease lives from before FastMCP's lifespan starts its task worker until after that
+            # worker has finished the tasks it runs: while it lives, nobody takes them over (tasks.py).
+            lease = asyncio.get_running_loop().create_task(self.runs.keep_alive())
+            try:
+                async with inner(starlette) as state:
+                    drain_on_sigterm(self.drain)
+                    # A template with {session_id} shows that session's state: its subscribers hear of each change.
+                    templates = await mcp.list_resource_templates(run_middleware=False)
+                    self.bus.session_templates = [t.uri_template for t in templates if "{session_id}" in t.uri_template]
                     yield state
-                finally:
-                    lease.cancel()
-                    await self.bus.aclose()
-                    await self.store.aclose()
+            finally:
+                lease.cancel()
+                await self.bus.aclose()
+                await self.store.aclose()
 
         app.router.lifespan_context = lifespan
         return NameReplica(

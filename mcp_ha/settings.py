@@ -107,6 +107,14 @@ class Settings:
     fastmcp_telemetry_mode: str | None = field(default=None, metadata={"env": "FASTMCP_TELEMETRY_MODE"})
     # The SSE `retry:` field: how soon a client whose stream broke reconnects to resume it, in ms.
     sse_retry_ms: int = field(default=1000, metadata={"env": "SSE_RETRY_MS"})
+    # Durable tasks (tasks.py): a task whose replica stopped renewing it is run again elsewhere after this.
+    task_redelivery_seconds: float = field(default=4.0, metadata={"env": "TASK_REDELIVERY_SECONDS"})
+    # How long a finished task (its status and result) is kept for `tasks/get`.
+    task_ttl_seconds: int = field(default=900, metadata={"env": "TASK_TTL_SECONDS"})
+    # Tasks not yet finished one client (its principal, else its address) may have.
+    max_tasks_per_client: int = field(default=16, metadata={"env": "MAX_TASKS_PER_CLIENT"})
+    # The largest result a task may keep, in bytes of its JSON.
+    max_task_result_bytes: int = field(default=256 * 1024, metadata={"env": "MAX_TASK_RESULT_BYTES"})
 
     def __post_init__(self) -> None:
         if self.port <= 0 or self.port > 65535:
@@ -135,6 +143,10 @@ class Settings:
             "max_replays",
             "abandoned_call_seconds",
             "sse_retry_ms",
+            "task_redelivery_seconds",
+            "task_ttl_seconds",
+            "max_tasks_per_client",
+            "max_task_result_bytes",
         ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{_env(name)}={getattr(self, name)}: expected a positive number")

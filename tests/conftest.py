@@ -448,3 +448,28 @@ def stack_ports(replicas: int) -> dict[str, str]:
 def scrubbed(**env: str) -> dict[str, str]:
     """Another shell's environment: none of the user's variables, no PYTHONPATH."""
     return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/"), **env}
+
+
+# The bounds tests/mcp_ha/test_tasks.py's stack runs with, low enough to reach.
+TASK_BOUNDS = {"MAX_TASKS_PER_CLIENT": "3", "MAX_TASK_RESULT_BYTES": "4096", "TASK_TTL_SECONDS": "120"}
+
+
+@pytest.fixture(scope="module")
+def tasks_stack(tmp_path_factory: pytest.TempPathFactory, auth_tokens: dict[str, str]) -> Iterator[Stack]:
+    """Redis, two replicas of tests/mcp_ha/tasks_server.py and HAProxy, for durable tasks: static-token
+    authentication for alice and bob, TASK_BOUNDS, and each task body's start and end logged to the stack
+    dir's runs.log."""
+    state_dir = tmp_path_factory.mktemp("tasks")
+    tokens = ",".join(f"{name}:{token}" for name, token in auth_tokens.items())
+    config = stack_config(
+        state_dir,
+        replicas=2,
+        server="tests.mcp_ha.tasks_server",
+        auth={"MCP_AUTH": "static", "MCP_AUTH_TOKENS": tokens},
+    )
+    s = ReplicaEnvStack(config, {**TASK_BOUNDS, "RUNS_LOG": str(state_dir / "runs.log")})
+    try:
+        s.up()
+        yield s
+    finally:
+        s.down()

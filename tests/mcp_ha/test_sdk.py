@@ -417,3 +417,36 @@ def test_fastmcp_sessions_are_stored_in_the_layout_sdk_reads_and_writes() -> Non
         assert await other._exists() and await other.get("n") == 1
 
     asyncio.run(scenario())
+
+
+@pytest.mark.quick
+async def test_the_docket_tasks_run_on_is_where_the_layer_reaches_it() -> None:
+    """LOUD: durable tasks (mcp_ha/tasks.py) reach the Docket FastMCP's tasks extension runs through
+    `_sdk.docket_of` (FastMCP's private `_docket`): they set how long a finished task is kept on it
+    (`execution_ttl`) and wrap the task functions registered there (`tasks`, `register`) before its worker
+    runs one. If this fails after a fastmcp, fastmcp-tasks or pydocket upgrade, tasks run unfenced and
+    unkeyed: re-read fastmcp_tasks/lifespan.py and docket/docket.py, and fix mcp_ha/tasks.py first."""
+    pytest.importorskip("fastmcp_tasks", reason="durable tasks need the kit's tasks extra")
+    import fastmcp_tasks
+    from fastmcp import Client
+
+    from mcp_ha.replica import HighAvailability
+    from mcp_ha.settings import Settings
+    from mcp_ha.tasks import FENCED
+
+    ha = HighAvailability(Settings(metrics=False, task_ttl_seconds=77))
+    mcp = ha.server("probe")
+
+    @mcp.tool(task=True)
+    async def probe() -> str:
+        return "probed"
+
+    assert sdk_sessions.docket_of(mcp) is None  # the attribute exists, empty until the lifespan runs
+    assert fastmcp_tasks.__version__
+    async with Client(mcp) as client:
+        docket = sdk_sessions.docket_of(mcp)
+        assert docket is not None and docket.execution_ttl.total_seconds() == 77
+        (tool,) = [t for t in await mcp.get_tasks() if t.name == "probe"]
+        assert getattr(docket.tasks[tool.key], FENCED, False)  # the layer's wrapper is what the worker runs
+        assert (await client.call_tool("probe", {})).data == "probed"
+    assert sdk_sessions.docket_of(mcp) is None

@@ -1,0 +1,621 @@
+"""Pattern: durable tasks, long work that outlives its replica.
+
+A tool marked with FastMCP's own `@mcp.tool(task=True)` runs as a background
+task (the `io.modelcontextprotocol/tasks` extension, SEP-2663) for a client
+that asks for one: the `tools/call` answers at once with a task id, the client
+polls `tasks/get` through any replica, and `tasks/cancel` works from any.
+FastMCP's `fastmcp-tasks` implements the extension on Docket, a task queue on
+Redis; `ha.server()` adds it (`HATasks`), configured from the settings, so a
+server gets tasks with no line of its own. A client that did not ask (every
+session-era client) gets the tool's answer inline, as before.
+
+What Docket gives, on the kit's Redis (`docket_url`: REDIS_URL or
+REDIS_SENTINELS, the kit's ACL user; keys and channels under `mcp:tasks`;
+`memory://` with the in-memory store): every replica runs a worker; a worker
+holds each task it runs by renewing a lease every quarter of
+TASK_REDELIVERY_SECONDS, and a task whose lease lapses is delivered to another
+worker, which runs it again from its start. So a task whose replica died is
+taken over about TASK_REDELIVERY_SECONDS after the death.
+
+What the layer adds, because Docket does not:
+
+- **Writes apply once.** Inside a task run, `current_call` is the task's own
+  key (`task:<task id>`), so every write through `ha.session()` made by a run
+  that is repeated (a takeover, a redelivery, or the next leg after the client
+  answered an input request) replays the first run's instead of applying again;
+  `Session.resume()` tells the re-run where the first run got to. The kit's
+  FastMCP middlewares do not run in a worker (Docket calls the tool's function
+  itself), so the layer wraps the functions Docket runs (`HATasks.lifespan`).
+- **A live task is never run twice.** Docket redelivers a task that is still
+  running when its worker stopped renewing the lease while the task went on (a
+  Redis error makes a worker stop renewing until its tasks end; so does an
+  event-loop stall over the redelivery time). Each run records itself under the
+  task in the kit's store, by this replica's `Runs` lease (`TaskRuns`): a second
+  delivery that finds the first run's replica alive does not run the body; it
+  waits (polling every POLL_SECONDS) until that run ends, and answers with the
+  first run's recorded result, or until that replica's lease lapses, and then
+  takes over. Docket stores a run's result under the task's key and
+  generation, which a redelivery shares, so the result that reaches the client
+  is the first run's whichever delivery ends last. A loop stalled past both
+  the redelivery time and the `Runs` lease (one second) cannot be told from a
+  dead replica: its task runs again, its writes still applied once.
+- **A task belongs to its principal.** fastmcp-tasks scopes every task id by
+  the caller's token (`client_id|sub`), and answers another principal's id
+  exactly as one that never existed. With the kit's verifiers that is the
+  kit's principal (`principals.py`: one issuer per deployment, `sub` always
+  present); a client id holding "|" could make two principals' scopes one
+  text, so such a caller gets no task.
+- **Bounds.** MAX_TASKS_PER_CLIENT tasks not yet finished per client (its
+  principal, else its address), held as numbered slots in the store (one
+  more is a tool error, nothing started); MAX_TASK_RESULT_BYTES of result
+  JSON (a larger one ends the task with a tool error instead); and
+  TASK_TTL_SECONDS, how long a finished task is kept (Docket's execution TTL).
+- **Store errors** in a task body are answered as `errors.StoreErrors`
+  answers them in a call (`_answered`), instead of fastmcp-tasks' masked
+  "Error calling tool".
+- **Log messages** (`ctx.info()` and the rest) of a task go to the server's
+  log (`TaskContext`): FastMCP's would raise, for want of a session, and
+  fail the task.
+
+Not given: a task's progress starts again from zero when it is run again
+(only `statusMessage` reaches the client, SEP-2663), and a task is always run
+again from its start (its writes replay; `Session.resume()` and checkpoints let
+it skip work). fastmcp-tasks keeps each task's context snapshot (the
+caller's token and headers) in Redis for the task's life, unencrypted unless
+FASTMCP_TASKS_ENCRYPTION_KEY is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import inspect
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager, suppress
+from datetime import timedelta
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import mcp_types
+from docket.dependencies import current_execution
+from fastmcp.exceptions import ToolError
+from fastmcp.server.context import Context
+from fastmcp.server.dependencies import get_access_token, get_http_request, set_background_context_factory
+from fastmcp.tools.base import InputRequiredToolResult, Tool, ToolResult
+from fastmcp.tools.function_tool import FunctionTool
+from fastmcp.utilities.tasks import TASKS_EXTENSION_ID
+from fastmcp_tasks import TasksExtension
+from fastmcp_tasks.context import get_task_context, make_task_context
+from fastmcp_tasks.handlers import tasks_get
+from fastmcp_tasks.input_loop import reentrant_task_fn
+from fastmcp_tasks.input_store import is_cancelled
+from fastmcp_tasks.models import CreateTaskResult
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, LoggingLevel
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from . import _sdk
+from .adoption import SESSION_MOVED
+from .errors import SESSION_BUSY, STORE_FULL
+from .idempotency import KEY_REUSED, current_call
+from .principals import client_of
+from .session_store import (
+    STORE_UNAVAILABLE,
+    Conflict,
+    Fenced,
+    LimitExceeded,
+    OpReused,
+    SessionStore,
+    StoreFull,
+    StoreUnavailable,
+)
+from .settings import Settings
+from .streams import Runs
+
+log = logging.getLogger(__name__)
+
+# Docket's name, the prefix of every key and channel it uses: under the Redis store's own prefix (`mcp`,
+# RedisSessionStore's default, which make_store keeps), so the kit's ACL user reaches it (~mcp:*).
+DOCKET_NAME = "mcp:tasks"
+# How long Docket's XREADGROUP blocks for new work: a new task is picked up as it arrives whatever this is.
+CHECK_INTERVAL = timedelta(milliseconds=500)
+# How soon a worker whose Redis connection failed connects again.
+RECONNECTION_DELAY = timedelta(seconds=1)
+# How often a delivery that waits for another replica's run of its task looks again.
+POLL_SECONDS = 0.5
+# A run's records in the store (`TaskRuns`): kept this long, renewed every RUN_RENEW_SECONDS while it runs.
+RUN_TTL_SECONDS = 300
+RUN_RENEW_SECONDS = 60
+# A finished run's outcome, for the deliveries waiting on it (they look every POLL_SECONDS).
+DONE_TTL_SECONDS = 60
+# A client's task slot (MAX_TASKS_PER_CLIENT): held this long until the task is noted in it, then this
+# long at most; a slot whose task finished is freed by the next creation that finds every slot taken,
+# which looks at most once per SWEEP_SECONDS per client.
+SLOT_PENDING_SECONDS = 60
+SLOT_TTL_SECONDS = 24 * 3600
+SWEEP_SECONDS = 1
+
+TOO_MANY_TASKS = (
+    "Refused: this client has {n} tasks not yet finished (MAX_TASKS_PER_CLIENT). Wait for one to finish or "
+    "cancel one (tasks/cancel), then call again. Nothing was started."
+)
+RESULT_TOO_LARGE = (
+    "The task finished, but its result ({size} bytes of JSON) is over the {limit} bytes a task keeps "
+    "(MAX_TASK_RESULT_BYTES), so it was not kept. Its writes stay applied; return less (a reference to the "
+    "data instead of the data) to get it."
+)
+# Marks the functions the layer wraps for Docket's worker (the fenced ones of `HATasks`).
+FENCED = "mcp_ha_fenced"
+# The RESP version Docket's connections speak (`docket_url`).
+RESP = {"protocol": "2"}
+AMBIGUOUS_CLIENT = "Refused: a client id holding '|' cannot own tasks (its task scope would be ambiguous)."
+
+
+def docket_url(settings: Settings) -> str:
+    """Docket's Redis: the store's own (REDIS_URL, or REDIS_SENTINELS with the master's name), as the kit's
+    ACL user (REDIS_USERNAME/REDIS_PASSWORD, percent-encoded); `memory://` with the in-memory store.
+
+    Over RESP2 (`protocol=2`, as Docket's own pub/sub connections already are): redis-py 8.1.0's pools
+    never replace a RESP3 connection Redis closed (redis/redis-py#4252, fixed after 8.1.0), and Docket does
+    not retry, so after a Redis restart, failover or killed client, a task's `ctx.report_progress` and
+    Docket's own writes of its result failed on the dead connection, ending the task in error."""
+    userinfo = ""
+    if settings.redis_username is not None or settings.redis_password is not None:
+        userinfo = quote(settings.redis_username or "", safe="")
+        if settings.redis_password is not None:
+            userinfo += ":" + quote(settings.redis_password, safe="")
+        userinfo += "@"
+    if settings.redis_sentinels:
+        hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in settings.redis_sentinels)
+        query = {
+            name: value
+            for name, value in (
+                ("sentinel_username", settings.redis_sentinel_username),
+                ("sentinel_password", settings.redis_sentinel_password),
+            )
+            if value
+        }
+        return f"redis+sentinel://{userinfo}{hosts}/{settings.redis_master_name}/0?" + urlencode({**query, **RESP})
+    if settings.redis_url:
+        parts = urlsplit(settings.redis_url)
+        netloc = userinfo + parts.netloc.rpartition("@")[2] if userinfo else parts.netloc
+        options = urlencode([*((k, v) for k, v in parse_qsl(parts.query) if k != "protocol"), *RESP.items()])
+        return urlunsplit((parts.scheme, netloc, parts.path, options, parts.fragment))
+    return "memory://"
+
+
+def _wire(result: ToolResult) -> mcp_types.CallToolResult:
+    """`result` as the client gets it (as fastmcp-tasks' `tasks/get` inlines it)."""
+    wire = result.to_mcp_result()
+    if isinstance(wire, tuple):
+        return mcp_types.CallToolResult(content=wire[0], structured_content=wire[1])
+    if isinstance(wire, list):
+        return mcp_types.CallToolResult(content=wire)
+    return wire
+
+
+def _outcome(done: str) -> Any:
+    """What a finished run recorded (`TaskRuns`), as the run answered it: a result, None, or its exception."""
+    recorded = json.loads(done)
+    if "result" in recorded:
+        return ToolResult.from_mcp_result(mcp_types.CallToolResult.model_validate(recorded["result"]))
+    if "error" in recorded:
+        error = recorded["error"]
+        raise MCPError(error["code"], error["message"], error.get("data"))
+    if recorded.get("cancelled"):
+        raise asyncio.CancelledError()
+    return None
+
+
+class TaskRuns:
+    """Each task leg run once at a time, fleet-wide, by this replica's lease (`Runs`) in the kit's store.
+
+    Under a leg's name (a digest of its Docket key): `<name>:run` holds the run id of the replica that ran it
+    first, and `<name>:after:<run id>` the one that took it over from that run, and so on (a chain, as
+    streams.py's re-runs); `<name>:done` its outcome once it ended. A delivery runs the leg if it can claim
+    the first link, or the link after a run whose lease lapsed; otherwise it waits for the outcome.
+    """
+
+    def __init__(self, store: SessionStore, runs: Runs) -> None:
+        self.store = store
+        self.runs = runs
+        # The legs this replica runs now: the answer of each, for a second delivery of it here.
+        self._local: dict[str, tuple[asyncio.Future[Any], asyncio.Task[Any]]] = {}
+
+    async def run(self, name: str, body: Callable[[], Awaitable[Any]], cancelled: Callable[[], Awaitable[bool]]) -> Any:
+        """`body`'s answer, run here once: or the answer of the run of `name` that another delivery made."""
+        waited = False
+        while True:
+            done = await self.store.claimed(f"{name}:done")
+            if done is not None:
+                return _outcome(done)
+            local = self._local.get(name)
+            if local is not None:
+                return await self._follow(*local)
+            chain = await self._take(name)
+            if chain is not None:
+                done = await self.store.claimed(f"{name}:done")  # it may have ended just before the claim
+                if done is not None:
+                    await self._release(chain)
+                    return _outcome(done)
+                return await self._run(name, chain, body, cancelled)
+            if not waited:
+                waited = True
+                log.info("task %s was delivered again while it runs elsewhere: waiting for its outcome", name)
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def _take(self, name: str) -> list[tuple[str, str]] | None:
+        """The chain of links ending with this run's, once it has claimed one; None while another runs it."""
+        me = self.runs.run_id
+        link = f"{name}:run"
+        if await self.store.claim(link, me, RUN_TTL_SECONDS):
+            return [(link, me)]
+        chain: list[tuple[str, str]] = []
+        for _ in range(64):  # each link is a replica that died with the leg; far fewer in practice
+            holder = await self.store.claimed(link)
+            if holder is None:
+                return None  # released or lapsed since: the next look claims it afresh
+            chain.append((link, holder))
+            after = f"{name}:after:{holder}"
+            if await self.store.claimed(after) is not None:
+                link = after
+                continue
+            if holder == me:
+                return chain  # this replica's, and not running here (`_local`): its run stopped unrecorded
+            if await self.runs.alive(holder):
+                return None
+            log.info("taking over task %s: the replica that ran it (%s) is gone", name, holder)
+            if await self.store.claim(after, me, RUN_TTL_SECONDS):
+                return [*chain, (after, me)]
+            return None
+        return None
+
+    async def _run(
+        self,
+        name: str,
+        chain: list[tuple[str, str]],
+        body: Callable[[], Awaitable[Any]],
+        cancelled: Callable[[], Awaitable[bool]],
+    ) -> Any:
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        answer.add_done_callback(lambda done: done.cancelled() or done.exception())  # read here if nobody else
+        task = asyncio.current_task()
+        assert task is not None
+        self._local[name] = (answer, task)
+        renewing = asyncio.ensure_future(self._renew(chain))
+        try:
+            if await cancelled():
+                raise asyncio.CancelledError()
+            result = await body()
+            renewing.cancel()
+            outcome: dict[str, Any]
+            if isinstance(result, ToolResult):
+                outcome = {"result": _wire(result).model_dump(by_alias=True, mode="json", exclude_none=True)}
+            else:
+                outcome = {"none": True}
+            earlier = await self._record(name, outcome)
+            if earlier is not None:
+                # Another run ended first (this replica looked dead to it): both answer with its outcome, so
+                # the result Docket keeps is the same whichever delivery ends last.
+                with suppress(Exception, asyncio.CancelledError):
+                    result = _outcome(earlier)
+            answer.set_result(result)
+            await self._release(chain)
+            return result
+        except asyncio.CancelledError:
+            renewing.cancel()
+            answer.cancel()
+            # Cancelled by tasks/cancel: the other deliveries end cancelled too. Otherwise (the replica is
+            # stopping) the leg is left to whoever takes it over.
+            with suppress(StoreUnavailable):
+                if await asyncio.shield(cancelled()):
+                    await self._record(name, {"cancelled": True})
+            await self._release(chain)
+            raise
+        except MCPError as exc:
+            renewing.cancel()
+            if not answer.done():
+                answer.set_exception(exc)
+            error = {"code": exc.error.code, "message": exc.error.message, "data": exc.error.data}
+            await self._record(name, {"error": error})
+            await self._release(chain)
+            raise
+        except BaseException as exc:
+            renewing.cancel()
+            if not answer.done():
+                answer.set_exception(exc)
+            await self._release(chain)
+            raise
+        finally:
+            self._local.pop(name, None)
+
+    async def _follow(self, answer: asyncio.Future[Any], runner: asyncio.Task[Any]) -> Any:
+        """A second delivery of a leg this replica runs: its answer; cancelling this cancels that run too."""
+        try:
+            return await asyncio.shield(answer)
+        except asyncio.CancelledError:
+            if not answer.done():
+                runner.cancel()
+            raise
+
+    async def _renew(self, chain: list[tuple[str, str]]) -> None:
+        while True:
+            await asyncio.sleep(RUN_RENEW_SECONDS)
+            for link, holder in chain:
+                with suppress(StoreUnavailable):
+                    await self.store.claim(link, holder, RUN_TTL_SECONDS)
+
+    async def _record(self, name: str, outcome: dict[str, Any]) -> str | None:
+        """Record the leg's outcome; None, or the outcome another run recorded first."""
+        try:
+            text = json.dumps(outcome, separators=(",", ":"))
+            if await self.store.claim(f"{name}:done", text, DONE_TTL_SECONDS):
+                return None
+            return await self.store.claimed(f"{name}:done")
+        except StoreUnavailable as exc:
+            # A delivery waiting on it runs the leg again once the chain is released (its writes replay).
+            log.warning("outcome of task %s not recorded: %s", name, exc)
+            return None
+
+    async def _release(self, chain: list[tuple[str, str]]) -> None:
+        for link, _ in chain:
+            try:
+                await self.store.release(link)
+            except StoreUnavailable as exc:
+                log.warning("task run record %s not released (it lapses in %d s): %s", link, RUN_TTL_SECONDS, exc)
+
+
+def _answered(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """`fn`, with the store's refusals answered as `errors.StoreErrors` answers them in a call."""
+
+    @functools.wraps(fn)
+    async def answered(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(*args, **kwargs)
+        except StoreFull as exc:
+            raise ToolError(STORE_FULL) from exc
+        except StoreUnavailable as exc:
+            raise ToolError(STORE_UNAVAILABLE) from exc
+        except Fenced as exc:
+            raise ToolError(SESSION_MOVED) from exc
+        except OpReused as exc:
+            raise MCPError(INVALID_PARAMS, KEY_REUSED) from exc
+        except Conflict as exc:
+            raise ToolError(SESSION_BUSY) from exc
+        except LimitExceeded as exc:
+            raise ToolError(f"Refused: {exc}. Nothing was applied.") from exc
+
+    answered.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
+    return answered
+
+
+class TaskContext(Context):
+    """A task's `Context`: its log messages (`ctx.info()` and the rest) go to the server's log, since a task
+    has no session to send them on (FastMCP's own would raise, failing the task). `report_progress`'s
+    message is what reaches the client, as the task's `statusMessage`."""
+
+    async def log(
+        self,
+        message: str,
+        level: LoggingLevel | None = None,
+        logger_name: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        task_log.log(_LEVELS.get(level or "info", logging.INFO), "task %s: %s", self.task_id, message)
+
+
+task_log = logging.getLogger("mcp_ha.tasks.log")
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "notice": logging.INFO, "warning": logging.WARNING} | {
+    level: logging.ERROR for level in ("error", "critical", "alert", "emergency")
+}
+
+
+async def _task_context() -> Context | None:
+    """fastmcp-tasks' worker `Context`, as a `TaskContext`."""
+    ctx = await make_task_context()
+    if ctx is not None:
+        ctx.__class__ = TaskContext
+    return ctx
+
+
+def _leg_name(execution_key: str) -> str:
+    return "task:" + hashlib.sha256(execution_key.encode()).hexdigest()[:32]
+
+
+def task_call(task_id: str, tool: str) -> tuple[str, str]:
+    """`current_call` inside a run of task `task_id`: the same for every run and leg of the task."""
+    return f"task:{task_id}", hashlib.sha256(f"{tool}\n{task_id}".encode()).hexdigest()[:32]
+
+
+class HATasks(TasksExtension):
+    """FastMCP's tasks extension on the kit's store and settings, with the layer's guarantees (module doc)."""
+
+    def __init__(self, settings: Settings, store: SessionStore, runs: Runs) -> None:
+        super().__init__(
+            url=docket_url(settings),
+            name=DOCKET_NAME,
+            worker_name=settings.instance_id,
+            redelivery_timeout=timedelta(seconds=settings.task_redelivery_seconds),
+            reconnection_delay=RECONNECTION_DELAY,
+            minimum_check_interval=CHECK_INTERVAL,
+        )
+        self.kit_settings = settings
+        self.store = store
+        self.runs = TaskRuns(store, runs)
+
+    @asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
+        # Before the worker starts: what it will run, and nothing after it starts may suspend until each
+        # function is wrapped (the worker task only runs once this coroutine next waits).
+        tools = [t for t in await self.server.get_tasks() if isinstance(t, Tool) and t.task_config.supports_tasks()]
+        async with super().lifespan():
+            docket = _sdk.docket_of(self.server)
+            if docket is not None:
+                docket.execution_ttl = timedelta(seconds=self.kit_settings.task_ttl_seconds)
+                for tool in tools:
+                    registered = docket.tasks.get(tool.key)
+                    if registered is None:
+                        continue
+                    inner = (
+                        reentrant_task_fn(_answered(tool.fn), tool.name)
+                        if isinstance(tool, FunctionTool)
+                        else registered
+                    )
+                    docket.register(self._fenced(inner, tool, docket), names=[tool.key])
+            # A task has no session to send log messages on: FastMCP's ctx.info() and the rest would raise.
+            set_background_context_factory(_task_context)
+            try:
+                yield
+            finally:
+                set_background_context_factory(make_task_context)
+
+    def _fenced(self, fn: Callable[..., Awaitable[Any]], tool: Tool, docket: Any) -> Callable[..., Awaitable[Any]]:
+        """What the worker runs for `tool`: `fn` once fleet-wide (`TaskRuns`), keyed, its result bounded."""
+
+        @functools.wraps(fn)
+        async def fenced(*args: Any, **kwargs: Any) -> Any:
+            info = get_task_context()
+            if info is None:  # not a task leg (Docket's own): nothing to fence
+                return await fn(*args, **kwargs)
+
+            ran = False
+
+            async def body() -> Any:
+                nonlocal ran
+                ran = True
+                token = current_call.set(task_call(info.task_id, tool.name))
+                try:
+                    raw = await fn(*args, **kwargs)
+                finally:
+                    current_call.reset(token)
+                return self._kept(tool, raw)
+
+            async def cancelled() -> bool:
+                return await is_cancelled(docket, info.task_scope, info.task_id)
+
+            try:
+                result = await self.runs.run(_leg_name(current_execution.get().key), body, cancelled)
+            except asyncio.CancelledError:
+                if ran and await asyncio.shield(cancelled()):
+                    await self._end_slot(info.task_id)
+                raise
+            except MCPError:
+                if ran:
+                    await self._end_slot(info.task_id)
+                raise
+            if ran and result is not None:  # None: a leg that asks for input, still the client's task
+                await self._end_slot(info.task_id)
+            return result
+
+        fenced.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
+        setattr(fenced, FENCED, True)
+        return fenced
+
+    def _kept(self, tool: Tool, raw: Any) -> Any:
+        """The result a run keeps: as the client will get it (a `ToolResult` of its exact wire form),
+        or a tool error when that is over MAX_TASK_RESULT_BYTES. None (a leg that asks for input) as is."""
+        if raw is None or isinstance(raw, mcp_types.InputRequiredResult | InputRequiredToolResult):
+            return raw
+        result = _wire(tool.convert_result(raw))
+        size = len(result.model_dump_json(by_alias=True, exclude_none=True).encode())
+        limit = self.kit_settings.max_task_result_bytes
+        if size > limit:
+            log.warning("task of %s: result of %d bytes not kept (MAX_TASK_RESULT_BYTES=%d)", tool.name, size, limit)
+            text = RESULT_TOO_LARGE.format(size=size, limit=limit)
+            result = mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=text)], is_error=True)
+        return ToolResult.from_mcp_result(result)
+
+    async def intercept_tool_call(self, params: Any, context: Context, call_next: Any) -> Any:
+        """A task-creating call takes one of its client's MAX_TASKS_PER_CLIENT slots first (`_reserve`)."""
+        slot = await self._reserve(params, context)
+        if slot is None:
+            return await super().intercept_tool_call(params, context, call_next)
+        try:
+            outcome = await super().intercept_tool_call(params, context, call_next)
+        except BaseException:
+            await self._free(slot)
+            raise
+        if isinstance(outcome, CreateTaskResult):
+            await self._note(slot, outcome.task_id)
+        else:
+            await self._free(slot)  # run inline after all (a tool another tool called)
+        return outcome
+
+    async def _reserve(self, params: Any, context: Context) -> tuple[str, str, str] | None:
+        """(slot, its claimant, the client) when this call may start a task; None when it cannot."""
+        request = context.request_context
+        if (
+            request is None
+            or request.protocol_version not in MODERN_PROTOCOL_VERSIONS
+            or context.client_extension_settings(TASKS_EXTENSION_ID) is None
+        ):
+            return None
+        try:
+            tool = await context.fastmcp.get_tool(params.name)
+        except Exception:
+            return None  # the extension answers an unknown tool as usual
+        if tool is None or not tool.task_config.supports_tasks():
+            return None
+        token = get_access_token()
+        if token is not None and "|" in (token.client_id or ""):
+            raise ToolError(AMBIGUOUS_CLIENT)
+        try:
+            client = client_of(get_http_request().scope)
+        except RuntimeError:
+            client = "local"
+        claimant = secrets.token_hex(8)
+        slots = [f"tasks:{client}:{n}" for n in range(self.kit_settings.max_tasks_per_client)]
+        for slot in slots:
+            if await self.store.claim(slot, claimant, SLOT_PENDING_SECONDS, holder=client):
+                return slot, claimant, client
+        # Every slot taken: free all those whose task has finished, at most once per SWEEP_SECONDS per client.
+        if await self.store.claim(f"tasks:{client}:sweep", claimant, SWEEP_SECONDS):
+            freed = []
+            for slot in slots:
+                task_id = await self.store.claimed(f"{slot}:task")
+                if task_id is None or not await self._finished(task_id):
+                    continue  # being created (or its creator stopped first: it lapses), or still live
+                for name in (f"{slot}:task", slot, f"task-slot:{task_id}"):
+                    await self.store.release(name)
+                freed.append(slot)
+            for slot in freed:
+                if await self.store.claim(slot, claimant, SLOT_PENDING_SECONDS, holder=client):
+                    return slot, claimant, client
+        raise ToolError(TOO_MANY_TASKS.format(n=self.kit_settings.max_tasks_per_client))
+
+    async def _finished(self, task_id: str) -> bool:
+        """Whether the caller's task `task_id` has finished (or is gone), as `tasks/get` would say."""
+        try:
+            got = await tasks_get(self.server, task_id)
+        except MCPError:
+            return True  # not found: expired, or never created
+        return got.status in ("completed", "failed", "cancelled")
+
+    async def _note(self, slot: tuple[str, str, str], task_id: str) -> None:
+        """Slot and task, each findable from the other: the run that ends the task frees the slot (`_end_slot`),
+        and a full client's sweep frees the slot of a task that ended otherwise (cancelled before it ran)."""
+        name, claimant, client = slot
+        try:
+            await self.store.claim(f"{name}:task", task_id, SLOT_TTL_SECONDS, holder=client)
+            await self.store.claim(f"task-slot:{task_id}", name, SLOT_TTL_SECONDS, holder=client)
+            await self.store.claim(name, claimant, SLOT_TTL_SECONDS, holder=client)
+        except (StoreUnavailable, LimitExceeded) as exc:
+            log.warning("task %s not noted in its client's slot (it lapses): %s", task_id, exc)
+
+    async def _end_slot(self, task_id: str) -> None:
+        """Free the slot of a task whose run just ended it."""
+        try:
+            slot = await self.store.claimed(f"task-slot:{task_id}")
+            if slot is not None:
+                for name in (f"{slot}:task", slot, f"task-slot:{task_id}"):
+                    await self.store.release(name)
+        except StoreUnavailable as exc:
+            log.warning("slot of task %s not freed (the next sweep frees it): %s", task_id, exc)
+
+    async def _free(self, slot: tuple[str, str, str]) -> None:
+        with suppress(StoreUnavailable):
+            await self.store.release(slot[0])
