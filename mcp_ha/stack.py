@@ -91,7 +91,13 @@ REDIS_KIT_ACL = (
     "resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +info +fcall +wait "
     "+time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget "
     "+hexists +hdel +hstrlen +exists +zscore +zrem +get +set +lindex +rpush +lpop +lrange "
-    "+publish +subscribe +unsubscribe +zrange +pttl +llen"
+    "+publish +subscribe +unsubscribe +zrange +pttl +llen "
+    # Durable tasks (tasks.py): Docket, under mcp:tasks, may do more there and only there (an ACL selector):
+    # its Lua (EVALSHA after SCRIPT LOAD), streams, sets, and the cancellation channels it subscribes to by
+    # pattern, which Redis matches against the ACL's channel patterns literally.
+    "(~mcp:tasks:* &mcp:tasks:* &mcp:tasks:cancel:* +multi +exec +discard +evalsha +script|load "
+    "+del +setex +mget +pexpire +ttl +sadd +srem +smembers +zcount +zrangebyscore +xadd +xack +xdel +xlen "
+    "+xrange +xread +xreadgroup +xautoclaim +xclaim +xgroup|create +psubscribe +punsubscribe)"
 )
 # Sentinel's connections to the servers (`sentinel auth-user`): what Sentinel
 # needs to watch the servers, announce itself and reconfigure them in a failover.

@@ -18,7 +18,7 @@ hash() { printf %s "$1" | sha256sum | cut -d' ' -f1; }
   cat <<CONF
 port ${me##*:}
 user default on #$(hash "$REDIS_ADMIN_PASSWORD") ~* &* +@all
-user mcp on #$(hash "$REDIS_PASSWORD") resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +info +fcall +wait +time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget +hexists +hdel +hstrlen +exists +zscore +zrem +get +set +lindex +rpush +lpop +lrange +publish +subscribe +unsubscribe +zrange +pttl +llen
+user mcp on #$(hash "$REDIS_PASSWORD") resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +info +fcall +wait +time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget +hexists +hdel +hstrlen +exists +zscore +zrem +get +set +lindex +rpush +lpop +lrange +publish +subscribe +unsubscribe +zrange +pttl +llen (~mcp:tasks:* &mcp:tasks:* &mcp:tasks:cancel:* +multi +exec +discard +evalsha +script|load +del +setex +mget +pexpire +ttl +sadd +srem +smembers +zcount +zrangebyscore +xadd +xack +xdel +xlen +xrange +xread +xreadgroup +xautoclaim +xclaim +xgroup|create +psubscribe +punsubscribe)
 user sentinel on #$(hash "$REDIS_SENTINEL_AUTH_PASSWORD") resetkeys resetchannels &__sentinel__:hello -@all +multi +exec +slaveof +ping +info +role +config|rewrite +client|setname +client|kill +script|kill +publish +subscribe
 user replication on #$(hash "$REDIS_REPLICATION_PASSWORD") resetkeys resetchannels -@all +psync +replconf +ping
 masteruser replication

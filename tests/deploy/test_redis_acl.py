@@ -39,11 +39,12 @@ REFUSED = [
     ("MONITOR",),
     ("SHUTDOWN", "NOSAVE"),
     ("REPLICAOF", "NO", "ONE"),
-    # Lua of its own, in any form: the kit calls the functions the admin loaded (FCALL), nothing else.
+    # Lua of its own on the store's keys: the store calls the functions the admin loaded (FCALL). Docket's
+    # scripts (durable tasks) may run, by EVALSHA, on Docket's keys only (test_docket_may_do_its_work_...).
     ("EVAL", "return 1", "0"),
-    ("EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "0"),
-    ("SCRIPT", "LOAD", "while true do end"),
+    ("EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "1", "mcp:sessions"),
     ("SCRIPT", "FLUSH"),
+    ("SCRIPT", "KILL"),
     ("FUNCTION", "LOAD", "#!lua name=mine\nredis.register_function('spin', function() while true do end end)"),
     ("FUNCTION", "DELETE", "mine"),
     ("FUNCTION", "FLUSH"),
@@ -53,6 +54,25 @@ REFUSED = [
     ("DEL", "mcp:sessions"),
     ("APPEND", "mcp:x", "1"),
     ("GET", "other:x"),
+    # What Docket may do under mcp:tasks, nowhere else.
+    ("XADD", "mcp:sessions", "*", "f", "v"),
+    ("SMEMBERS", "mcp:x"),
+    ("DEL", "mcp:taskz"),
+    ("PSUBSCRIBE", "mcp:*"),
+    ("PUBLISH", "other:tasks:cancel:x", "1"),
+]
+# What Docket does, under its name (tasks.DOCKET_NAME), as the kit's user: docs/security.md.
+DOCKET = [
+    ("XADD", "mcp:tasks:stream", "*", "f", "v"),
+    ("XGROUP", "CREATE", "mcp:tasks:stream", "docket-workers", "$", "MKSTREAM"),
+    ("XAUTOCLAIM", "mcp:tasks:stream", "docket-workers", "w", "1000", "0-0"),
+    ("EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "1", "mcp:tasks:runs:x"),
+    ("SCRIPT", "LOAD", "return 1"),
+    ("DEL", "mcp:tasks:runs:x"),
+    ("PSUBSCRIBE", "mcp:tasks:cancel:*"),
+    ("PUBLISH", "mcp:tasks:cancel:x", "1"),
+    ("SADD", "mcp:tasks:workers", "w"),
+    ("MULTI",),
 ]
 
 
@@ -95,6 +115,17 @@ def test_the_kits_user_may_not_run_what_the_kit_does_not_need(redis_stack: Stack
     assert error.startswith("NOPERM") or words[0] == "DEBUG", error
     dry_run = redis_stack.redis_command("redis", "ACL", "DRYRUN", redis_stack.config.redis_user, *words)
     assert isinstance(dry_run, str) and "no permissions" in dry_run, dry_run
+
+
+@pytest.mark.parametrize("words", DOCKET, ids=lambda w: " ".join(w))
+def test_docket_may_do_its_work_under_its_name(redis_stack: Stack, words: tuple[str, ...]) -> None:
+    """Durable tasks (mcp_ha/tasks.py) run on Docket, which needs more than the store, on its keys only:
+    an ACL selector. Its workers subscribe to `mcp:tasks:cancel:*` by pattern, which Redis matches against
+    the ACL literally (without it a worker never starts)."""
+    from mcp_ha.tasks import DOCKET_NAME
+
+    assert all(word.startswith(f"{DOCKET_NAME}:") for word in words if word.startswith("mcp:"))
+    assert redis_stack.redis_command("redis", "ACL", "DRYRUN", redis_stack.config.redis_user, *words) == "OK"
 
 
 def test_the_kits_user_reads_how_near_redis_is_to_its_memory_bound(redis_stack: Stack) -> None:
