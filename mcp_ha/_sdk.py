@@ -68,7 +68,9 @@ Durable tasks (`tasks.py`) run on the Docket that FastMCP's tasks extension
 (`_docket`), with no public way to reach it: the layer sets how long a
 finished task is kept on it (`execution_ttl`, which the extension does not
 take) and wraps the task functions registered there, before its worker runs
-any.
+any. A run that takes a task over starts its progress where its client saw
+it, so FastMCP's `report_progress` is told where that is; and `tasks/get`
+names the replica running a task, from the execution of its current leg.
 
 Every private attribute touched here, and nowhere else in the kit:
 
@@ -85,6 +87,8 @@ Every private attribute touched here, and nowhere else in the kit:
 | `_STATE_KEY` | `fastmcp.server.sessions` | where that value holds the session's state |
 | `_mcp_server` | a FastMCP server | its low-level server, to add request handlers and a middleware to |
 | `_docket` | a FastMCP server | the Docket its tasks extension runs, while its lifespan runs (`tasks.py`) |
+| `_fastmcp_last_progress` | a Docket execution | a run taking a task over starts from its progress (`tasks.py`) |
+| `_lookup_task` | `fastmcp_tasks.handlers` | a task's current leg, whose worker `tasks/get` names |
 
 `tests/mcp_ha/test_sdk.py` checks each of these against the installed SDK;
 if an upgrade moves them, that test fails first and says which.
@@ -462,3 +466,28 @@ def fastmcp_session_state(value: Any) -> dict[str, Any] | None:
 def docket_of(mcp: FastMCP) -> Any:
     """The Docket the server's tasks extension runs (fastmcp-tasks), while its lifespan runs; else None."""
     return mcp._docket
+
+
+def set_reported_progress(execution: Any, progress: float) -> None:
+    """Tell FastMCP's `report_progress` what a task leg's progress already stands at: it adds to Docket's
+    counter only the rise over the last value it reported on that execution (`_fastmcp_last_progress`)."""
+    execution._fastmcp_last_progress = int(progress)
+
+
+async def task_runner(mcp: FastMCP, task_id: str) -> str | None:
+    """The worker (a replica's instance id) running the caller's task `task_id` now; None when no worker
+    runs it (queued, waiting for input, ended) or no such task is the caller's."""
+    # Imported here: fastmcp-tasks is an extra (`mcp-ha[tasks]`), and this module loads without it.
+    from docket.execution import ExecutionState
+    from fastmcp_tasks import handlers
+    from fastmcp_tasks.context import get_task_scope
+    from mcp.shared.exceptions import MCPError
+
+    docket = docket_of(mcp)
+    if docket is None:
+        return None
+    try:
+        execution, *_ = await handlers._lookup_task(docket, get_task_scope(), task_id)
+    except MCPError:
+        return None
+    return execution.worker if execution.state == ExecutionState.RUNNING else None

@@ -57,10 +57,18 @@ What the layer adds, because Docket does not:
   log (`TaskContext`): FastMCP's would raise, for want of a session, and
   fail the task.
 
-Not given: a task's progress starts again from zero when it is run again
-(only `statusMessage` reaches the client, SEP-2663), and a task is always run
-again from its start (its writes replay; `Session.resume()` and checkpoints let
-it skip work). fastmcp-tasks keeps each task's context snapshot (the
+- **Progress only rises.** What a task reports (`ctx.report_progress`, whose
+  message is the `statusMessage` its client polls, SEP-2663) is kept beside
+  the task's Docket state (`Progress`). Docket sets a leg's progress back to
+  zero when a worker claims it; a run that takes the task over starts from
+  what its client saw instead, and a report below that (a re-run catching up)
+  changes nothing.
+- **Who runs it.** `tasks/get` of a working task names the replica running it
+  in its `_meta` (RUNNER_META), so an operator, or the HA check, can tell
+  which replica a fault must reach.
+
+Not given: a task is always run again from its start (its writes replay;
+`Session.resume()` and checkpoints let it skip work). fastmcp-tasks keeps each task's context snapshot (the
 caller's token and headers) in Redis for the task's life, unencrypted unless
 FASTMCP_TASKS_ENCRYPTION_KEY is set.
 """
@@ -76,6 +84,7 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
+from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
@@ -93,10 +102,11 @@ from fastmcp_tasks.context import get_task_context, make_task_context
 from fastmcp_tasks.handlers import tasks_get
 from fastmcp_tasks.input_loop import reentrant_task_fn
 from fastmcp_tasks.input_store import is_cancelled
-from fastmcp_tasks.models import CreateTaskResult
+from fastmcp_tasks.models import CreateTaskResult, GetTaskResult
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, LoggingLevel
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import Field
 
 from . import _sdk
 from .adoption import SESSION_MOVED
@@ -152,6 +162,8 @@ RESULT_TOO_LARGE = (
 FENCED = "mcp_ha_fenced"
 # The RESP version Docket's connections speak (`docket_url`).
 RESP = {"protocol": "2"}
+# Where `tasks/get` of a working task names the replica running it.
+RUNNER_META = "io.github.mcp-ha-kit/runner"
 AMBIGUOUS_CLIENT = "Refused: a client id holding '|' cannot own tasks (its task scope would be ambiguous)."
 
 
@@ -393,10 +405,57 @@ def _answered(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]
     return answered
 
 
+class Progress:
+    """The progress a task's client has seen, kept (in Docket's Redis, for the task's life) so that it only
+    rises: across runs that take the task over, and across the legs of a task that asked for input."""
+
+    def __init__(self, docket: Any, task_id: str, ttl: timedelta) -> None:
+        self.docket = docket
+        self.key = docket.key(f"mcp-ha:progress:{task_id}")
+        self.ttl = ttl
+        self.seen = 0.0
+
+    async def restore(self, execution: Any) -> None:
+        """Set the leg's progress (which Docket's claim reset to zero) back to what the client saw."""
+        async with self.docket.redis() as redis:
+            kept = await redis.get(self.key)
+        if kept is None:
+            return
+        last = json.loads(kept)
+        self.seen = last["progress"]
+        if last["total"] is not None:
+            await execution.progress.set_total(int(last["total"]))
+        await execution.progress.increment(int(self.seen))
+        _sdk.set_reported_progress(execution, self.seen)
+        if last["message"] is not None:
+            await execution.progress.set_message(last["message"])
+
+    async def rises(self, progress: float, total: float | None, message: str | None) -> bool:
+        """Whether a report is above what the client saw; if so it is kept first, so a run that takes the
+        task over never starts below what reached the client."""
+        if progress <= self.seen:
+            return False
+        self.seen = progress
+        last = json.dumps({"progress": progress, "total": total, "message": message})
+        async with self.docket.redis() as redis:
+            await redis.set(self.key, last, ex=self.ttl)
+        return True
+
+
+# The progress of the task run in this context (set by `HATasks` around the run's body).
+task_progress: ContextVar[Progress | None] = ContextVar("mcp_ha_task_progress", default=None)
+
+
 class TaskContext(Context):
     """A task's `Context`: its log messages (`ctx.info()` and the rest) go to the server's log, since a task
     has no session to send them on (FastMCP's own would raise, failing the task). `report_progress`'s
-    message is what reaches the client, as the task's `statusMessage`."""
+    message is what reaches the client, as the task's `statusMessage`, and only a rise reaches it
+    (`Progress`)."""
+
+    async def report_progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        kept = task_progress.get()
+        if kept is None or await kept.rises(progress, total, message):
+            await super().report_progress(progress, total, message)
 
     async def log(
         self,
@@ -429,6 +488,14 @@ def _leg_name(execution_key: str) -> str:
 def task_call(task_id: str, tool: str) -> tuple[str, str]:
     """`current_call` inside a run of task `task_id`: the same for every run and leg of the task."""
     return f"task:{task_id}", hashlib.sha256(f"{tool}\n{task_id}".encode()).hexdigest()[:32]
+
+
+class NamedTask(GetTaskResult):
+    """`tasks/get` of a working task, with `_meta` naming the replica that runs it. Every MCP result may
+    carry `_meta`; the draft schema's task shape lists it no more than the `resultType` fastmcp-tasks
+    already sends."""
+
+    meta: dict[str, Any] | None = Field(default=None, serialization_alias="_meta")
 
 
 class HATasks(TasksExtension):
@@ -487,10 +554,14 @@ class HATasks(TasksExtension):
             async def body() -> Any:
                 nonlocal ran
                 ran = True
+                progress = Progress(docket, info.task_id, docket.execution_ttl)
+                await progress.restore(current_execution.get())
                 token = current_call.set(task_call(info.task_id, tool.name))
+                kept = task_progress.set(progress)
                 try:
                     raw = await fn(*args, **kwargs)
                 finally:
+                    task_progress.reset(kept)
                     current_call.reset(token)
                 return self._kept(tool, raw)
 
@@ -528,6 +599,13 @@ class HATasks(TasksExtension):
             text = RESULT_TOO_LARGE.format(size=size, limit=limit)
             result = mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=text)], is_error=True)
         return ToolResult.from_mcp_result(result)
+
+    async def _handle_get(self, ctx: Any, params: Any) -> Any:
+        """`tasks/get`, naming the replica that runs a working task (RUNNER_META)."""
+        got = await super()._handle_get(ctx, params)
+        if got.status == "working" and (runner := await _sdk.task_runner(self.server, params.task_id)):
+            return NamedTask(**dict(got), meta={RUNNER_META: runner})
+        return got
 
     async def intercept_tool_call(self, params: Any, context: Context, call_next: Any) -> Any:
         """A task-creating call takes one of its client's MAX_TASKS_PER_CLIENT slots first (`_reserve`)."""

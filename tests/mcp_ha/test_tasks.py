@@ -30,7 +30,7 @@ from mcp_ha.settings import Settings, SettingsError
 from mcp_ha.stack import Stack
 from mcp_ha.stores.memory_store import InMemorySessionStore
 from mcp_ha.streams import Runs
-from mcp_ha.tasks import DOCKET_NAME, TaskRuns, docket_url
+from mcp_ha.tasks import DOCKET_NAME, RUNNER_META, TaskRuns, docket_url
 
 assert fastmcp_tasks.__version__
 # Kill -9 runs of the takeover test: TASK_KILL_RUNS=5 pytest tests/mcp_ha/test_tasks.py -k kill -s prints them.
@@ -57,8 +57,11 @@ async def started_on(stack: Stack, task_id: str, limit: float = 15) -> str:
     raise AssertionError(f"task {task_id} never started")
 
 
-async def until(task: ToolTask, statuses: tuple[str, ...], limit: float = 30, every: float = 0.1) -> Any:
-    """Poll `tasks/get` until one of `statuses`; a poll that fails (its replica just died) is tried again."""
+async def until(
+    task: ToolTask, statuses: tuple[str, ...], limit: float = 30, every: float = 0.1, messages: list[str] | None = None
+) -> Any:
+    """Poll `tasks/get` until one of `statuses`; a poll that fails (its replica just died) is tried again.
+    Each `statusMessage` seen goes into `messages`."""
     deadline = time.monotonic() + limit
     last: Any = None
     while time.monotonic() < deadline:
@@ -67,10 +70,23 @@ async def until(task: ToolTask, statuses: tuple[str, ...], limit: float = 30, ev
         except Exception as exc:
             last = exc
         else:
+            if messages is not None and last.status_message:
+                messages.append(last.status_message)
             if last.status in statuses:
                 return last
         await asyncio.sleep(every)
     raise AssertionError(f"task {task.task_id} not {statuses} within {limit} s: {last!r}")
+
+
+async def named_runner(task: ToolTask, limit: float = 15) -> str:
+    """The replica `tasks/get` names as running the task, once it names one."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        got = await task.status()
+        if runner := (got.meta or {}).get(RUNNER_META):
+            return runner
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"tasks/get never named the replica running task {task.task_id}")
 
 
 def replica_url(stack: Stack, name: str) -> str:
@@ -134,16 +150,21 @@ async def test_kill_9_of_the_replica_running_a_task_another_completes_it_once(
         steps = 16
         task = await call_tool_task(alice, "job", {"steps": steps, "step_seconds": 0.25, "session_id": h})
         runner = await started_on(tasks_stack, task.task_id)
-        await until(task, ("working",))
+        assert await named_runner(task) == runner  # tasks/get says which replica runs it
         await asyncio.sleep(1.5)  # a few steps written
         assert 0 < await counted(alice, h) < steps
         killed_at = time.time()
         tasks_stack.signal(runner, signal.SIGKILL)
         try:
-            final = await until(task, ("completed", "failed", "cancelled"), limit=40, every=0.05)
+            seen: list[str] = []
+            final = await until(task, ("completed", "failed", "cancelled"), limit=40, every=0.05, messages=seen)
             done_at = time.time()
             assert final.status == "completed", final
             survivor = next(n for n in tasks_stack.config.replica_names() if n != runner)
+            # The re-run starts again from step 1; what the client sees never goes back.
+            reached = [int(m.split()[1].split("/")[0]) for m in seen]
+            assert reached == sorted(reached) and reached[-1] > reached[0], seen
+            assert any(m.endswith(f"on {survivor}") for m in seen), seen
             assert final.result["structuredContent"] == {"steps": steps, "counted": steps, "instance": survivor}
             assert await counted(alice, h) == steps  # the first run's writes replayed, not applied again
             assert runs_of(tasks_stack, task.task_id) == [("START", runner), ("START", survivor), ("END", survivor)]
