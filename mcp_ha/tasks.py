@@ -19,11 +19,14 @@ taken over about TASK_REDELIVERY_SECONDS after the death.
 
 What the layer adds, because Docket does not:
 
-- **Writes apply once.** Inside a task run, `current_call` is the task's own
-  key (`task:<task id>`), so every write through `ha.session()` made by a run
-  that is repeated (a takeover, a redelivery, or the next leg after the client
-  answered an input request) replays the first run's instead of applying again;
-  `Session.resume()` tells the re-run where the first run got to. The kit's
+- **Writes apply once.** Inside a task run, `current_call` is the call that
+  created the task (its idempotency key, else HAProxy's request id, and its
+  digest; the task's own key, `task:<task id>`, without either), so every
+  write through `ha.session()` made by a run that is repeated (a takeover, a
+  redelivery, or the next leg after the client answered an input request),
+  or by a call that was cut and is sent again as a task under its key,
+  replays the first run's instead of applying again; `Session.resume()` tells
+  the re-run where the first run got to. The kit's
   FastMCP middlewares do not run in a worker (Docket calls the tool's function
   itself), so the layer wraps the functions Docket runs (`HATasks.lifespan`).
 - **A live task is never run twice.** Docket redelivers a task that is still
@@ -76,13 +79,14 @@ FASTMCP_TASKS_ENCRYPTION_KEY is set.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hashlib
 import inspect
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from contextvars import ContextVar
 from datetime import timedelta
@@ -94,6 +98,7 @@ from docket.dependencies import current_execution
 from fastmcp.exceptions import ToolError
 from fastmcp.server.context import Context
 from fastmcp.server.dependencies import get_access_token, get_http_request, set_background_context_factory
+from fastmcp.server.extensions import MethodBinding
 from fastmcp.tools.base import InputRequiredToolResult, Tool, ToolResult
 from fastmcp.tools.function_tool import FunctionTool
 from fastmcp.utilities.tasks import TASKS_EXTENSION_ID
@@ -110,6 +115,7 @@ from pydantic import Field
 
 from . import _sdk
 from .adoption import SESSION_MOVED
+from .elicitation import InputNeeded
 from .errors import SESSION_BUSY, STORE_FULL
 from .idempotency import KEY_REUSED, current_call
 from .principals import client_of
@@ -137,6 +143,8 @@ CHECK_INTERVAL = timedelta(milliseconds=500)
 RECONNECTION_DELAY = timedelta(seconds=1)
 # How often a delivery that waits for another replica's run of its task looks again.
 POLL_SECONDS = 0.5
+# How long a task's first run waits for its creator to note the call that created it (`_call_of`).
+CALL_NOTED_WITHIN_SECONDS = 5
 # A run's records in the store (`TaskRuns`): kept this long, renewed every RUN_RENEW_SECONDS while it runs.
 RUN_TTL_SECONDS = 300
 RUN_RENEW_SECONDS = 60
@@ -382,12 +390,15 @@ class TaskRuns:
 
 
 def _answered(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """`fn`, with the store's refusals answered as `errors.StoreErrors` answers them in a call."""
+    """`fn`, with the store's refusals answered as `errors.StoreErrors` answers them in a call, and
+    `ha.elicit`'s question as `AskForInput` answers it (the task then waits for its client's input)."""
 
     @functools.wraps(fn)
     async def answered(*args: Any, **kwargs: Any) -> Any:
         try:
             return await fn(*args, **kwargs)
+        except InputNeeded as needed:
+            return InputRequiredToolResult(needed.result)
         except StoreFull as exc:
             raise ToolError(STORE_FULL) from exc
         except StoreUnavailable as exc:
@@ -556,7 +567,7 @@ class HATasks(TasksExtension):
                 ran = True
                 progress = Progress(docket, info.task_id, docket.execution_ttl)
                 await progress.restore(current_execution.get())
-                token = current_call.set(task_call(info.task_id, tool.name))
+                token = current_call.set(await self._call_of(info.task_id, tool.name))
                 kept = task_progress.set(progress)
                 try:
                     raw = await fn(*args, **kwargs)
@@ -586,6 +597,19 @@ class HATasks(TasksExtension):
         setattr(fenced, FENCED, True)
         return fenced
 
+    async def _call_of(self, task_id: str, tool: str) -> tuple[str, str]:
+        """`current_call` in a run of the task: the call that created it (its idempotency key, or HAProxy's
+        request id, and its digest), so a call cut mid-stream and sent again as a task, under its key,
+        applies its writes once; else the task's own. Its creator notes it just after Docket has the task,
+        so the first run may look a few times."""
+        deadline = asyncio.get_running_loop().time() + CALL_NOTED_WITHIN_SECONDS
+        while (noted := await self.store.claimed(f"task-call:{task_id}")) is None:
+            if asyncio.get_running_loop().time() > deadline:
+                return task_call(task_id, tool)  # its creator stopped first
+            await asyncio.sleep(POLL_SECONDS / 10)
+        key, digest = json.loads(noted)
+        return key, digest
+
     def _kept(self, tool: Tool, raw: Any) -> Any:
         """The result a run keeps: as the client will get it (a `ToolResult` of its exact wire form),
         or a tool error when that is over MAX_TASK_RESULT_BYTES. None (a leg that asks for input) as is."""
@@ -600,12 +624,21 @@ class HATasks(TasksExtension):
             result = mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=text)], is_error=True)
         return ToolResult.from_mcp_result(result)
 
-    async def _handle_get(self, ctx: Any, params: Any) -> Any:
-        """`tasks/get`, naming the replica that runs a working task (RUNNER_META)."""
-        got = await super()._handle_get(ctx, params)
-        if got.status == "working" and (runner := await _sdk.task_runner(self.server, params.task_id)):
-            return NamedTask(**dict(got), meta={RUNNER_META: runner})
-        return got
+    def methods(self) -> Sequence[MethodBinding]:
+        """The extension's methods, with `tasks/get` naming the replica that runs a working task."""
+        return [
+            dataclasses.replace(b, handler=self._naming_runner(b.handler)) if b.method == "tasks/get" else b
+            for b in super().methods()
+        ]
+
+    def _naming_runner(self, handler: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
+        async def get(ctx: Any, params: Any) -> Any:
+            got = await handler(ctx, params)
+            if got.status == "working" and (runner := await _sdk.task_runner(self.server, params.task_id)):
+                return NamedTask(**dict(got), meta={RUNNER_META: runner})
+            return got
+
+        return get
 
     async def intercept_tool_call(self, params: Any, context: Context, call_next: Any) -> Any:
         """A task-creating call takes one of its client's MAX_TASKS_PER_CLIENT slots first (`_reserve`)."""
@@ -618,7 +651,7 @@ class HATasks(TasksExtension):
             await self._free(slot)
             raise
         if isinstance(outcome, CreateTaskResult):
-            await self._note(slot, outcome.task_id)
+            await self._note(slot, outcome.task_id, current_call.get() or task_call(outcome.task_id, params.name))
         else:
             await self._free(slot)  # run inline after all (a tool another tool called)
         return outcome
@@ -673,11 +706,13 @@ class HATasks(TasksExtension):
             return True  # not found: expired, or never created
         return got.status in ("completed", "failed", "cancelled")
 
-    async def _note(self, slot: tuple[str, str, str], task_id: str) -> None:
-        """Slot and task, each findable from the other: the run that ends the task frees the slot (`_end_slot`),
-        and a full client's sweep frees the slot of a task that ended otherwise (cancelled before it ran)."""
+    async def _note(self, slot: tuple[str, str, str], task_id: str, call: tuple[str, str]) -> None:
+        """The task's call (`_call_of`); and slot and task, each findable from the other: the run that ends
+        the task frees the slot (`_end_slot`), and a full client's sweep frees the slot of a task that ended
+        otherwise (cancelled before it ran)."""
         name, claimant, client = slot
         try:
+            await self.store.claim(f"task-call:{task_id}", json.dumps(call), SLOT_TTL_SECONDS, holder=client)
             await self.store.claim(f"{name}:task", task_id, SLOT_TTL_SECONDS, holder=client)
             await self.store.claim(f"task-slot:{task_id}", name, SLOT_TTL_SECONDS, holder=client)
             await self.store.claim(name, claimant, SLOT_TTL_SECONDS, holder=client)
@@ -689,7 +724,7 @@ class HATasks(TasksExtension):
         try:
             slot = await self.store.claimed(f"task-slot:{task_id}")
             if slot is not None:
-                for name in (f"{slot}:task", slot, f"task-slot:{task_id}"):
+                for name in (f"{slot}:task", slot, f"task-slot:{task_id}", f"task-call:{task_id}"):
                     await self.store.release(name)
         except StoreUnavailable as exc:
             log.warning("slot of task %s not freed (the next sweep frees it): %s", task_id, exc)

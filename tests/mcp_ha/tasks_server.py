@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from fastmcp import Context
+from fastmcp.server.elicitation import AcceptedElicitation
 from fastmcp.utilities.tasks import TaskConfig
 
 from mcp_ha import HighAvailability, SessionHandle
@@ -44,6 +45,16 @@ async def job(steps: int, step_seconds: float, ctx: Context, session_id: Session
         await ctx.report_progress(step, steps, f"step {step}/{steps} on {ha.instance}")
     _log("END", ctx)
     return {"steps": steps, "counted": counted, "instance": ha.instance}
+
+
+@mcp.tool(task=QUICK)
+async def confirmed_job(steps: int, step_seconds: float, ctx: Context, session_id: SessionHandle = None) -> dict:
+    """`job`, once the user says yes (asked through `ha.elicit`: in a task, its input request)."""
+    _log("ASKING", ctx)
+    answer = await ha.elicit(ctx, f"Count {steps} steps?", bool, name="go")
+    if not (isinstance(answer, AcceptedElicitation) and answer.data is True):
+        return {"steps": steps, "counted": 0, "instance": ha.instance}
+    return await job(steps, step_seconds, ctx, session_id)
 
 
 @mcp.tool

@@ -177,6 +177,38 @@ async def test_kill_9_of_the_replica_running_a_task_another_completes_it_once(
     print("\nkill -9 -> re-run started on the other replica, kill -9 -> task completed (s):", figures)
 
 
+async def test_a_task_asks_through_ha_elicit_once_even_when_its_replica_dies(
+    tasks_stack: Stack, auth_tokens: dict[str, str]
+) -> None:
+    """`ha.elicit` inside a task: the task waits for its client's input (tasks/update, which FastMCP's client
+    answers through its elicitation handler), then counts; its replica killed mid-count, the run that takes
+    it over finds the answer and does not ask again."""
+    asked: list[str] = []
+
+    async def answer(message: str, response_type: Any, params: Any, context: Any) -> Any:
+        asked.append(message)
+        return {"value": True}
+
+    token = auth_tokens["alice"]
+    async with Client(tasks_stack.config.mcp_url, auth=token, timeout=30, elicitation_handler=answer) as c:
+        h = await handle(c)
+        steps = 16
+        task = await call_tool_task(c, "confirmed_job", {"steps": steps, "step_seconds": 0.25, "session_id": h})
+        outcome = asyncio.create_task(task.result())  # answers the question, then polls to the end
+        runner = await started_on(tasks_stack, task.task_id)  # the body counts once answered
+        await asyncio.sleep(1.5)
+        tasks_stack.signal(runner, signal.SIGKILL)
+        try:
+            result = await asyncio.wait_for(outcome, 60)
+        finally:
+            tasks_stack.start(runner)
+        assert asked == [f"Count {steps} steps?"]  # asked once, not again by the run that took over
+        assert result.data["counted"] == steps and result.data["instance"] != runner
+        assert await counted(c, h) == steps
+        starts = [replica for event, replica in runs_of(tasks_stack, task.task_id) if event == "START"]
+        assert starts == [runner, result.data["instance"]]
+
+
 async def test_a_live_task_delivered_again_is_not_run_twice(tasks_stack: Stack, alice: Client) -> None:
     """Every connection of the kit's Redis user cut once (`CLIENT KILL USER`): the runner's Docket worker stops
     renewing the task's lease until the task ends, and the other replica's worker takes the task after
