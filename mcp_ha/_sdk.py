@@ -71,6 +71,10 @@ take) and wraps the task functions registered there, before its worker runs
 any. A run that takes a task over starts its progress where its client saw
 it, so FastMCP's `report_progress` is told where that is; and `tasks/get`
 names the replica running a task, from the execution of its current leg.
+FastMCP's `Client` asks every server to run task tools as tasks once
+fastmcp-tasks is imported anywhere in the process; the HA check drives both
+kinds of client in one process, so its sessionless kind is an `InlineClient`,
+which never asks (as FastMCP's own proxy client never does).
 
 Every private attribute touched here, and nowhere else in the kit:
 
@@ -89,6 +93,7 @@ Every private attribute touched here, and nowhere else in the kit:
 | `_docket` | a FastMCP server | the Docket its tasks extension runs, while its lifespan runs (`tasks.py`) |
 | `_fastmcp_last_progress` | a Docket execution | a run taking a task over starts from its progress (`tasks.py`) |
 | `_lookup_task` | `fastmcp_tasks.handlers` | a task's current leg, whose worker `tasks/get` names |
+| `_auto_internal_extensions` | FastMCP's `Client` | a client that never asks for tasks (`InlineClient`) |
 
 `tests/mcp_ha/test_sdk.py` checks each of these against the installed SDK;
 if an upgrade moves them, that test fails first and says which.
@@ -108,7 +113,7 @@ import anyio
 import fastmcp.server.sessions as fastmcp_sessions
 import pydantic_core
 from anyio.abc import TaskStatus
-from fastmcp import FastMCP
+from fastmcp import Client, FastMCP
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, authorization_context
 from mcp.server.connection import Connection
 from mcp.server.request_state import RequestStateBoundary
@@ -491,3 +496,11 @@ async def task_runner(mcp: FastMCP, task_id: str) -> str | None:
     except MCPError:
         return None
     return execution.worker if execution.state == ExecutionState.RUNNING else None
+
+
+class InlineClient(Client):
+    """FastMCP's `Client`, never asking a server to run a call as a task, whatever the process imported:
+    FastMCP's internal extensions (fastmcp-tasks' client half) left out, as FastMCP's `ProxyClient` does."""
+
+
+InlineClient._auto_internal_extensions = False

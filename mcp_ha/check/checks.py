@@ -21,6 +21,9 @@ resilience
     streamed call          the `streamed` call, its replica killed mid-stream, completes for the kinds
                            that resume a stream themselves, its effects as with no fault
     sessionless handle     a sessionless client's handle keeps its state across replicas and a kill
+    task killed mid-run    the `streamed` call run as a background task (its tool marked task=True),
+                           the replica running it (as tasks/get names it) killed mid-run: the client's
+                           call completes, its effects as with no fault (kinds that run tasks)
 
 "Effects lost or doubled" compares each session's final `count` with the writes it was told
 succeeded; a client that does not retry may have had a failed write applied (once at most).
@@ -44,7 +47,16 @@ import httpx2
 
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
 
-from .clients import GUARD_SLACK_SECONDS, PLAIN_CALL_TIMEOUT, REPLICA_HEADER, CheckClient, ClientFactory
+from .clients import (
+    GUARD_SLACK_SECONDS,
+    PLAIN_CALL_TIMEOUT,
+    REPLICA_HEADER,
+    RUNNER_META,
+    CheckClient,
+    ClientFactory,
+    TasksClient,
+    ToolAnsweredError,
+)
 from .faults import FaultError, Faults
 from .load import (
     CallRecord,
@@ -77,6 +89,9 @@ DETECT_WINDOW = {"kill": 3.0, "pause": 4.0, "drain": 0.0}
 WRITES_BETWEEN_CALLS = 3
 STREAMED_BOUND_SECONDS = 60.0
 STREAM_KILL_AFTER_SECONDS = 1.0
+# A task is taken over once the lease of the replica that died lapses (TASK_REDELIVERY_SECONDS), then run again.
+TASK_BOUND_SECONDS = 90.0
+RUNNER_NAMED_WITHIN_SECONDS = 15.0
 RETRY_SECONDS = 15.0
 # Opening sessions until one of each kind is on the replica to kill: at most this many tries per kind.
 PLACEMENT_TRIES = 8
@@ -101,6 +116,11 @@ class Context:
     factory: ClientFactory
     replicas: list[str] = field(default_factory=list)
     say: Callable[[str], None] = lambda _text: None
+
+    @property
+    def load_kinds(self) -> list[str]:
+        """The kinds the checks of calls under faults drive: all but those that only the task check drives."""
+        return [k for k in self.kinds if not self.factory.kind_class(k).runs_tasks]
 
     def missing(self, *verbs: str) -> str | None:
         if self.faults is None:
@@ -443,8 +463,8 @@ async def check_between_calls(ctx: Context, verb: str) -> list[CheckResult]:
     check = f"{'kill -9' if verb == 'kill' else verb} between calls"
     started = time.monotonic()
     if why := ctx.missing(verb, *(("resume",) if verb == "pause" else ())):
-        return [CheckResult(RESILIENCE, check, kind, SKIP, [why]) for kind in ctx.kinds]
-    groups, results = await open_all(ctx, ctx.kinds, ctx.sessions)
+        return [CheckResult(RESILIENCE, check, kind, SKIP, [why]) for kind in ctx.load_kinds]
+    groups, results = await open_all(ctx, ctx.load_kinds, ctx.sessions)
     reasons: list[str] = []
     try:
         replica = busiest(ctx, groups)
@@ -488,8 +508,8 @@ async def check_under_load(ctx: Context, verb: str) -> list[CheckResult]:
     check = {"kill": "kill -9 under load", "pause": "pause under load", "drain": "drain under load"}[verb]
     started = time.monotonic()
     if why := ctx.missing(verb, *(("resume",) if verb == "pause" else ())):
-        return [CheckResult(RESILIENCE, check, kind, SKIP, [why]) for kind in ctx.kinds]
-    groups, results = await open_all(ctx, ctx.kinds, ctx.sessions)
+        return [CheckResult(RESILIENCE, check, kind, SKIP, [why]) for kind in ctx.load_kinds]
+    groups, results = await open_all(ctx, ctx.load_kinds, ctx.sessions)
     reasons: list[str] = []
     stop = asyncio.Event()
     tasks: list[asyncio.Task] = []
@@ -765,42 +785,147 @@ async def check_streamed(ctx: Context) -> list[CheckResult]:
             elif record.end < struck:
                 mine.append("the streamed call ended before its replica was killed: give the shape a longer one")
             run = group.runs[0]
-            await read_final(group.clients[0], run, ctx.url, ctx.shape)
-            delta = None if run.final is None else run.final - count
-            if delta is None:
-                mine.append(f"the count could not be read afterwards: {run.final_error}")
-            elif delta != effect:
-                mine.append(f"its effect on the count was {delta}, with no fault {effect}")
+            delta = await effect_after(ctx, group, count, effect, mine)
             note = f"{replica} killed {STREAM_KILL_AFTER_SECONDS:g} s in; answered by {record.replica or '?'}"
-            results.append(
-                CheckResult(
-                    RESILIENCE,
-                    check,
-                    group.kind,
-                    FAIL if mine else PASS,
-                    mine,
-                    Figures(
-                        kind=group.kind,
-                        sessions=1,
-                        calls=1,
-                        failed=int(not record.ok),
-                        overran=0,
-                        longest_call_s=round(record.end - record.start, 3),
-                        acknowledged=int(record.ok),
-                        final=run.final,
-                        lost=max(effect - delta, 0) if delta is not None else 0,
-                        doubled=max(delta - effect, 0) if delta is not None else 0,
-                        unreadable=int(delta is None),
-                        errors=[record.error] if record.error else [],
-                    ),
-                    note,
-                )
-            )
+            results.append(one_call_result(check, group.kind, mine, record, run.final, effect, delta, note))
     except (CallFailed, ShapeError, RuntimeError, TimeoutError) as exc:
         results.append(CheckResult(RESILIENCE, check, "-", FAIL, [error_text(exc)]))
     finally:
         await close_sessions(groups)
     return named(results, RESILIENCE, check, started)
+
+
+async def effect_after(ctx: Context, group: Sessions, count: int, effect: int, reasons: list[str]) -> int | None:
+    """The group's one session's count now, less `count`: what its call did, checked against `effect`
+    (the call's effect with no fault) into `reasons`; None when the count cannot be read."""
+    run = group.runs[0]
+    await read_final(group.clients[0], run, ctx.url, ctx.shape)
+    delta = None if run.final is None else run.final - count
+    if delta is None:
+        reasons.append(f"the count could not be read afterwards: {run.final_error}")
+    elif delta != effect:
+        reasons.append(f"its effect on the count was {delta}, with no fault {effect}")
+    return delta
+
+
+def one_call_result(
+    check: str,
+    kind: str,
+    reasons: list[str],
+    record: CallRecord,
+    final: int | None,
+    effect: int,
+    delta: int | None,
+    note: str,
+) -> CheckResult:
+    """The result of a check of one call: its figures, from the call and its effect on the count."""
+    figures = Figures(
+        kind=kind,
+        sessions=1,
+        calls=1,
+        failed=int(not record.ok),
+        overran=0,
+        longest_call_s=round(record.end - record.start, 3),
+        acknowledged=int(record.ok),
+        final=final,
+        lost=max(effect - delta, 0) if delta is not None else 0,
+        doubled=max(delta - effect, 0) if delta is not None else 0,
+        unreadable=int(delta is None),
+        errors=[record.error] if record.error else [],
+    )
+    return CheckResult(RESILIENCE, check, kind, FAIL if reasons else PASS, reasons, figures, note)
+
+
+async def check_task(ctx: Context) -> list[CheckResult]:
+    """For each kind that runs tasks: the streamed call run as a task, the replica tasks/get names as
+    running it killed mid-run; the call must complete, its effect as with no fault."""
+    started = time.monotonic()
+    check = "task killed mid-run"
+    kinds = [k for k in ctx.kinds if ctx.factory.kind_class(k).runs_tasks]
+    if ctx.shape.streamed is None:
+        return [CheckResult(RESILIENCE, check, k, SKIP, [NO_STREAMED_CALL]) for k in kinds]
+    if why := ctx.missing("kill"):
+        return [CheckResult(RESILIENCE, check, k, SKIP, [why]) for k in kinds]
+    results = []
+    for kind in kinds:
+        try:
+            results.append(await task_killed(ctx, kind, check))
+        except ImportError as exc:
+            results.append(CheckResult(RESILIENCE, check, kind, SKIP, [f"{exc.name} is not installed"]))
+        except (CallFailed, ShapeError, RuntimeError, TimeoutError, ToolAnsweredError) as exc:
+            results.append(CheckResult(RESILIENCE, check, kind, FAIL, [error_text(exc)]))
+    return named(results, RESILIENCE, check, started)
+
+
+async def task_killed(ctx: Context, kind: str, check: str) -> CheckResult:
+    assert ctx.shape.streamed is not None
+    streamed = ctx.shape.streamed
+    group = await open_sessions(ctx, kind, 1)
+    try:
+        [client] = group.clients
+        assert isinstance(client, TasksClient)
+        seen = client.seen
+        # The effect of one run with no fault; and whether it ran as a task at all.
+        before = ctx.shape.count_of(await client.call(ctx.shape.read))
+        await client.call(streamed, bound=TASK_BOUND_SECONDS)
+        if not seen.polls:
+            not_a_task = f"{streamed.tool} did not run as a task: mark its tool task=True, with the tasks extra"
+            return CheckResult(RESILIENCE, check, kind, SKIP, [not_a_task])
+        count = ctx.shape.count_of(await client.call(ctx.shape.read))
+        effect = count - before
+
+        seen.forget()
+        record = CallRecord(start=time.monotonic(), end=0.0, ok=False)
+        group.runs[0].calls.append(record)
+
+        async def run() -> None:
+            try:
+                async with asyncio.timeout(TASK_BOUND_SECONDS + GUARD_SLACK_SECONDS):
+                    await client.call(streamed, bound=TASK_BOUND_SECONDS)
+                record.ok = True
+            except Exception as exc:
+                record.error = error_text(exc)
+            record.end = time.monotonic()
+
+        call = asyncio.create_task(run())
+        reasons: list[str] = []
+        named_runner = asyncio.create_task(seen.named.wait())
+        await asyncio.wait([call, named_runner], timeout=RUNNER_NAMED_WITHIN_SECONDS, return_when="FIRST_COMPLETED")
+        named_runner.cancel()
+        runner = seen.runner
+        struck = None
+        if runner is None:
+            reasons.append(
+                "the task ended before a replica was named as running it: give the shape a longer streamed call"
+                if call.done()
+                else f"tasks/get named no replica running the task within {RUNNER_NAMED_WITHIN_SECONDS:g} s "
+                f"(_meta {RUNNER_META}): is the server on mcp_ha with the tasks extra?"
+            )
+        else:
+            await asyncio.sleep(STREAM_KILL_AFTER_SECONDS)
+            if call.done():
+                reasons.append("the task ended before its replica was killed: give the shape a longer streamed call")
+            try:
+                struck = time.monotonic()
+                await strike(ctx, "kill", runner)
+            except FaultError as exc:
+                reasons.append(f"the fault failed: {exc}")
+        await asyncio.wait([call], timeout=TASK_BOUND_SECONDS + GUARD_SLACK_SECONDS + 1)
+        if runner is not None and (why := await undo(ctx, "kill", runner)):
+            reasons.append(why)
+        if not record.ok:
+            reasons.append(f"the task's call did not complete: {record.error}")
+        delta = await effect_after(ctx, group, count, effect, reasons)
+        after = [p["runner"] for p in seen.polls if p["runner"] not in (None, runner)]
+        note = (
+            f"{runner} killed {STREAM_KILL_AFTER_SECONDS:g} s in, result {record.end - struck:.1f} s after; "
+            f"taken over by {after[-1] if after else '?'}"
+            if struck is not None and record.ok
+            else ""
+        )
+        return one_call_result(check, kind, reasons, record, group.runs[0].final, effect, delta, note)
+    finally:
+        await close_sessions([group])
 
 
 async def check_handle(ctx: Context) -> list[CheckResult]:
@@ -871,5 +996,6 @@ SUITES: dict[str, list[tuple[str, CheckFn]]] = {
         ("retry after kill", check_retry_after_kill),
         ("streamed call", check_streamed),
         ("sessionless handle", check_handle),
+        ("task killed mid-run", check_task),
     ],
 }

@@ -3,7 +3,11 @@
     plain           session-era MCP over raw HTTP (wire.RawSession): one session id for life, no retries
     resilient       the kit's ResilientClient: retries with one idempotency key, rejoins its session
     sessionless     FastMCP's Client in its default (2026-07-28) mode: a `create_session` handle passed
-                    as the `session_id` argument of every call; nothing pins its requests to a replica
+                    as the `session_id` argument of every call; nothing pins its requests to a replica.
+                    Without the tasks extension, whatever the process imported: a task tool runs in the call
+    fastmcp_tasks   the same with fastmcp-tasks (FastMCP's tasks extension): a task tool's call runs as a
+                    background task, polled with tasks/get until it ends (`call_tool` hides that). Driven
+                    by the task check only
     fastmcp_legacy  FastMCP's Client in mode="legacy" (session-era)
     python_sdk      the MCP Python SDK's ClientSession over streamable_http_client, at its defaults
     ts_sdk          the official TypeScript SDK's Client (node.py; needs Node)
@@ -17,6 +21,7 @@ no replica (its HTTP client is its own).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import Callable
@@ -32,6 +37,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.types import CallToolResult, TextContent
 
+from mcp_ha._sdk import InlineClient
 from mcp_ha.resilient_client import ResilientClient
 
 from .node import NodeHost
@@ -41,6 +47,7 @@ from .wire import CallFailed, RawSession, final_message, tool_result
 log = logging.getLogger(__name__)
 
 REPLICA_HEADER = "mcp-ha-replica"  # mcp_ha.replica.REPLICA_HEADER, as an HTTP client reads it
+RUNNER_META = "io.github.mcp-ha-kit/runner"  # mcp_ha.tasks.RUNNER_META (that module needs the tasks extra)
 PLAIN_CALL_TIMEOUT = 5.0
 # The stock clients keep their own defaults (no request timeout, or a minute); a call of theirs with no
 # outcome within this (plus GUARD_SLACK_SECONDS) is abandoned and counted failed.
@@ -140,6 +147,8 @@ class CheckClient:
     session_era: ClassVar[bool] = True
     # Resumes a cut SSE stream by itself (Last-Event-ID), so a streamed call survives its replica.
     resumes_streams: ClassVar[bool] = False
+    # Runs task tools as background tasks (the tasks extension): driven by the task check only.
+    runs_tasks: ClassVar[bool] = False
     # Reading the final count is not a measured call: a client with no retries of its own gets a few tries.
     final_read_attempts: ClassVar[int] = 5
     # The session id, once open (session-era kinds): a raw client can read the final count under it.
@@ -272,7 +281,8 @@ class SessionlessClient(CheckClient):
         self._entered = False
 
     def _client(self) -> Client:
-        return Client(StreamableHttpTransport(self.url, httpx_client_factory=self.seen.factory()), timeout=self.bound)
+        transport = StreamableHttpTransport(self.url, httpx_client_factory=self.seen.factory())
+        return InlineClient(transport, timeout=self.bound)
 
     async def open(self) -> None:
         await self.client.__aenter__()
@@ -307,6 +317,79 @@ class SessionlessClient(CheckClient):
         self.client = self._client()
         await self.client.__aenter__()
         self._entered = True
+
+
+class TaskSeen(ReplicaSeen):
+    """`ReplicaSeen`, and of each `tasks/get` answer: the task, its status and message, and the replica the
+    server names as running it (`_meta`, RUNNER_META), in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.polls: list[dict[str, Any]] = []
+        self.named = asyncio.Event()  # set once an answer names the replica running the task
+
+    def forget(self) -> None:
+        """Forget the answers seen so far: what follows is another task's."""
+        self.polls.clear()
+        self.named.clear()
+
+    @property
+    def runner(self) -> str | None:
+        """The replica named by the latest answer that named one."""
+        return next((p["runner"] for p in reversed(self.polls) if p["runner"]), None)
+
+    async def __call__(self, response: httpx2.Response) -> None:
+        await super().__call__(response)
+        if response.request.headers.get("mcp-method") != "tasks/get" or response.status_code != 200:
+            return
+        await response.aread()  # an answer of a few hundred bytes; the SDK reads it from the cache
+        result = _json_rpc_result(response)
+        if result is not None:
+            self.polls.append(
+                {
+                    "task": result.get("taskId"),
+                    "status": result.get("status"),
+                    "message": result.get("statusMessage"),
+                    "runner": (result.get("_meta") or {}).get(RUNNER_META),
+                    "replica": response.headers.get(REPLICA_HEADER),
+                }
+            )
+            if self.polls[-1]["runner"]:
+                self.named.set()
+
+
+def _json_rpc_result(response: httpx2.Response) -> dict[str, Any] | None:
+    """The `result` of a JSON-RPC answer, sent as JSON or as the last data line of an SSE stream."""
+    text = response.text
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+        text = data[-1] if data else ""
+    try:
+        message = json.loads(text)
+    except ValueError:
+        return None
+    result = message.get("result") if isinstance(message, dict) else None
+    return result if isinstance(result, dict) else None
+
+
+class TasksClient(SessionlessClient):
+    """FastMCP's Client with its tasks extension: fastmcp-tasks imported, as a user of tasks does (FastMCP
+    opts in on that import). A task tool's `call_tool` runs as a task FastMCP polls to its end; each poll's
+    answer is seen (`TaskSeen`)."""
+
+    kind = "fastmcp_tasks"
+    runs_tasks = True
+    seen: TaskSeen
+
+    def __init__(self, url: str) -> None:
+        import fastmcp_tasks  # noqa: F401  FastMCP's Client asks for tasks once this is imported
+
+        super().__init__(url)
+        self.seen = TaskSeen()
+        self.client = self._client()
+
+    def _client(self) -> Client:
+        return Client(StreamableHttpTransport(self.url, httpx_client_factory=self.seen.factory()), timeout=self.bound)
 
 
 class FastMCPLegacyClient(CheckClient):
@@ -475,11 +558,14 @@ class TypeScriptSDKClient(CheckClient):
             await self.host.request({"op": "close", "session": number}, within=10)
 
 
-KINDS = ("plain", "resilient", "sessionless", "ts_sdk", "python_sdk", "fastmcp_legacy")
+KINDS = ("plain", "resilient", "sessionless", "ts_sdk", "python_sdk", "fastmcp_legacy", "fastmcp_tasks")
 # The kinds that run in this process, made with the URL alone.
 IN_PROCESS: dict[
     str, type[PlainClient | ResilientCheckClient | SessionlessClient | FastMCPLegacyClient | PythonSDKClient]
-] = {c.kind: c for c in (PlainClient, ResilientCheckClient, SessionlessClient, FastMCPLegacyClient, PythonSDKClient)}
+] = {
+    c.kind: c
+    for c in (PlainClient, ResilientCheckClient, SessionlessClient, FastMCPLegacyClient, PythonSDKClient, TasksClient)
+}
 # The clients nobody here wrote, at their defaults (FastMCP's default, sessionless, among them).
 STOCK_KINDS = ("ts_sdk", "python_sdk", "fastmcp_legacy", "sessionless")
 

@@ -465,3 +465,21 @@ def test_task_progress_and_runner_are_where_the_layer_reads_them() -> None:
 
     assert "_fastmcp_last_progress" in inspect.getsource(Context.report_progress)
     assert list(inspect.signature(handlers._lookup_task).parameters) == ["docket", "task_scope", "task_id"]
+
+
+@pytest.mark.quick
+def test_an_inline_client_never_asks_for_tasks() -> None:
+    """LOUD: the HA check's sessionless kind is FastMCP's Client without its tasks extension, whatever the
+    process imported (`_sdk.InlineClient`, through FastMCP's private `_auto_internal_extensions`). If this
+    fails after an upgrade, that kind runs task tools as tasks: fix `_sdk.InlineClient` first."""
+    pytest.importorskip("fastmcp_tasks", reason="the tasks extension is what an inline client leaves out")
+    import fastmcp_tasks  # noqa: F401  FastMCP's Client asks for tasks once this is imported
+    from fastmcp import Client
+    from fastmcp.utilities.tasks import TASKS_EXTENSION_ID
+
+    def extensions(client: Client) -> set[str]:
+        capabilities = client._build_extension_kwargs().get("extensions") or {}
+        return set(capabilities)
+
+    assert TASKS_EXTENSION_ID in extensions(Client("http://127.0.0.1:9/mcp"))
+    assert TASKS_EXTENSION_ID not in extensions(sdk_sessions.InlineClient("http://127.0.0.1:9/mcp"))
