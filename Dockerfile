@@ -27,15 +27,16 @@ WORKDIR /src
 # `pip install` what it needs beyond the kit into the same venv.
 RUN /opt/uv/bin/uv venv --seed --python python3 /opt/venv
 # Dependencies before the kit's sources, so editing the kit doesn't re-resolve them.
+# With the tasks extra: the demo's analyze_data (and a server's task=True tools) run as durable tasks.
 COPY pyproject.toml uv.lock ./
-RUN /opt/uv/bin/uv sync --frozen --no-default-groups --no-install-project
+RUN /opt/uv/bin/uv sync --frozen --no-default-groups --extra tasks --no-install-project
 # The kit itself, as a package (not editable: /src stays in this stage).
 # The wheel carries haproxy/ and the deployment files (`mcp-ha deploy`; pyproject's force-include).
 COPY README.md docker-compose.yaml docker-compose.sentinel.yaml ./
 COPY haproxy/ ./haproxy/
 COPY deploy/ ./deploy/
 COPY mcp_ha/ ./mcp_ha/
-RUN /opt/uv/bin/uv sync --frozen --no-default-groups --no-editable
+RUN /opt/uv/bin/uv sync --frozen --no-default-groups --extra tasks --no-editable
 
 FROM ${BASE_IMAGE}
 RUN groupadd --system --gid 10001 app \

@@ -29,6 +29,12 @@ from fastmcp.server.auth.providers.jwt import RSAKeyPair
 from jwt.algorithms import RSAAlgorithm
 
 from mcp_ha.check.wire import RawSession
+
+# FastMCP's Client asks servers to run task tools as tasks once fastmcp-tasks is imported anywhere in the
+# process (the kit's `tasks` extra; FastMCP's own opt-in). Imported here, every test's Client is the one a
+# user of the extra has, whichever tests were collected; `tests/clients.py` has one that does not ask.
+with contextlib.suppress(ImportError):
+    import fastmcp_tasks  # noqa: F401
 from mcp_ha.stack import Service, Stack, StackConfig, free_ports, port_is_free
 
 ROOT = Path(__file__).resolve().parent.parent

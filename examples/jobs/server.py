@@ -6,14 +6,17 @@ A job is a record in its session's state, `job:<id>` = {"id", "name", "steps",
 "done", "state"}, with `jobs`, the session's job ids, oldest first. `start_job`
 creates one and runs its steps inside the call, recording each step in the
 store and reporting it as progress; every other tool reads or changes the
-record, through any replica. So:
+record, through any replica. For a client that asks (FastMCP's with
+fastmcp-tasks), `start_job` runs as a durable background task instead: the
+client polls it through any replica, and a task whose replica dies is taken
+over by another (mcp_ha/tasks.py). So:
 
 - a cancel sent through any replica is seen by the job at its next step: the
   job reads its record from the store before every step, and each step
   commits only while the record is what the step read (`Session.apply_once`);
 - a `start_job` run again under the same idempotency key (its client retried
-  it, or its replica died mid-stream and the kit ran it again elsewhere)
-  creates no second job, and resumes from the last step recorded: creating
+  it, or its replica died mid-stream or mid-task and the kit ran it again
+  elsewhere) creates no second job, and resumes from the last step recorded: creating
   the job and each step are apply-once blocks named by what they are, so a
   re-run gets the first run's job back, skips the steps the store already
   holds, and a step two runs both reach is applied once.
@@ -25,11 +28,13 @@ import asyncio
 import logging
 import re
 import secrets
+from datetime import timedelta
 from typing import Annotated, Any
 
 from fastmcp import Context
 from fastmcp.exceptions import ToolError
 from fastmcp.server.elicitation import AcceptedElicitation
+from fastmcp.utilities.tasks import TaskConfig
 from pydantic import Field
 
 from mcp_ha import HighAvailability, Session, SessionHandle
@@ -45,6 +50,8 @@ RUNNING, DONE, CANCELLED = "running", "done", "cancelled"
 # A job id as start_job mints it; anything else names no job, and never reaches a state key.
 JOB_ID = re.compile(r"[0-9a-f]{16}")
 DELETE_QUESTION = "Delete every job of this session ({count} in all)?"
+# start_job as a task: polled this often at most (FastMCP's default is 5 s), so a job's end is seen soon.
+JOB_TASK = TaskConfig(mode="optional", poll_interval=timedelta(milliseconds=500))
 
 Name = Annotated[str, Field(min_length=1, max_length=100, description="What to call the job (1-100 characters).")]
 Steps = Annotated[int, Field(ge=0, le=1000, description="How many steps the job takes (0-1000).")]
@@ -73,7 +80,7 @@ async def _job(session: Session, job_id: str) -> dict[str, Any]:
     return record
 
 
-@mcp.tool
+@mcp.tool(task=JOB_TASK)
 async def start_job(
     name: Name,
     ctx: Context,
@@ -81,9 +88,9 @@ async def start_job(
     step_seconds: StepSeconds = 0.1,
     session_id: SessionHandle = None,
 ) -> dict:
-    """Create a job in this session and run it within the call: each step takes `step_seconds`, is
-    recorded in the session and reported as progress; a cancel_job from any replica stops it at its next
-    step. The job's final record. Sent again with the same idempotency key, it creates no second job and
+    """Create a job in this session and run it within the call (or as a background task, for a client
+    that asks for one): each step takes `step_seconds`, is recorded in the session and reported as
+    progress; a cancel_job from any replica stops it at its next step. The job's final record. Sent again with the same idempotency key, it creates no second job and
     carries on from the last step recorded."""
     session = await ha.session(ctx, session_id)
 
@@ -121,7 +128,7 @@ async def start_job(
         # Named by its job and step, so two runs of this call that both reach it apply it once.
         advanced = await session.apply_once(advance, name=f"step:{job_id}:{step}")
         if advanced is not None and advanced["done"] == step:
-            await ctx.report_progress(step, steps)
+            await ctx.report_progress(step, steps, f"step {step}/{steps}")
     return {"job": record, "instance": ha.instance}
 
 

@@ -51,6 +51,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent, TextResourceContents
 
+from mcp_ha._sdk import InlineClient
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
 from mcp_ha.stack import Stack
 from mcp_ha.streams import CUT_KEYED
@@ -568,7 +569,9 @@ async def test_fastmcp_2026_client_is_told_at_once_that_a_cut_call_may_be_retrie
             finally:
                 attempt["ended_at"] = time.monotonic()
 
-    async with Client(whole_stack.config.mcp_url, timeout=told.timeout, log_handler=on_log) as client:
+    # Without FastMCP's tasks extension (the process imported it: conftest.py), as a client that has not
+    # opted in to tasks: with it, analyze_data runs as a task, which outlives its replica with no retry.
+    async with InlineClient(whole_stack.config.mcp_url, timeout=told.timeout, log_handler=on_log) as client:
         told.handle = (await client.call_tool("create_session", {})).structured_content["session_id"]
         arguments = {"num_items": ITEMS, "session_id": told.handle}
         call = asyncio.create_task(

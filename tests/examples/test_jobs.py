@@ -22,6 +22,7 @@ from fastmcp import Client
 from fastmcp.client.elicitation import ElicitResult
 from fastmcp.exceptions import ToolError
 
+from mcp_ha._sdk import InlineClient
 from mcp_ha.check.wire import RawSession, jsonrpc_messages
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
 from mcp_ha.stack import Stack
@@ -67,12 +68,14 @@ def replica_url(stack: Stack, name: str) -> str:
 @contextlib.asynccontextmanager
 async def connected(url: str, generation: str, **options: Any) -> AsyncIterator[tuple[Client, dict[str, Any]]]:
     """FastMCP's Client in one generation, and the arguments its stateful calls carry: none for a
-    session-era client (its MCP session holds the state), the handle for a sessionless one."""
+    session-era client (its MCP session holds the state), the handle for a sessionless one. "sessionless"
+    does not ask for tasks, "tasks" does (FastMCP's tasks extension: start_job runs as a task)."""
     if generation == "session-era":
         async with Client(url, mode="legacy", timeout=WAIT_SECONDS, **options) as client:
             yield client, {}
     else:
-        async with Client(url, timeout=WAIT_SECONDS, **options) as client:
+        kind = InlineClient if generation == "sessionless" else Client
+        async with kind(url, timeout=WAIT_SECONDS, **options) as client:
             handle = (await client.call_tool("create_session", {})).data["session_id"]
             yield client, {"session_id": handle}
 
@@ -111,6 +114,28 @@ async def test_a_job_reports_its_progress_and_finishes(jobs_stack: Stack, genera
         assert (listed["jobs"], listed["count"]) == ([job, empty["job"]], 2)  # oldest first
 
 
+async def test_a_job_runs_as_a_task_for_a_client_that_asks(jobs_stack: Stack) -> None:
+    """FastMCP's Client with its tasks extension: start_job answers with a task, polled to the same job; its
+    status message counts the steps; the session holds the one job."""
+    fastmcp_tasks = pytest.importorskip("fastmcp_tasks", reason="tasks need the kit's tasks extra")
+    async with connected(jobs_stack.config.mcp_url, "tasks") as (client, session):
+        arguments = {"name": "tasked", "steps": 8, "step_seconds": 0.1, **session}
+        task = await fastmcp_tasks.call_tool_task(client, "start_job", arguments)
+        messages = set()
+        async with asyncio.timeout(WAIT_SECONDS):
+            while (status := await task.status()).status == "working":
+                messages.add(status.status_message)
+                await asyncio.sleep(0.05)
+        assert status.status == "completed", status
+        job = (await task.result()).structured_content["job"]
+        assert job == {"id": job["id"], "name": "tasked", "steps": 8, "done": 8, "state": "done"}
+        assert {m for m in messages if m} <= {f"step {n}/8" for n in range(1, 9)} and len(messages) > 2, messages
+        # call_tool drives the task to its end itself.
+        again = await call(client, "start_job", {"name": "again", "steps": 2, "step_seconds": 0, **session})
+        assert again["job"]["state"] == "done"
+        assert (await call(client, "list_jobs", session))["count"] == 2
+
+
 async def test_a_cancel_through_one_replica_stops_a_job_running_on_another(jobs_stack: Stack) -> None:
     """Sessionless clients, each speaking to one replica directly: the job runs on the first, the second
     and third see it running, the third cancels it, and the job stops at its next step."""
@@ -124,7 +149,7 @@ async def test_a_cancel_through_one_replica_stops_a_job_running_on_another(jobs_
             running.set()
 
     async with (
-        Client(replica_url(jobs_stack, one), timeout=WAIT_SECONDS * 2) as runner,
+        InlineClient(replica_url(jobs_stack, one), timeout=WAIT_SECONDS * 2) as runner,  # streams its progress
         Client(replica_url(jobs_stack, two), timeout=WAIT_SECONDS) as watcher,
         Client(replica_url(jobs_stack, three), timeout=WAIT_SECONDS) as canceller,
     ):
