@@ -90,8 +90,9 @@ async def start_job(
 ) -> dict:
     """Create a job in this session and run it within the call (or as a background task, for a client
     that asks for one): each step takes `step_seconds`, is recorded in the session and reported as
-    progress; a cancel_job from any replica stops it at its next step. The job's final record. Sent again with the same idempotency key, it creates no second job and
-    carries on from the last step recorded."""
+    progress; a cancel_job from any replica stops it at its next step. The job's final record. Sent
+    again with the same idempotency key, it creates no second job and carries on from the last step
+    recorded."""
     session = await ha.session(ctx, session_id)
 
     async def create(tx: Transaction) -> dict:
