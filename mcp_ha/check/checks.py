@@ -462,6 +462,8 @@ async def check_between_calls(ctx: Context, verb: str) -> list[CheckResult]:
     """Sessions write, go idle; the busiest replica is faulted; each writes again and must not fail."""
     check = f"{'kill -9' if verb == 'kill' else verb} between calls"
     started = time.monotonic()
+    if not ctx.load_kinds:
+        return []  # only kinds the task check drives
     if why := ctx.missing(verb, *(("resume",) if verb == "pause" else ())):
         return [CheckResult(RESILIENCE, check, kind, SKIP, [why]) for kind in ctx.load_kinds]
     groups, results = await open_all(ctx, ctx.load_kinds, ctx.sessions)
@@ -507,6 +509,8 @@ async def check_under_load(ctx: Context, verb: str) -> list[CheckResult]:
     """Every session writes in a loop; the busiest replica is faulted mid-load, then brought back."""
     check = {"kill": "kill -9 under load", "pause": "pause under load", "drain": "drain under load"}[verb]
     started = time.monotonic()
+    if not ctx.load_kinds:
+        return []  # only kinds the task check drives
     if why := ctx.missing(verb, *(("resume",) if verb == "pause" else ())):
         return [CheckResult(RESILIENCE, check, kind, SKIP, [why]) for kind in ctx.load_kinds]
     groups, results = await open_all(ctx, ctx.load_kinds, ctx.sessions)
@@ -728,6 +732,8 @@ async def check_streamed(ctx: Context) -> list[CheckResult]:
     check = "streamed call"
     streamed = ctx.shape.streamed
     kinds = [k for k in ctx.kinds if ctx.factory.kind_class(k).resumes_streams]
+    if not kinds:
+        return []  # no kind given resumes a stream
     if streamed is None:
         return [CheckResult(RESILIENCE, check, k, SKIP, [NO_STREAMED_CALL]) for k in kinds]
     if why := ctx.missing("kill"):
@@ -842,6 +848,8 @@ async def check_task(ctx: Context) -> list[CheckResult]:
     started = time.monotonic()
     check = "task killed mid-run"
     kinds = [k for k in ctx.kinds if ctx.factory.kind_class(k).runs_tasks]
+    if not kinds:
+        return []
     if ctx.shape.streamed is None:
         return [CheckResult(RESILIENCE, check, k, SKIP, [NO_STREAMED_CALL]) for k in kinds]
     if why := ctx.missing("kill"):

@@ -122,3 +122,19 @@ def test_a_broken_promise_exits_1_and_is_named(demo_stack: Stack, tmp_path: Path
     # Without faults, the check that needs one is skipped, not failed.
     skipped = [c for c in ET.parse(junit).getroot().iter("testcase") if c.find("skipped") is not None]
     assert [c.get("name") for c in skipped] == ["replica gone [plain]"]
+
+
+@pytest.mark.timeout(300)
+def test_a_task_killed_mid_run_is_checked_with_the_task_client_alone(demo_stack: Stack, tmp_path: Path) -> None:
+    """The demo's analyze_data runs as a task for FastMCP's tasks client: the replica running it is killed and
+    the client's call completes. A run with no kind that resumes streams has no streamed-call result at all."""
+    pytest.importorskip("fastmcp_tasks", reason="the task client needs the kit's tasks extra")
+    junit = tmp_path / "report.xml"
+    args = ["--shape", "ha_shape.py", "--faults", "local", "--suite", "resilience", "--clients", "fastmcp_tasks"]
+    done = mcp_ha(demo_stack, *args, "--junit", str(junit))
+    assert done.returncode == 0, done.stdout + done.stderr
+    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+    assert "task killed mid-run [fastmcp_tasks]" in cases, sorted(cases)
+    assert not any(name.startswith("streamed call") for name in cases), sorted(cases)
+    assert "taken over by mcp-server-" in done.stdout
+    assert [demo_stack.state(n) for n in demo_stack.config.replica_names()] == ["running"] * 3
