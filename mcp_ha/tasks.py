@@ -442,9 +442,9 @@ class Progress:
             await execution.progress.set_message(last["message"])
 
     async def rises(self, progress: float, total: float | None, message: str | None) -> bool:
-        """Whether a report is above what the client saw; if so it is kept first, so a run that takes the
-        task over never starts below what reached the client."""
-        if progress <= self.seen:
+        """Whether a report is not below what the client saw; if so it is kept first, so a run that takes
+        the task over never starts below what reached the client."""
+        if progress < self.seen:
             return False
         self.seen = progress
         last = json.dumps({"progress": progress, "total": total, "message": message})
@@ -490,6 +490,11 @@ async def _task_context() -> Context | None:
     if ctx is not None:
         ctx.__class__ = TaskContext
     return ctx
+
+
+def _slot_records(slot: str, task_id: str) -> tuple[str, ...]:
+    """What a client's slot holds for its task in the store (`_note`), freed together."""
+    return (f"{slot}:task", slot, f"task-slot:{task_id}", f"task-call:{task_id}")
 
 
 def _leg_name(execution_key: str) -> str:
@@ -690,7 +695,7 @@ class HATasks(TasksExtension):
                 task_id = await self.store.claimed(f"{slot}:task")
                 if task_id is None or not await self._finished(task_id):
                     continue  # being created (or its creator stopped first: it lapses), or still live
-                for name in (f"{slot}:task", slot, f"task-slot:{task_id}"):
+                for name in _slot_records(slot, task_id):
                     await self.store.release(name)
                 freed.append(slot)
             for slot in freed:
@@ -724,7 +729,7 @@ class HATasks(TasksExtension):
         try:
             slot = await self.store.claimed(f"task-slot:{task_id}")
             if slot is not None:
-                for name in (f"{slot}:task", slot, f"task-slot:{task_id}", f"task-call:{task_id}"):
+                for name in _slot_records(slot, task_id):
                     await self.store.release(name)
         except StoreUnavailable as exc:
             log.warning("slot of task %s not freed (the next sweep frees it): %s", task_id, exc)
