@@ -311,7 +311,6 @@ class TaskRuns:
             if await cancelled():
                 raise asyncio.CancelledError()
             result = await body()
-            renewing.cancel()
             outcome: dict[str, Any]
             if isinstance(result, ToolResult):
                 outcome = {"result": _wire(result).model_dump(by_alias=True, mode="json", exclude_none=True)}
@@ -327,7 +326,6 @@ class TaskRuns:
             await self._release(chain)
             return result
         except asyncio.CancelledError:
-            renewing.cancel()
             answer.cancel()
             # Cancelled by tasks/cancel: the other deliveries end cancelled too. Otherwise (the replica is
             # stopping) the leg is left to whoever takes it over.
@@ -336,21 +334,16 @@ class TaskRuns:
                     await self._record(name, {"cancelled": True})
             await self._release(chain)
             raise
-        except MCPError as exc:
-            renewing.cancel()
-            if not answer.done():
-                answer.set_exception(exc)
-            error = {"code": exc.error.code, "message": exc.error.message, "data": exc.error.data}
-            await self._record(name, {"error": error})
-            await self._release(chain)
-            raise
         except BaseException as exc:
-            renewing.cancel()
             if not answer.done():
                 answer.set_exception(exc)
+            if isinstance(exc, MCPError):  # a protocol error fails the task: every delivery answers with it
+                error = {"code": exc.error.code, "message": exc.error.message, "data": exc.error.data}
+                await self._record(name, {"error": error})
             await self._release(chain)
             raise
         finally:
+            renewing.cancel()
             self._local.pop(name, None)
 
     async def _follow(self, answer: asyncio.Future[Any], runner: asyncio.Task[Any]) -> Any:
