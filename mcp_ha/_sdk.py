@@ -69,8 +69,7 @@ Durable tasks (`tasks.py`) run on the Docket that FastMCP's tasks extension
 finished task is kept on it (`execution_ttl`, which the extension does not
 take) and wraps the task functions registered there, before its worker runs
 any. A run that takes a task over starts its progress where its client saw
-it, so FastMCP's `report_progress` is told where that is; and `tasks/get`
-names the replica running a task, from the execution of its current leg.
+it, so FastMCP's `report_progress` is told where that is.
 FastMCP's `Client` asks every server to run task tools as tasks once
 fastmcp-tasks is imported anywhere in the process; the HA check drives both
 kinds of client in one process, so its sessionless kind is an `InlineClient`,
@@ -92,7 +91,6 @@ Every private attribute touched here, and nowhere else in the kit:
 | `_mcp_server` | a FastMCP server | its low-level server, to add request handlers and a middleware to |
 | `_docket` | a FastMCP server | the Docket its tasks extension runs, while its lifespan runs (`tasks.py`) |
 | `_fastmcp_last_progress` | a Docket execution | a run taking a task over starts from its progress (`tasks.py`) |
-| `_lookup_task` | `fastmcp_tasks.handlers` | a task's current leg, whose worker `tasks/get` names |
 | `_auto_internal_extensions` | FastMCP's `Client` | a client that never asks for tasks (`InlineClient`) |
 
 `tests/mcp_ha/test_sdk.py` checks each of these against the installed SDK;
@@ -477,25 +475,6 @@ def set_reported_progress(execution: Any, progress: float) -> None:
     """Tell FastMCP's `report_progress` what a task leg's progress already stands at: it adds to Docket's
     counter only the rise over the last value it reported on that execution (`_fastmcp_last_progress`)."""
     execution._fastmcp_last_progress = int(progress)
-
-
-async def task_runner(mcp: FastMCP, task_id: str) -> str | None:
-    """The worker (a replica's instance id) running the caller's task `task_id` now; None when no worker
-    runs it (queued, waiting for input, ended) or no such task is the caller's."""
-    # Imported here: fastmcp-tasks is an extra (`mcp-ha[tasks]`), and this module loads without it.
-    from docket.execution import ExecutionState
-    from fastmcp_tasks import handlers
-    from fastmcp_tasks.context import get_task_scope
-    from mcp.shared.exceptions import MCPError
-
-    docket = docket_of(mcp)
-    if docket is None:
-        return None
-    try:
-        execution, *_ = await handlers._lookup_task(docket, get_task_scope(), task_id)
-    except MCPError:
-        return None
-    return execution.worker if execution.state == ExecutionState.RUNNING else None
 
 
 class InlineClient(Client):

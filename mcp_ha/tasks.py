@@ -66,9 +66,9 @@ What the layer adds, because Docket does not:
   zero when a worker claims it; a run that takes the task over starts from
   what its client saw instead, and a report below that (a re-run catching up)
   changes nothing.
-- **Who runs it.** `tasks/get` of a working task names the replica running it
-  in its `_meta` (RUNNER_META), so an operator, or the HA check, can tell
-  which replica a fault must reach.
+- **Who runs it.** `tasks/get` of a working task names the replica whose run
+  started last in its `_meta` (RUNNER_META; one GET), so an operator, or the
+  HA check, can tell which replica a fault must reach.
 
 Not given: a task is always run again from its start (its writes replay;
 `Session.resume()` and checkpoints let it skip work). fastmcp-tasks keeps each task's context snapshot (the
@@ -485,6 +485,11 @@ async def _task_context() -> Context | None:
     return ctx
 
 
+def _runner_key(docket: Any, task_id: str) -> str:
+    """Where the latest run of a task names its replica (beside the task's Docket state)."""
+    return docket.key(f"mcp-ha:runner:{task_id}")
+
+
 def _slot_records(slot: str, task_id: str) -> tuple[str, ...]:
     """What a client's slot holds for its task in the store (`_note`), freed together."""
     return (f"{slot}:task", slot, f"task-slot:{task_id}", f"task-call:{task_id}")
@@ -565,6 +570,8 @@ class HATasks(TasksExtension):
                 ran = True
                 progress = Progress(docket, info.task_id, docket.execution_ttl)
                 await progress.restore(current_execution.get())
+                async with docket.redis() as redis:  # for tasks/get (RUNNER_META)
+                    await redis.set(_runner_key(docket, info.task_id), self.kit_settings.instance_id, ex=progress.ttl)
                 token = current_call.set(await self._call_of(info.task_id, tool.name))
                 kept = task_progress.set(progress)
                 try:
@@ -631,10 +638,15 @@ class HATasks(TasksExtension):
 
     def _naming_runner(self, handler: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
         async def get(ctx: Any, params: Any) -> Any:
-            got = await handler(ctx, params)
-            if got.status == "working" and (runner := await _sdk.task_runner(self.server, params.task_id)):
-                return NamedTask(**dict(got), meta={RUNNER_META: runner})
-            return got
+            got = await handler(ctx, params)  # the caller's task: another's is answered as unknown
+            docket = _sdk.docket_of(self.server)
+            if got.status != "working" or docket is None:
+                return got
+            async with docket.redis() as redis:
+                runner = await redis.get(_runner_key(docket, params.task_id))
+            if runner is None:  # not claimed by a worker yet
+                return got
+            return NamedTask(**dict(got), meta={RUNNER_META: runner.decode() if isinstance(runner, bytes) else runner})
 
         return get
 
