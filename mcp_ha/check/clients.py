@@ -21,7 +21,6 @@ no replica (its HTTP client is its own).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from collections.abc import Callable
@@ -343,8 +342,11 @@ class TaskSeen(ReplicaSeen):
         if response.request.headers.get("mcp-method") != "tasks/get" or response.status_code != 200:
             return
         await response.aread()  # an answer of a few hundred bytes; the SDK reads it from the cache
-        result = _json_rpc_result(response)
-        if result is not None:
+        try:
+            result = final_message(response).get("result")
+        except (CallFailed, ValueError):
+            return  # not an answer the hook can read: the client sees it for itself
+        if isinstance(result, dict):
             self.polls.append(
                 {
                     "task": result.get("taskId"),
@@ -356,20 +358,6 @@ class TaskSeen(ReplicaSeen):
             )
             if self.polls[-1]["runner"]:
                 self.named.set()
-
-
-def _json_rpc_result(response: httpx2.Response) -> dict[str, Any] | None:
-    """The `result` of a JSON-RPC answer, sent as JSON or as the last data line of an SSE stream."""
-    text = response.text
-    if response.headers.get("content-type", "").startswith("text/event-stream"):
-        data = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
-        text = data[-1] if data else ""
-    try:
-        message = json.loads(text)
-    except ValueError:
-        return None
-    result = message.get("result") if isinstance(message, dict) else None
-    return result if isinstance(result, dict) else None
 
 
 class TasksClient(SessionlessClient):
