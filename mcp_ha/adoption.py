@@ -64,7 +64,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import _sdk
 from .principals import client_of, owned_by, owner, refused_by_auth
@@ -76,6 +76,9 @@ log = logging.getLogger(__name__)
 # The tool error for a write fenced off because another replica adopted the
 # session meanwhile. Nothing was applied, so clients may safely call again.
 SESSION_MOVED = "This session moved to another replica; call again."
+# On the answer to a request this replica took its session over for: the load balancer (haproxy.cfg)
+# learns the session's new replica from it, and removes it.
+ADOPTED_HEADER = b"x-mcp-ha-adopted"
 
 
 class Ownership:
@@ -217,6 +220,15 @@ def _error(status: int, message: str) -> JSONResponse:
 SESSION_NOT_FOUND = _error(404, "Session not found")
 
 
+def _marked_adopted(send: Send) -> Send:
+    async def marked(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), (ADOPTED_HEADER, b"1")]}
+        await send(message)
+
+    return marked
+
+
 def session_era(scope: Scope) -> bool:
     """Whether the SDK serves this request by its session header (as its own router decides)."""
     version = Headers(scope=scope).get(MCP_PROTOCOL_VERSION_HEADER)
@@ -275,6 +287,7 @@ class AdoptSessions:
             self._prune_at = 2 * (len(self.ownership.epochs) + len(self.ownership.stale)) + 1000
         if self.transports is not None:
             self.transports.used(session_id)
+        adopted = False
         try:
             if scope["method"] == "DELETE":
                 if await self.store.owner(session_id) != owner(scope) or not await self._end(
@@ -286,8 +299,10 @@ class AdoptSessions:
             elif not _sdk.holds(manager, session_id) or session_id in self.ownership.stale:
                 # A GET only reads (a resumed stream, or the stream of server notifications): it takes
                 # nothing over, so a client's GET reconnecting elsewhere never fences its own call.
-                if not await self._adopt(manager, session_id, scope, take_over=scope["method"] != "GET"):
+                take_over = scope["method"] != "GET"
+                if not await self._adopt(manager, session_id, scope, take_over=take_over):
                     return await SESSION_NOT_FOUND(scope, receive, send)
+                adopted = take_over
             elif _sdk.refuses(manager, session_id, scope.get("user")):
                 # Another principal's session held here: the SDK would answer the same 404 without
                 # asking the store, where an unknown id costs a read of its owner. The same read
@@ -297,7 +312,7 @@ class AdoptSessions:
         except StoreUnavailable:
             # Nothing was processed, so the proxy may safely try another replica.
             return await _error(503, "Session store unavailable")(scope, receive, send)
-        await self.app(scope, receive, send)
+        await self.app(scope, receive, _marked_adopted(send) if adopted else send)
 
     async def _adopt(self, manager: Any, session_id: str, scope: Scope, *, take_over: bool) -> bool:
         """Serve the session here; with `take_over`, as its owner (a new epoch), else only to read it.

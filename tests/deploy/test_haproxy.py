@@ -48,6 +48,16 @@ def test_config_rejects_a_broken_address() -> None:
     assert result.returncode != 0
 
 
+def test_each_haproxy_of_a_pair_must_say_which_peer_it_is(stack: Stack) -> None:
+    """A local name missing from the peers would make HAProxy drop the section and share nothing: refused."""
+    peers = {"HAPROXY_PEER_1": "127.0.0.1:1", "HAPROXY_PEER_2": "127.0.0.1:2"}
+    outcomes = {}
+    for local in (None, "haproxy-1", "haproxy-2", "haproxy-3", "haproxy"):
+        env = {**stack.service("haproxy").env, **peers, **({"HAPROXY_LOCAL_PEER": local} if local else {})}
+        outcomes[local] = haproxy_check(env).returncode == 0
+    assert outcomes == {None: False, "haproxy-1": True, "haproxy-2": True, "haproxy-3": False, "haproxy": False}
+
+
 def test_stick_table_expiry_follows_the_session_ttl_setting(stack: Stack) -> None:
     assert stack.service("haproxy").env["SESSION_TTL_SECONDS"] == str(stack.config.session_ttl_seconds)
     for replica in stack.config.replica_names():

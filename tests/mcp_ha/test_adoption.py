@@ -70,6 +70,31 @@ async def test_every_replica_can_serve_a_session_and_a_stale_owner_cannot_write(
     assert (await raw.call("get_counter"))["counter"] == 3
 
 
+async def test_an_answer_says_when_its_replica_adopted_the_session_and_haproxy_keeps_it_to_itself(
+    stack: Stack, raw: RawSession, http: httpx2.AsyncClient
+) -> None:
+    """The balancer learns a session's new replica from this header alone (haproxy.cfg), so it is on the
+    answer of the request that took the session over, on no later one, and never reaches a client."""
+    first = (await raw.call("increment_counter"))["instance"]
+    other = next(name for name in stack.config.replica_names() if name != first)
+    adopter = direct(stack, http, other, raw.session_id)
+    call = {"name": "get_counter", "arguments": {}}
+    taking = await adopter.post("tools/call", call)
+    held = await adopter.post("tools/call", call)
+    assert (taking.headers.get("x-mcp-ha-adopted"), held.headers.get("x-mcp-ha-adopted")) == ("1", None)
+    # A GET only reads: it takes nothing over, and says nothing.
+    reading = direct(stack, http, first, raw.session_id)
+    async with http.stream("GET", reading.url, headers={**reading.headers(), "Accept": "text/event-stream"}) as got:
+        assert got.status_code == 200 and "x-mcp-ha-adopted" not in got.headers
+    # Through HAProxy, which has the session on `first`: its stale write is refused, and its next request
+    # takes the session back. That answer says so to HAProxy, which removes the header.
+    fenced = last_jsonrpc_message(await raw.post("tools/call", {"name": "increment_counter", "arguments": {}}))
+    assert fenced["result"]["isError"]
+    back = await raw.post("tools/call", call)
+    assert last_jsonrpc_message(back)["result"]["structuredContent"] == {"counter": 1, "instance": first}
+    assert "x-mcp-ha-adopted" not in back.headers
+
+
 async def test_a_burst_of_first_requests_on_an_adopting_replica_all_succeed(
     stack: Stack, raw: RawSession, http: httpx2.AsyncClient
 ) -> None:
