@@ -1,6 +1,7 @@
 """The whole stack as plain local processes, with docker-compose-like verbs.
 
-    mcp-ha stack up -d               redis, mcp-server-1..3, haproxy; returns when all are healthy
+    mcp-ha stack up -d               redis, mcp-server-1..3, haproxy and haproxy-2 (one port, one session
+                                     table); returns when all are healthy
     mcp-ha stack up -d --server jobs_server
                                      the replicas run `python -m jobs_server` from your project: the
                                      current folder, or --project DIR
@@ -70,6 +71,8 @@ HAPROXY_DIR = _PACKAGE / "haproxy" if (_PACKAGE / "haproxy").is_dir() else _PACK
 # HAProxy's per-address limits (haproxy/haproxy.cfg has the same defaults): requests per 10 s, and
 # open connections. Both well above what the tests and benchmarks send from their one address.
 DEFAULT_RATE_LIMIT = 30_000
+# HAProxy processes a stack runs side by side at most: haproxy.cfg names three peers.
+MAX_BALANCERS = 3
 DEFAULT_MAX_CONN_PER_SOURCE = 500
 # Redis's maxmemory in the local stack and compose.
 DEFAULT_REDIS_MAXMEMORY = "256mb"
@@ -269,7 +272,11 @@ class StackConfig:
     http_port: int = 8080
     # HAProxy's TLS port, with a self-signed certificate the stack generates (tls_cert).
     https_port: int = 8443
-    stats_port: int = 8404
+    # HAProxy: one process per entry, all on http_port and https_port (SO_REUSEPORT: the kernel spreads
+    # new connections over those alive), each with its own stats port; with more than one, each tells
+    # the others every session it learns, on its peer port (haproxy.cfg, peers).
+    stats_ports: tuple[int, ...] = (8404, 8405)
+    peer_ports: tuple[int, ...] = (8410, 8411)
     redis_port: int = 6380
     replica_ports: tuple[int, ...] = (8001, 8002, 8003)
     session_ttl_seconds: int = 1800
@@ -322,6 +329,8 @@ class StackConfig:
     redis_maxmemory: str = DEFAULT_REDIS_MAXMEMORY
 
     def __post_init__(self) -> None:
+        if not 1 <= len(self.stats_ports) == len(self.peer_ports) <= MAX_BALANCERS:
+            raise StackError(f"MCP_BALANCERS={len(self.stats_ports)}: between 1 and {MAX_BALANCERS} are supported")
         if not REDIS_MEMORY_FORM.fullmatch(self.redis_maxmemory):
             raise StackError(f"REDIS_MAXMEMORY={self.redis_maxmemory!r}: a size such as 256mb or 1gb")
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", self.server):
@@ -349,6 +358,8 @@ class StackConfig:
         if not 1 <= replicas <= 9:
             raise StackError(f"MCP_REPLICAS={replicas}: between 1 and 9 replicas are supported")
         base = env_int("MCP_BASE_PORT", 8001)
+        balancers = env_int("MCP_BALANCERS", 2)
+        stats, peers = env_int("MCP_STATS_PORT", 8404), env_int("MCP_PEER_BASE_PORT", 8410)
         project = (project or Path.cwd()).resolve()
         state_dir = Path(state_dir or os.environ.get("STACK_DIR") or project / ".stack").resolve()
         try:
@@ -362,7 +373,8 @@ class StackConfig:
             state_dir=state_dir,
             http_port=env_int("MCP_HTTP_PORT", 8080),
             https_port=env_int("MCP_HTTPS_PORT", 8443),
-            stats_port=env_int("MCP_STATS_PORT", 8404),
+            stats_ports=tuple(stats + i for i in range(balancers)),
+            peer_ports=tuple(peers + i for i in range(balancers)),
             redis_port=env_int("REDIS_PORT", 6380),
             replica_ports=tuple(base + i for i in range(replicas)),
             session_ttl_seconds=env_int("SESSION_TTL_SECONDS", 1800),
@@ -393,19 +405,23 @@ class StackConfig:
         replicas: int = 3,
         redis_mode: str = "single",
         redis_wait_replicas: int = 0,
+        balancers: int = 1,
         **haproxy: Unpack[StackOptions],
     ) -> StackConfig:
         """A stack beside any other: for tests and benchmarks that start their own.
 
+        `balancers`: how many HAProxy processes (one unless a test is about the pair).
         `haproxy`: rate_limit, max_conn_per_source, max_body_bytes, allowed_origins (the defaults otherwise), and
         `auth`, the replicas' MCP_AUTH* settings (and `server`, the module the replicas run, from `project`).
         """
-        http, https, stats, redis, redis_replica, *rest = free_ports(8 + replicas)
+        http, https, redis, redis_replica, *rest = free_ports(7 + replicas + 2 * balancers)
+        stats, peers, rest = rest[:balancers], rest[balancers : 2 * balancers], rest[2 * balancers :]
         return cls(
             state_dir=state_dir,
             http_port=http,
             https_port=https,
-            stats_port=stats,
+            stats_ports=tuple(stats),
+            peer_ports=tuple(peers),
             redis_port=redis,
             replica_ports=tuple(rest[3:]),
             redis_mode=redis_mode,
@@ -463,8 +479,20 @@ class StackConfig:
         return self.state_dir / "tls" / "haproxy.pem"
 
     @property
+    def stats_port(self) -> int:
+        """The first HAProxy's stats port."""
+        return self.stats_ports[0]
+
+    @property
     def stats_url(self) -> str:
-        return f"http://{self.host}:{self.stats_port}/stats"
+        return self.stats_url_of("haproxy")
+
+    def stats_url_of(self, balancer: str) -> str:
+        return f"http://{self.host}:{self.stats_ports[self.balancer_names().index(balancer)]}/stats"
+
+    def balancer_names(self) -> list[str]:
+        """The HAProxy services: haproxy, then haproxy-2 and haproxy-3 when there are more."""
+        return ["haproxy", *(f"haproxy-{i}" for i in range(2, len(self.stats_ports) + 1))]
 
     @property
     def stats_auth(self) -> tuple[str, str]:
@@ -481,9 +509,13 @@ class StackConfig:
 
     @classmethod
     def from_json(cls, data: dict) -> StackConfig:
+        # A stack recorded before HAProxy came in pairs ran one, with no peers.
+        old_stats = data.pop("stats_port", None)
         return cls(
             **{
                 **data,
+                "stats_ports": tuple(data.get("stats_ports") or [old_stats]),
+                "peer_ports": tuple(data.get("peer_ports") or [0]),
                 "state_dir": Path(data["state_dir"]),
                 # A stack recorded before projects were: its replicas ran in the cwd, and env is the shell's.
                 "project": Path(data.get("project") or Path.cwd()),
@@ -794,9 +826,12 @@ class Stack:
             )
             for name, port in zip(c.replica_names(), c.replica_ports, strict=True)
         ]
-        haproxy_env = {
+        return [*self._redis_services(), *replicas, *self._balancer_services()]
+
+    def _balancer_services(self) -> list[Service]:
+        c = self.config
+        shared = {
             "HAPROXY_BIND": f"{c.host}:{c.http_port}",
-            "HAPROXY_STATS_BIND": f"{c.host}:{c.stats_port}",
             "SESSION_TTL_SECONDS": str(c.session_ttl_seconds),
             "HAPROXY_STATS_USER": c.stats_user,
             "HAPROXY_STATS_PASSWORD": c.stats_password,
@@ -809,11 +844,23 @@ class Stack:
             "HAPROXY_TLS_CERT": str(c.tls_pem),
         }
         for i, port in enumerate(c.replica_ports, start=1):
-            haproxy_env[f"MCP_SERVER_{i}"] = f"{c.host}:{port}"
-        haproxy = Service(
-            "haproxy", ["haproxy", "-db", "-f", str(HAPROXY_DIR / "haproxy.cfg")], c.http_port, haproxy_env
-        )
-        return [*self._redis_services(), *replicas, haproxy]
+            shared[f"MCP_SERVER_{i}"] = f"{c.host}:{port}"
+        if len(c.peer_ports) > 1:
+            for i, port in enumerate(c.peer_ports, start=1):
+                shared[f"HAPROXY_PEER_{i}"] = f"{c.host}:{port}"
+        return [
+            Service(
+                name,
+                ["haproxy", "-db", "-f", str(HAPROXY_DIR / "haproxy.cfg")],
+                c.http_port,
+                {
+                    **shared,
+                    "HAPROXY_STATS_BIND": f"{c.host}:{stats}",
+                    **({"HAPROXY_LOCAL_PEER": f"haproxy-{i}"} if len(c.peer_ports) > 1 else {}),
+                },
+            )
+            for i, (name, stats) in enumerate(zip(c.balancer_names(), c.stats_ports, strict=True), start=1)
+        ]
 
     def service(self, name: str) -> Service:
         for svc in self.services():
@@ -899,8 +946,8 @@ class Stack:
                 return False
             replication = self.redis_info(name, "replication")
             return replication.get("role") == "master" or replication.get("master_link_status") == "up"
-        if name == "haproxy":
-            return self.backends_up() == {n for n in c.replica_names() if self.pid(n)}
+        if name in c.balancer_names():
+            return self.backends_up(name) == {n for n in c.replica_names() if self.pid(n)}
         return http_status(f"http://{c.host}:{self.service(name).port}/health") == 200
 
     def redis_command(self, name: str, *words: str) -> object:
@@ -912,10 +959,10 @@ class Stack:
     def redis_info(self, name: str, section: str) -> dict[str, str]:
         return redis_info(self.config.host, self.service(name).port, section, password=self.config.redis_admin_password)
 
-    def backend_status(self) -> dict[str, str]:
-        """Each replica's status as HAProxy sees it (UP, DOWN, ...), from the stats CSV."""
+    def backend_status(self, balancer: str = "haproxy") -> dict[str, str]:
+        """Each replica's status as one HAProxy sees it (UP, DOWN, ...), from its stats CSV."""
         try:
-            text = read_stats_csv(self.config.stats_url, *self.config.stats_auth)
+            text = read_stats_csv(self.config.stats_url_of(balancer), *self.config.stats_auth)
         except (OSError, ValueError):
             return {}
         rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
@@ -925,8 +972,8 @@ class Stack:
             if row["pxname"] == "mcp_servers" and row["svname"].startswith("mcp-server-")
         }
 
-    def backends_up(self) -> set[str]:
-        return {name for name, status in self.backend_status().items() if status.startswith("UP")}
+    def backends_up(self, balancer: str = "haproxy") -> set[str]:
+        return {name for name, status in self.backend_status(balancer).items() if status.startswith("UP")}
 
     def redis_primary(self) -> str | None:
         """The Redis service that is the primary now: the sentinels' answer, or "redis" without them."""
@@ -960,7 +1007,12 @@ class Stack:
         if shutil.which(svc.binary, path=self.config.env.get("PATH", os.defpath)) is None:
             hint = INSTALL_HINT.get(svc.binary, "install it")
             raise StackError(f"{svc.binary} not found on PATH, needed for {svc.name}: {hint}")
-        ports = [svc.port] + ([self.config.https_port, self.config.stats_port] if svc.name == "haproxy" else [])
+        ports = [svc.port]
+        if svc.name in (balancers := self.config.balancer_names()):
+            i = balancers.index(svc.name)
+            # The MCP ports are shared by every HAProxy of the stack (SO_REUSEPORT): in use by another is fine.
+            shared = [] if any(self.pid(n) for n in balancers if n != svc.name) else [svc.port, self.config.https_port]
+            ports = [*shared, self.config.stats_ports[i], *self.config.peer_ports[i : i + (len(balancers) > 1)]]
         for port in ports:
             # A process killed a moment ago may still hold its port while it exits.
             deadline = time.monotonic() + 2
@@ -981,7 +1033,7 @@ class Stack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if name in self.config.redis_names():
             self._keep_redis_secrets()
-        if name == "haproxy":
+        if name in self.config.balancer_names():
             ensure_certificate(self.config.tls_cert, self.config.tls_pem, self.config.host)
         if svc.config_file and not (svc.config_kept and svc.config_file[0].exists()):
             write_private(*svc.config_file)
@@ -1099,7 +1151,12 @@ class Stack:
             self._up()
         except BaseException:
             redis = self.config.redis_names()
-            for group in (["haproxy"], self.config.replica_names(), redis[2:], *([n] for n in reversed(redis[:2]))):
+            for group in (
+                self.config.balancer_names(),
+                self.config.replica_names(),
+                redis[2:],
+                *([n] for n in reversed(redis[:2])),
+            ):
                 self.stop(*(name for name in group if name not in running))
             if not running:
                 self.state_file.unlink(missing_ok=True)
@@ -1123,11 +1180,12 @@ class Stack:
             self.start(name, wait=False)
         for name in replicas:
             self.wait_healthy(name)
-        self.start("haproxy")
+        for name in self.config.balancer_names():
+            self.start(name)
 
     def down(self) -> None:
-        """Stop haproxy, then every replica side by side (each drains), then the sentinels and redis."""
-        self.stop("haproxy")
+        """Stop HAProxy, then every replica side by side (each drains), then the sentinels and redis."""
+        self.stop(*self.config.balancer_names())
         self.stop(*self.config.replica_names())
         redis = self.config.redis_names()
         if self.config.redis_mode == "sentinel":
@@ -1142,8 +1200,10 @@ class Stack:
     def restart(self, name: str) -> None:
         self.stop(name)
         self.start(name)
-        if name.startswith("mcp-server-") and self.pid("haproxy"):
-            self.wait_healthy("haproxy")
+        if name.startswith("mcp-server-"):
+            for balancer in self.config.balancer_names():
+                if self.pid(balancer):
+                    self.wait_healthy(balancer)
 
     def _this_run_log(self, name: str) -> str:
         """What `name`'s current (or last recorded) process wrote, without earlier runs' lines."""
@@ -1212,7 +1272,8 @@ def _print_urls(stack: Stack) -> None:
         f"MCP over TLS  {c.mcp_https_url}  self-signed certificate {c.tls_cert}  (e.g. curl --cacert {c.tls_cert})"
     )
     console.print(f"health        http://{c.host}:{c.http_port}/health")
-    console.print(f"HAProxy stats {c.stats_url}  user {c.stats_user}  password {c.stats_password}")
+    for name in c.balancer_names():
+        console.print(f"{name + ' stats':<13} {c.stats_url_of(name)}  user {c.stats_user}  password {c.stats_password}")
     if c.redis_mode == "sentinel":
         console.print(f"Redis         Sentinel {c.sentinels}, primary {SENTINEL_MASTER!r}")
     else:

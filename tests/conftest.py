@@ -447,6 +447,9 @@ def stack_ports(replicas: int) -> dict[str, str]:
                 "REDIS_PORT": str(redis),
                 "MCP_BASE_PORT": str(base),
                 "MCP_REPLICAS": str(replicas),
+                # One HAProxy: a second needs free ports of its own, and these tests are not about the pair.
+                "MCP_BALANCERS": "1",
+                "MCP_PEER_BASE_PORT": str(free_ports(1)[0]),
             }
     raise AssertionError("no run of free ports for the replicas")
 

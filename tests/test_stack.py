@@ -16,7 +16,7 @@ import pytest
 from conftest import free_ports, running_stack, scrubbed, stack_config, stack_ports
 from fastmcp import Client
 
-from mcp_ha.stack import Stack, StackConfig, StackError, port_is_free
+from mcp_ha.stack import Stack, StackConfig, StackError, http_status, port_is_free
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,6 +71,20 @@ def test_stop_and_start_behave_like_compose(own_stack: Stack) -> None:
     assert ps_json(own_stack)["mcp-server-2"]["state"] == "running"
     own_stack.wait_healthy("haproxy")
     assert own_stack.backends_up() == {"mcp-server-1", "mcp-server-2"}
+
+
+def test_two_haproxys_share_the_front_door_and_either_can_stop(tmp_path: Path) -> None:
+    """The demo's front door: haproxy and haproxy-2 on one port, each with its own stats; with either
+    stopped the endpoint answers, and it starts again beside the other on the port they share."""
+    with running_stack(tmp_path / "pair", replicas=1, balancers=2) as pair:
+        rows = ps_json(pair)
+        assert [rows[n]["address"] for n in ("haproxy", "haproxy-2")] == [f"127.0.0.1:{pair.config.http_port}"] * 2
+        assert all(pair.healthy(n) for n in ("haproxy", "haproxy-2"))
+        for name in ("haproxy", "haproxy-2"):
+            assert cli(pair, "stop", name).returncode == 0
+            assert http_status(f"http://127.0.0.1:{pair.config.http_port}/health") == 200
+            assert cli(pair, "start", name).returncode == 0
+            pair.wait_healthy(name)
 
 
 def test_kill_with_a_signal_pauses_and_kills(own_stack: Stack) -> None:
