@@ -23,6 +23,12 @@ and Redis faults (the faulted one is Redis's primary):
                    and reloads it)
     redis-outage   stop every Redis server for 10 s, then start them again
 
+and a front-door fault (the stack runs two HAProxy processes on one address,
+sharing their session table; `--own-stack` starts it so, `python stack.py up` too):
+
+    haproxy-kill   SIGKILL the HAProxy holding most client connections, start it
+                   again ~3 s later (it takes the session table back from the other)
+
 Each scenario runs, through HAProxy, `--sessions` sessions of each kind of
 client, each calling `increment_counter` in a loop. The clients, and the load's
 plumbing (each call recorded, the final counters read), are the HA check's
@@ -66,6 +72,8 @@ and `check_targets(report)` directly.
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import itertools
 import json
 import logging
@@ -98,7 +106,7 @@ from mcp_ha.check.clients import (
 from mcp_ha.check.load import SessionRun, close_all, drive, figures, read_final
 from mcp_ha.check.node import node_clients_missing
 from mcp_ha.check.shape import Call, Shape
-from mcp_ha.stack import Stack, StackConfig, StackError, running_stack
+from mcp_ha.stack import Stack, StackConfig, StackError, read_stats_csv, running_stack
 from tools.bench import (
     MarkdownError,
     Section,
@@ -113,7 +121,8 @@ from tools.bench import (
 
 REPLICA_SCENARIOS = ("kill", "pause", "rolling", "restart-all")
 REDIS_SCENARIOS = ("redis-kill", "redis-restart", "redis-outage")
-SCENARIOS = REPLICA_SCENARIOS + REDIS_SCENARIOS
+BALANCER_SCENARIOS = ("haproxy-kill",)
+SCENARIOS = REPLICA_SCENARIOS + REDIS_SCENARIOS + BALANCER_SCENARIOS
 # The load alone, no fault: the baseline every client must pass clean (not part of "all").
 BASELINE = "none"
 
@@ -183,7 +192,7 @@ class ClientReport:
     duplicated: int
     unreadable: int
     working_after: int  # sessions answered after the stack was whole again
-    exposed: int  # sessions on the faulted replica when the fault struck
+    exposed: int  # sessions on the faulted replica when the fault struck (any replica: a front-door fault)
     moved: int  # ... of which another replica answered afterwards
     new_sessions: int  # sessions a ResilientClient had to open anew (resumed state)
     errors: list[str]
@@ -265,7 +274,7 @@ def _start_all(stack: Stack, names: list[str]) -> None:
 
 
 def heal(stack: Stack) -> None:
-    """Every replica running and UP in HAProxy again, whatever a scenario left behind."""
+    """Every replica running and UP in every HAProxy again, whatever a scenario left behind."""
     for name in stack.config.redis_names():
         stack.start(name)
     replicas = stack.config.replica_names()
@@ -273,7 +282,21 @@ def heal(stack: Stack) -> None:
         if stack.state(name) == "paused":
             stack.signal(name, signal.SIGCONT)
     _start_all(stack, [name for name in replicas if stack.pid(name) is None])
-    stack.wait_healthy("haproxy")
+    _start_all(stack, stack.config.balancer_names())
+
+
+def busiest_balancer(stack: Stack) -> str:
+    """The HAProxy holding the most client connections now (its MCP frontend's current sessions)."""
+
+    def current(name: str) -> int:
+        try:
+            text = read_stats_csv(stack.config.stats_url_of(name), *stack.config.stats_auth)
+        except (OSError, ValueError):
+            return -1
+        rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
+        return next((int(r["scur"]) for r in rows if (r["pxname"], r["svname"]) == ("mcp", "FRONTEND")), -1)
+
+    return max(stack.config.balancer_names(), key=current)
 
 
 def _promoted(stack: Stack, old: str) -> bool:
@@ -338,6 +361,12 @@ async def _inject(stack: Stack, scenario: str, replica: str, status: RunStatus) 
         await asyncio.to_thread(stack.stop, *replicas)
         status.set_phase("starting every replica")
         await asyncio.to_thread(_start_all, stack, replicas)
+    elif scenario == "haproxy-kill":
+        status.set_phase(f"SIGKILL {replica}")
+        stack.signal(replica, signal.SIGKILL)
+        await asyncio.sleep(KILL_DOWN_SECONDS)
+        status.set_phase(f"starting {replica}")
+        await asyncio.to_thread(stack.start, replica)
     elif scenario == BASELINE:
         status.set_phase("no fault")
     else:
@@ -371,8 +400,12 @@ def _client_report(
     seen = figures(kind, runs, retries=ClientFactory.kind_class(kind).retries)
     calls = [c for r in runs for c in r.calls]
     counters = [(r.final, r.acknowledged) for r in runs]
-    exposed = [r for r in runs if r.replica_at(struck) == replica]
-    moved = [r for r in exposed if any(c.ok and c.start >= struck and c.replica != replica for c in r.calls)]
+    # A front-door fault strikes every session: did any lose its replica?
+    front = replica.startswith("haproxy")
+    exposed = [r for r in runs if (r.replica_at(struck) is not None if front else r.replica_at(struck) == replica)]
+    moved = [
+        r for r in exposed if any(c.ok and c.start >= struck and c.replica != r.replica_at(struck) for c in r.calls)
+    ]
     return ClientReport(
         kind=kind,
         sessions=seen.sessions,
@@ -425,6 +458,8 @@ async def run_scenario(
     """
     if scenario not in (*SCENARIOS, BASELINE):
         raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}, {BASELINE}")
+    if scenario in BALANCER_SCENARIOS and len(stack.config.balancer_names()) < 2:
+        raise StackError(f"{scenario} needs two HAProxy processes: start the stack with MCP_BALANCERS=2")
     status = status or RunStatus()
     status.scenario = scenario
     url = stack.config.mcp_url
@@ -460,6 +495,8 @@ async def run_scenario(
         replica = max(replicas, key=lambda n: (serving.get(n, 0), -replicas.index(n)))
         if scenario in REDIS_SCENARIOS:
             replica = stack.redis_primary() or stack.config.redis_names()[0]
+        elif scenario in BALANCER_SCENARIOS:
+            replica = await asyncio.to_thread(busiest_balancer, stack)
         elif scenario == BASELINE:
             replica = "(none)"
         in_flight = [r for r in plain_runs if r.in_flight]
@@ -497,7 +534,9 @@ async def run_scenario(
 
     # Redis faults take no replica out on purpose: a replica rides out a failover (see server.StoreHealth).
     mark_down = (
-        None if scenario in REDIS_SCENARIOS else _first(timeline, struck, lambda s: not s.startswith("UP"), replica)
+        None
+        if scenario in REDIS_SCENARIOS + BALANCER_SCENARIOS
+        else _first(timeline, struck, lambda s: not s.startswith("UP"), replica)
     )
     back_up = _first(timeline, mark_down, lambda s: s.startswith("UP"), replica) if mark_down else None
     backends_after = await asyncio.to_thread(stack.backend_status)
@@ -594,6 +633,21 @@ def check_targets(report: ScenarioReport) -> list[str]:
                 c.inexact == 0,
                 f"{k}: {c.inexact} of {c.sessions} session(s) whose counter is not the increments acknowledged "
                 f"({STOCK_TARGET} exact): (final, acknowledged) {c.counters}",
+            )
+
+    if s in BALANCER_SCENARIOS:
+        for c in report.clients:
+            if c.kind == "sessionless":
+                continue  # no session to keep: each request goes to the next replica anyway
+            need(
+                c.moved == 0,
+                f"{c.kind}: {c.moved} of {c.exposed} sessions were answered by another replica after "
+                f"{report.replica} died (target 0: the other HAProxy knows every session's replica)",
+            )
+            # One call at a time per session: a stock client may lose the one in flight on the dead HAProxy.
+            need(
+                c.failed <= c.sessions,
+                f"{c.kind}: {c.failed} failed call(s), more than its {c.sessions} session(s) had in flight",
             )
 
     r = report.resilient
@@ -928,7 +982,9 @@ def main(
         if own_stack:
             state_dir = Path(tempfile.mkdtemp(prefix="failover-bench-"))
             stack = Stack(
-                StackConfig.on_free_ports(state_dir, redis_mode=redis_mode, redis_wait_replicas=wait_replicas)
+                StackConfig.on_free_ports(
+                    state_dir, redis_mode=redis_mode, redis_wait_replicas=wait_replicas, balancers=2
+                )
             )
             with console.status(f"starting a stack of its own in {state_dir}"):
                 stack.up()
