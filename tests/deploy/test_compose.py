@@ -106,14 +106,14 @@ def bind_mounts(svc: dict) -> dict[str, tuple[str, bool]]:
     return mounts
 
 
-def haproxy_env_for_local_check(compose: dict) -> dict[str, str]:
-    """HAProxy's compose environment, with replica hostnames swapped for 127.0.0.1:
-    `haproxy -c` resolves server names, and compose's service names only resolve
+def haproxy_env_for_local_check(compose: dict, name: str = "haproxy") -> dict[str, str]:
+    """An HAProxy's compose environment, with replica and peer hostnames swapped for 127.0.0.1:
+    `haproxy -c` resolves server and peer names, and compose's service names only resolve
     inside the compose network."""
-    haproxy = service(compose, "haproxy")
+    haproxy = service(compose, name)
     env = environment(haproxy)
     for key, value in env.items():
-        if re.fullmatch(r"MCP_SERVER_\d+", key):
+        if re.fullmatch(r"MCP_SERVER_\d+|HAPROXY_PEER_\d", key):
             _, port = value.rsplit(":", 1)
             env[key] = f"127.0.0.1:{port}"
     # The Lua file from where compose mounts it, as the container would find it.
@@ -322,10 +322,22 @@ def test_haproxy_points_at_each_replica(compose):
 
 
 @needs_haproxy
-def test_haproxy_cfg_is_valid_with_composes_environment(compose):
-    result = haproxy_check(compose, haproxy_env_for_local_check(compose))
+@pytest.mark.parametrize("name", ["haproxy", "haproxy-2"])
+def test_haproxy_cfg_is_valid_with_composes_environment(compose, name):
+    result = haproxy_check(compose, haproxy_env_for_local_check(compose, name))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Configuration file is valid" in result.stdout + result.stderr
+
+
+def test_the_two_haproxys_differ_only_in_who_they_are_and_where_they_publish(compose):
+    """One session table between them (peers): the same environment but for the peer each one is."""
+    one, two = (environment(service(compose, name)) for name in ("haproxy", "haproxy-2"))
+    assert (one.pop("HAPROXY_LOCAL_PEER"), two.pop("HAPROXY_LOCAL_PEER")) == ("haproxy-1", "haproxy-2")
+    assert one == two
+    assert (one["HAPROXY_PEER_1"], one["HAPROXY_PEER_2"]) == ("haproxy:10000", "haproxy-2:10000")
+    published = [service(compose, name)["ports"] for name in ("haproxy", "haproxy-2")]
+    assert published == [["8080:8080", "8404:8404"], ["8081:8080", "8405:8404"]]
+    assert service(compose, "haproxy")["volumes"] == service(compose, "haproxy-2")["volumes"]
 
 
 def test_compose_ships_no_stats_password_and_refuses_to_start_without_one(compose):

@@ -41,6 +41,7 @@ pytestmark = pytest.mark.skipif(
     not COMPOSE, reason="no compose stack: `make test-docker` runs these (it sets MCP_DOCKER_COMPOSE and the ports)"
 )
 REPLICA_NAMES = ["mcp-server-1", "mcp-server-2", "mcp-server-3"]
+BALANCER_NAMES = ["haproxy", "haproxy-2"]
 
 
 @dataclass
@@ -191,6 +192,41 @@ class Caller:
             assert time.monotonic() < deadline, f"call not acknowledged within {deadline_s} s: {problem}"
             self.retries += 1
             await asyncio.sleep(0.2)
+
+
+@pytest.fixture
+def both_haproxys(compose_stack: ComposeStack):
+    """For the tests that kill an HAProxy: both running again afterwards."""
+    yield compose_stack
+    compose_stack.compose("start", *BALANCER_NAMES)
+    compose_stack.wait_in_service(*REPLICA_NAMES)
+
+
+async def test_every_session_keeps_its_replica_through_a_kill_of_either_haproxy(
+    compose_stack: ComposeStack, both_haproxys
+) -> None:
+    """The two HAProxys share one port and their session table: with either one killed (SIGKILL), every
+    session's next calls reach the replica it was on, over new connections to the one left."""
+    clients = [httpx2.AsyncClient(timeout=30) for _ in range(8)]
+    try:
+        callers = [Caller(http, compose_stack.config.mcp_url) for http in clients]
+        for caller in callers:
+            await caller.session.initialize()
+            await caller.increment()
+        replicas = [caller.instances[-1] for caller in callers]
+        assert len(set(replicas)) >= 2, replicas
+        for balancer in BALANCER_NAMES:
+            await asyncio.to_thread(compose_stack.compose, "kill", "-s", "SIGKILL", balancer)
+            for caller in callers:
+                await caller.increment()
+            assert [caller.instances[-1] for caller in callers] == replicas, f"after killing {balancer}"
+            await asyncio.to_thread(compose_stack.compose, "start", balancer)
+            await asyncio.to_thread(compose_stack.wait_in_service, *REPLICA_NAMES)
+        for caller in callers:
+            assert (await caller.session.call("get_counter"))["counter"] == caller.calls == 3
+    finally:
+        for http in clients:
+            await http.aclose()
 
 
 async def test_session_survives_docker_compose_stop_of_its_replica(
