@@ -234,8 +234,9 @@ def test_the_kustomization_builds_the_whole_kit(objects):
         ("Deployment", "mcp-server"),
         ("Service", "mcp-server"),
         ("PodDisruptionBudget", "mcp-server"),
-        ("Deployment", "haproxy"),
+        ("StatefulSet", "haproxy"),
         ("Service", "haproxy"),
+        ("Service", "haproxy-peers"),
         ("ConfigMap", "haproxy-config"),
         ("ConfigMap", "redis-functions"),
         ("ConfigMap", "mcp-settings"),
@@ -451,7 +452,7 @@ def test_the_replicas_identity_store_and_ttl(objects):
     assert redis["spec"]["selector"].items() <= labels.items()
     assert url.port == redis["spec"]["ports"][0]["port"] and url.password is None
     assert (env["REDIS_USERNAME"], env["REDIS_PASSWORD"]) == ("mcp", SECRETS["REDIS_PASSWORD"])
-    haproxy_env = pod_env(objects, find(objects, "Deployment", "haproxy"))
+    haproxy_env = pod_env(objects, find(objects, "StatefulSet", "haproxy"))
     assert env["SESSION_TTL_SECONDS"] == haproxy_env["SESSION_TTL_SECONDS"], "one TTL for state and stick table"
 
 
@@ -489,7 +490,7 @@ def test_haproxys_config_is_the_repositorys_byte_for_byte(objects):
         "haproxy.cfg": (ROOT / "haproxy" / "haproxy.cfg").read_text(),
         "refuse_body.lua": (ROOT / "haproxy" / "refuse_body.lua").read_text(),
     }
-    deployment = find(objects, "Deployment", "haproxy")
+    deployment = find(objects, "StatefulSet", "haproxy")
     env = pod_env(objects, deployment)
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     mounts = {m["mountPath"]: volumes[m["name"]] for m in container(deployment)["volumeMounts"]}
@@ -499,7 +500,7 @@ def test_haproxys_config_is_the_repositorys_byte_for_byte(objects):
 
 
 def test_haproxy_finds_the_replicas_through_their_headless_service(objects):
-    env = pod_env(objects, find(objects, "Deployment", "haproxy"))
+    env = pod_env(objects, find(objects, "StatefulSet", "haproxy"))
     host, port = env["MCP_SERVER_DNS"].rsplit(":", 1)
     service_name, namespace, *domain = host.split(".")
     assert (namespace, domain) == (NAMESPACE, ["svc", "cluster", "local"]), "HAProxy's resolvers need the full name"
@@ -527,7 +528,44 @@ def haproxy_check(env: dict[str, str]) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def haproxy_env(objects) -> dict[str, str]:
-    return pod_env(objects, find(objects, "Deployment", "haproxy"))
+    """Pod haproxy-0's environment as its command hands it to HAProxy (HAPROXY_LOCAL_PEER), its peers'
+    names swapped for loopback: `haproxy -c` looks them up, and they resolve only in the cluster."""
+    env = pod_env(objects, find(objects, "StatefulSet", "haproxy"))
+    for key in ("HAPROXY_PEER_1", "HAPROXY_PEER_2"):
+        env[key] = "127.0.0.1:" + env[key].rsplit(":", 1)[1]
+    return {**env, "HAPROXY_LOCAL_PEER": "haproxy-1"}
+
+
+def test_each_haproxy_pod_shares_its_session_table_with_the_other_by_its_stable_name(objects):
+    statefulset = find(objects, "StatefulSet", "haproxy")
+    peers = find(objects, "Service", "haproxy-peers")
+    assert statefulset["spec"]["serviceName"] == "haproxy-peers" and statefulset["spec"]["replicas"] == 2
+    # Looked up by HAProxy at start, before the pod is ready.
+    assert peers["spec"]["clusterIP"] == "None" and peers["spec"]["publishNotReadyAddresses"] is True
+    env = pod_env(objects, statefulset)
+    for ordinal in (0, 1):
+        host, port = env[f"HAPROXY_PEER_{ordinal + 1}"].rsplit(":", 1)
+        assert host == f"haproxy-{ordinal}.haproxy-peers.{NAMESPACE}.svc.cluster.local"
+        assert int(port) == named_port(container(statefulset), peers["spec"]["ports"][0]["targetPort"])
+
+
+@pytest.mark.timeout(60)
+def test_the_haproxy_command_names_its_peer_by_the_pods_ordinal(objects, tmp_path):
+    """The StatefulSet's command, run here with a stand-in haproxy that prints what it was given: haproxy-1
+    is peer haproxy-2, and HAProxy gets the config the ConfigMap mounts."""
+    command = container(find(objects, "StatefulSet", "haproxy"))["command"]
+    stand_in = tmp_path / "haproxy"
+    stand_in.write_text('#!/bin/sh\necho "$HAPROXY_LOCAL_PEER $*"\n')
+    stand_in.chmod(0o755)
+    env = {
+        "PATH": f"{tmp_path}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "HOSTNAME": "haproxy-1",
+        "HAPROXY_PEER_1": "localhost:10000",
+        "HAPROXY_PEER_2": "localhost:10001",
+    }
+    script = [expand(part, {}) for part in command]
+    done = subprocess.run(script, env=env, capture_output=True, text=True, timeout=30)
+    assert done.stdout == "haproxy-2 -db -f /usr/local/etc/haproxy/haproxy.cfg\n", done.stderr
 
 
 @needs_haproxy
@@ -557,7 +595,7 @@ def test_the_dns_branch_sits_beside_the_fixed_server_lines(haproxy_env):
 
 
 def test_haproxy_listens_where_its_service_points(objects, haproxy_env):
-    deployment = find(objects, "Deployment", "haproxy")
+    deployment = find(objects, "StatefulSet", "haproxy")
     service = find(objects, "Service", "haproxy")
     assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     ports = {p["name"]: named_port(container(deployment), p["targetPort"]) for p in service["spec"]["ports"]}
