@@ -338,7 +338,7 @@ async def _inject(stack: Stack, scenario: str, replica: str, status: RunStatus) 
         # The primary first (the one the sentinels still name), so the other finds it.
         for name in sorted(servers, key=lambda n: n != replica):
             await asyncio.to_thread(stack.start, name)
-    elif scenario == "kill":
+    elif scenario in ("kill", "haproxy-kill"):  # a replica, or an HAProxy (run_scenario picked which)
         status.set_phase(f"SIGKILL {replica}")
         stack.signal(replica, signal.SIGKILL)
         await asyncio.sleep(KILL_DOWN_SECONDS)
@@ -361,12 +361,6 @@ async def _inject(stack: Stack, scenario: str, replica: str, status: RunStatus) 
         await asyncio.to_thread(stack.stop, *replicas)
         status.set_phase("starting every replica")
         await asyncio.to_thread(_start_all, stack, replicas)
-    elif scenario == "haproxy-kill":
-        status.set_phase(f"SIGKILL {replica}")
-        stack.signal(replica, signal.SIGKILL)
-        await asyncio.sleep(KILL_DOWN_SECONDS)
-        status.set_phase(f"starting {replica}")
-        await asyncio.to_thread(stack.start, replica)
     elif scenario == BASELINE:
         status.set_phase("no fault")
     else:
