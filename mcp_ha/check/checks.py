@@ -15,6 +15,11 @@ resilience
     pause under load       fail (for a client that does not retry) only within a short window after
                            it; none lost or doubled; every session answered again afterwards
     drain under load       SIGTERM then start under load: no call fails
+    balancer killed        one of the balancers in front (the URL served by another too) killed
+      under load           under load, then started again: every session-era session answered by its
+                           replica as before, none lost or doubled; a client that retries fails no
+                           call, one that does not fails at most its call in flight (a client whose
+                           transport never works again after a dropped connection is noted, not failed)
     retry applies once     the `once` call sent twice with one idempotency key leaves the state one
                            application leaves (a session's control, with no fault)
     retry after kill       the same, its replica killed just after the first send
@@ -318,9 +323,10 @@ async def undo(ctx: Context, verb: str, replica: str) -> str | None:
     """Bring `replica` back after `verb` (restart after a kill, resume after a pause; a drain brings
     itself back), then wait for every replica to answer; what went wrong, or None."""
     assert ctx.faults is not None
+    back = {"kill": "restart", "kill-balancer": "restart-balancer"}.get(verb)
     try:
-        if verb == "kill" and "restart" in ctx.faults.commands:
-            await strike(ctx, "restart", replica)
+        if back is not None and back in ctx.faults.commands:
+            await strike(ctx, back, replica)
         elif verb == "pause":
             await strike(ctx, "resume", replica)
     except FaultError as exc:
@@ -561,6 +567,81 @@ async def check_under_load(ctx: Context, verb: str) -> list[CheckResult]:
         await asyncio.gather(*tasks, return_exceptions=True)
         await close_sessions(groups)
     return named(results, RESILIENCE, check, started)
+
+
+async def check_balancer_killed(ctx: Context) -> list[CheckResult]:
+    """Every session writes in a loop; a balancer in front is killed mid-load, then brought back."""
+    check = "balancer killed under load"
+    started = time.monotonic()
+    if not ctx.load_kinds:
+        return []
+    if why := ctx.missing("kill-balancer"):
+        return [CheckResult(RESILIENCE, check, kind, SKIP, [why]) for kind in ctx.load_kinds]
+    groups, results = await open_all(ctx, ctx.load_kinds, ctx.sessions)
+    reasons: list[str] = []
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(drive(r, c, ctx.shape, stop))
+        for g in groups
+        for c, r in zip(g.clients, g.runs, strict=True)
+    ]
+    try:
+        load_start = time.monotonic()
+        await asyncio.sleep(FAULT_AT_SECONDS)
+        struck = time.monotonic()
+        await with_fault(ctx, "kill-balancer", "", KILL_DOWN_SECONDS, reasons)
+        over = time.monotonic()
+        await asyncio.sleep(max(load_start + ctx.duration - over, TAIL_SECONDS))
+        stop.set()
+        longest = max((c.bound for g in groups for c in g.clients), default=PLAIN_CALL_TIMEOUT)
+        await asyncio.wait(tasks, timeout=longest + GUARD_SLACK_SECONDS + 1)
+        await read_finals(ctx, groups)
+        for g in groups:
+            mine, note = reasons + balancer_reasons(ctx, g, struck, over), ""
+            stopped = sum(not any(c.ok and c.end >= over for c in r.calls) for r in g.runs)
+            if stopped and not type(g.clients[0]).survives_dropped_connection:
+                note = f"; {stopped} of {len(g.runs)} sessions stopped: this client never works again after a "
+                note += "dropped connection"
+            results.append(result_for(RESILIENCE, check, g, mine, f"a balancer killed{note}", started))
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await close_sessions(groups)
+    return named(results, RESILIENCE, check, started)
+
+
+def balancer_reasons(ctx: Context, g: Sessions, struck: float, over: float) -> list[str]:
+    """What one kind's sessions saw go wrong through a balancer's death, by what its clients can do."""
+    kind = type(g.clients[0])
+    calls = [c for r in g.runs for c in r.calls]
+    failed = [c for c in calls if not c.ok]
+    errors = "; ".join(sorted({str(c.error) for c in failed}))[:300]
+    mine = []
+    if failed and (g.retries or (kind.survives_dropped_connection and len(failed) > len(g.runs))):
+        caught = "" if g.retries else f", more than the {len(g.runs)} in flight the kill could catch"
+        mine.append(f"{len(failed)} call(s) failed{caught}: {errors}")
+    if kind.session_era and g.kind != "resilient":
+        moved = sum(
+            any(c.ok and c.start >= struck and c.replica not in (None, r.replica_at(struck)) for c in r.calls)
+            for r in g.runs
+        )
+        if moved:
+            mine.append(
+                f"{moved} of {len(g.runs)} sessions answered by another replica: the balancers left "
+                "do not know where the sessions are (do they share their session table?)"
+            )
+    # Only a client that works again after its connection dropped can show that the URL still answers.
+    silent = sum(not any(c.ok and c.end >= over for c in r.calls) for r in g.runs)
+    if silent and kind.survives_dropped_connection:
+        mine.append(
+            f"{silent} of {len(g.runs)} session(s) answered no call after the fault: does {ctx.url} "
+            "reach another balancer?"
+        )
+    if not any(c.ok for c in calls):
+        mine.append("no call was answered at all")
+    return mine + effects_reasons(g)
 
 
 # -- resilience: a retried call ---------------------------------------------------------
@@ -1000,6 +1081,7 @@ SUITES: dict[str, list[tuple[str, CheckFn]]] = {
         ("kill -9 under load", _verb(check_under_load, "kill")),
         ("pause under load", _verb(check_under_load, "pause")),
         ("drain under load", _verb(check_under_load, "drain")),
+        ("balancer killed under load", check_balancer_killed),
         ("retry applies once", check_retry_once),
         ("retry after kill", check_retry_after_kill),
         ("streamed call", check_streamed),

@@ -148,6 +148,10 @@ class CheckClient:
     resumes_streams: ClassVar[bool] = False
     # Runs task tools as background tasks (the tasks extension): driven by the task check only.
     runs_tasks: ClassVar[bool] = False
+    # Works again after a connection of its own closed with no answer (its balancer died). The MCP Python
+    # SDK's transport does not (mcp 2.3.0): a transport error ends its session task for good, FastMCP's
+    # Client on it likewise (tests/test_failover.py asserts it, a strict xfail).
+    survives_dropped_connection: ClassVar[bool] = True
     # Reading the final count is not a measured call: a client with no retries of its own gets a few tries.
     final_read_attempts: ClassVar[int] = 5
     # The session id, once open (session-era kinds): a raw client can read the final count under it.
@@ -271,6 +275,7 @@ class SessionlessClient(CheckClient):
     kind = "sessionless"
     bound = PLAIN_CALL_TIMEOUT
     session_era = False
+    survives_dropped_connection = False
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -387,6 +392,7 @@ class FastMCPLegacyClient(CheckClient):
     kind = "fastmcp_legacy"
     bound = STOCK_CALL_BOUND
     resumes_streams = True
+    survives_dropped_connection = False
 
     def __init__(self, url: str) -> None:
         self.seen = ReplicaSeen()
@@ -422,6 +428,7 @@ class PythonSDKClient(CheckClient):
     kind = "python_sdk"
     bound = STOCK_CALL_BOUND
     resumes_streams = True
+    survives_dropped_connection = False
 
     def __init__(self, url: str) -> None:
         self.url = url

@@ -6,11 +6,19 @@
     restart  start it again after a kill
     drain    SIGTERM it (it drains), then start it again
 
-Ready-made sets: `local` (the local stack, `mcp-ha stack ...`; STACK_DIR says which), `compose`
-(docker-compose, services mcp-server-1..3 whose INSTANCE_ID is the service name), `kubectl` (a pod
-deleted at once, or with its grace period for a drain; Kubernetes starts another by itself and cannot
-pause one). Or the user's own: `kill=kubectl delete pod --grace-period=0 --force {replica},drain=...`.
-A check whose fault has no command is skipped, with the reason, never failed.
+and two for the front door, whose commands name the balancer they fault themselves (no `{replica}`):
+
+    kill-balancer     kill -9 one of the load balancers in front of the replicas, while another
+                      serves the same URL
+    restart-balancer  start it again
+
+Ready-made sets: `local` (the local stack, `mcp-ha stack ...`; STACK_DIR says which; its first HAProxy,
+when it runs more than one), `compose` (docker-compose, services mcp-server-1..3 whose INSTANCE_ID is
+the service name, and haproxy beside haproxy-2: on one port with host networking; with published ports
+the URL reaches one of them, and the check says so), `kubectl` (a pod deleted at once, or with its grace
+period for a drain; Kubernetes starts another by itself and cannot pause one; HAProxy's pod haproxy-0).
+Or the user's own: `kill=kubectl delete pod --grace-period=0 --force {replica},drain=...`. A check whose
+fault has no command is skipped, with the reason, never failed.
 """
 
 from __future__ import annotations
@@ -22,8 +30,11 @@ import shlex
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
-VERBS = ("kill", "pause", "resume", "restart", "drain")
+REPLICA_VERBS = ("kill", "pause", "resume", "restart", "drain")
+BALANCER_VERBS = ("kill-balancer", "restart-balancer")
+VERBS = REPLICA_VERBS + BALANCER_VERBS
 # One fault command may take this long (a drain waits for the replica's drain and its start).
 COMMAND_TIMEOUT_SECONDS = 90.0
 
@@ -83,19 +94,28 @@ class Faults:
 
 def local(stack_dir: str | None = None) -> Faults:
     """The local stack's faults: `mcp-ha stack` (its module, run by this Python), in STACK_DIR or `stack_dir`."""
+    from mcp_ha.stack import Stack  # the stack's, only for this preset
+
     stack = f"{shlex.quote(sys.executable)} -m mcp_ha.stack"
-    return Faults(
-        "local",
-        {
-            "kill": f"{stack} kill -s SIGKILL {{replica}}",
-            "pause": f"{stack} kill -s SIGSTOP {{replica}}",
-            "resume": f"{stack} kill -s SIGCONT {{replica}}",
-            "restart": f"{stack} restart {{replica}}",
-            # `stack restart` is a SIGTERM (the replica drains), then a start, waiting until it is healthy.
-            "drain": f"{stack} restart {{replica}}",
-        },
-        env={"STACK_DIR": stack_dir} if stack_dir else {},
-    )
+    commands = {
+        "kill": f"{stack} kill -s SIGKILL {{replica}}",
+        "pause": f"{stack} kill -s SIGSTOP {{replica}}",
+        "resume": f"{stack} kill -s SIGCONT {{replica}}",
+        "restart": f"{stack} restart {{replica}}",
+        # `stack restart` is a SIGTERM (the replica drains), then a start, waiting until it is healthy.
+        "drain": f"{stack} restart {{replica}}",
+    }
+    balancers = Stack.load(state_dir=Path(stack_dir) if stack_dir else None).config.balancer_names()
+    unavailable = {}
+    if len(balancers) > 1:
+        commands |= {
+            "kill-balancer": f"{stack} kill -s SIGKILL {balancers[0]}",
+            "restart-balancer": f"{stack} start {balancers[0]}",
+        }
+    else:
+        why = "the local stack runs one HAProxy (MCP_BALANCERS=1): killing it would take the front door out"
+        unavailable = dict.fromkeys(BALANCER_VERBS, why)
+    return Faults("local", commands, unavailable, env={"STACK_DIR": stack_dir} if stack_dir else {})
 
 
 COMPOSE = Faults(
@@ -106,6 +126,8 @@ COMPOSE = Faults(
         "resume": "docker-compose unpause {replica}",
         "restart": "docker-compose start {replica}",
         "drain": "docker-compose restart {replica}",
+        "kill-balancer": "docker-compose kill -s SIGKILL haproxy",
+        "restart-balancer": "docker-compose start haproxy",
     },
 )
 
@@ -115,16 +137,19 @@ KUBECTL = Faults(
         "kill": "kubectl delete pod --grace-period=0 --force {replica}",
         # Deleting a pod with its grace period is a SIGTERM; its Deployment starts another.
         "drain": "kubectl delete pod --wait=false {replica}",
+        "kill-balancer": "kubectl delete pod --grace-period=0 --force haproxy-0",
     },
     unavailable={
         "pause": "kubectl cannot pause a pod's processes",
         "resume": "kubectl cannot pause a pod's processes",
         "restart": "Kubernetes starts a new pod by itself",
+        "restart-balancer": "Kubernetes starts a new pod by itself",
     },
 )
 
 PRESETS = ("local", "compose", "kubectl")
-_ASSIGNMENT = re.compile(r"(?:^|,)\s*(" + "|".join(VERBS) + r")\s*=")
+# Longest first: kill-balancer is not kill followed by something else.
+_ASSIGNMENT = re.compile(r"(?:^|,)\s*(" + "|".join(sorted(VERBS, key=len, reverse=True)) + r")\s*=")
 
 
 def parse_faults(text: str) -> Faults:
@@ -149,7 +174,7 @@ def parse_faults(text: str) -> Faults:
             raise FaultError(f"--faults: {verb} given twice")
         if not command:
             raise FaultError(f"--faults: {verb}= has no command")
-        if "{replica}" not in command:
+        if "{replica}" not in command and verb in REPLICA_VERBS:
             raise FaultError(f"--faults: the {verb} command does not name {{replica}}: {command!r}")
         commands[verb] = command
     return Faults("custom", commands)

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
+from pathlib import Path
 
 import pytest
 
-from mcp_ha.check.faults import COMPOSE, KUBECTL, VERBS, FaultError, Faults, local, parse_faults
+from mcp_ha.check.faults import BALANCER_VERBS, COMPOSE, KUBECTL, VERBS, FaultError, Faults, local, parse_faults
+from mcp_ha.stack import StackConfig
 
 pytestmark = pytest.mark.quick
 
 
-def test_the_local_set_runs_the_stack_command_of_this_python_in_its_stack_dir() -> None:
-    faults = parse_faults("local")
+def recorded_stack(tmp_path: Path, balancers: int) -> str:
+    """A stack dir as `up` leaves it (its config recorded), for a stack of `balancers` HAProxys."""
+    config = StackConfig.on_free_ports(tmp_path, balancers=balancers)
+    (tmp_path / "state.json").write_text(json.dumps({"config": config.to_json(), "processes": {}}))
+    return str(tmp_path)
+
+
+def test_the_local_set_runs_the_stack_command_of_this_python_in_its_stack_dir(tmp_path: Path) -> None:
+    faults = local(recorded_stack(tmp_path, 2))
     assert faults.missing(*VERBS) is None
     assert faults.command("kill", "mcp-server-2") == [
         sys.executable,
@@ -27,7 +37,16 @@ def test_the_local_set_runs_the_stack_command_of_this_python_in_its_stack_dir() 
     assert faults.command("pause", "mcp-server-1")[-3:] == ["-s", "SIGSTOP", "mcp-server-1"]
     assert faults.command("resume", "mcp-server-1")[-3:] == ["-s", "SIGCONT", "mcp-server-1"]
     assert faults.command("drain", "mcp-server-3")[-2:] == ["restart", "mcp-server-3"]
-    assert local("/tmp/stack").env == {"STACK_DIR": "/tmp/stack"}
+    assert faults.env == {"STACK_DIR": str(tmp_path)}
+    # The front door: the stack's first HAProxy, while the second serves the same port.
+    assert faults.command("kill-balancer", "")[-4:] == ["kill", "-s", "SIGKILL", "haproxy"]
+    assert faults.command("restart-balancer", "")[-2:] == ["start", "haproxy"]
+
+
+def test_a_local_stack_with_one_haproxy_has_no_balancer_to_kill(tmp_path: Path) -> None:
+    faults = local(recorded_stack(tmp_path, 1))
+    assert faults.missing("kill", "drain") is None
+    assert "runs one HAProxy" in str(faults.missing("kill-balancer"))
 
 
 def test_compose_names_its_services_and_kubectl_says_what_it_cannot_do() -> None:
@@ -46,6 +65,10 @@ def test_compose_names_its_services_and_kubectl_says_what_it_cannot_do() -> None
     ]
     assert KUBECTL.missing("kill", "drain") is None
     assert KUBECTL.missing("pause") == "kubectl cannot pause a pod's processes"
+    assert COMPOSE.command("kill-balancer", "") == ["docker-compose", "kill", "-s", "SIGKILL", "haproxy"]
+    assert COMPOSE.missing(*BALANCER_VERBS) is None
+    assert KUBECTL.command("kill-balancer", "")[-1] == "haproxy-0"
+    assert KUBECTL.missing("restart-balancer") == "Kubernetes starts a new pod by itself"
 
 
 def test_the_users_own_commands_commas_in_them_included() -> None:
@@ -57,6 +80,13 @@ def test_the_users_own_commands_commas_in_them_included() -> None:
     assert faults.missing("pause") == "no pause command in the custom faults"
     # The replica's name is one argument, whatever it holds.
     assert faults.command("kill", "a b;rm")[-1] == "a b;rm"
+    # A balancer's commands name the balancer themselves; kill= is not read into kill-balancer=.
+    faults = parse_faults("kill=pkill -9 {replica},kill-balancer=ssh lb1 pkill -9 haproxy,restart-balancer=ssh lb1 x")
+    assert faults.commands == {
+        "kill": "pkill -9 {replica}",
+        "kill-balancer": "ssh lb1 pkill -9 haproxy",
+        "restart-balancer": "ssh lb1 x",
+    }
 
 
 @pytest.mark.parametrize(
