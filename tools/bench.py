@@ -1,4 +1,4 @@
-"""The performance benchmark: calls per second, latency, the proxy hop, a session's cost in Redis.
+"""The performance benchmark: calls per second, latency, the proxy hop, a session's cost in Redis, capacity.
 
     python -m tools.bench --own-stack                         the whole run, on a stack of its own
     python -m tools.bench --quick --own-stack --json out.json under a minute, for CI
@@ -10,6 +10,9 @@
     python -m tools.bench --own-stack --markdown docs/benchmarks.md
                                                               the figures into the document, between
                                                               <!-- bench:start --> and <!-- bench:end -->
+    python -m tools.bench --own-stack --sections capacity --markdown docs/benchmarks.md
+                                                              the capacity section (and the memory
+                                                              section it needs) only, into its markers
 
 Sections, each in one run:
 
@@ -24,11 +27,11 @@ Sections, each in one run:
                  its redis-server, three `fastmcp run` replicas, its
                  haproxy.cfg on loopback ports). The setups take turns in short
                  rounds, so drift in the machine's load hits each alike.
-                 Redis round trips (FCALLs) and commands per MCP call through
-                 HAProxy: Redis's INFO commandstats sampled right before and
-                 after each of those rounds only, less what Redis runs with no
-                 calls (leases, health checks), measured over one round's
-                 length before the rounds.
+                 Redis round trips (FCALLs), commands and main-thread CPU per
+                 MCP call through HAProxy: Redis's INFO cpu and commandstats
+                 sampled right before and after each of those rounds only,
+                 less what Redis runs with no calls (leases, health checks),
+                 measured over one round's length before the rounds.
     proxy hop    one session, through HAProxy and directly, interleaved: the
                  difference of the medians is what the hop costs.
     scale        one session's latency with 0, 10,000 and 100,000 sessions in
@@ -45,6 +48,25 @@ Sections, each in one run:
                  through the store, with and without it, interleaved, on a
                  primary and replica of the bench's own; and that cost as a
                  share of a tool call's p50 through HAProxy.
+    capacity     Redis's main-thread CPU seconds, commands and round trips per
+                 call of each call shape through HAProxy: plain (session-era
+                 increment_counter), streamed (analyze_data asking for progress:
+                 an SSE stream), task (the same as a 2026-07-28 durable task,
+                 FastMCP's Client with fastmcp-tasks polling tasks/get; left out
+                 without the tasks extra), initialize (a new session-era
+                 session) and the `--mix`. Each a bounded batch of calls,
+                 `--sessions` at a time (tasks: MAX_TASKS_PER_CLIENT at most),
+                 between two readings of INFO cpu and commandstats, less Redis
+                 at rest (measured before and after the batches). Computed from
+                 those, not measured: the calls/s one primary serves (1 / CPU
+                 seconds per call); a session's bytes at its bounds (the memory
+                 section's at-rest figure plus the replicas' state, record and
+                 event log bounds); and what 1, 3 and 9 primaries of
+                 `--primary-memory` GiB each hold and serve.
+
+They run in the order throughput, proxy hop, memory, capacity, scale (whose
+100,000 sessions would leave Redis rehashing), durability; `--sections` runs
+some of them (capacity brings memory).
 
 Clients are raw HTTP (mcp_ha/check/wire.py over httpx2, keep-alive), not FastMCP's
 Client, so the client's own overhead stays small. `--generation session` speaks
@@ -59,9 +81,12 @@ tables of the figures and a line saying when, on what and with which command
 line they were measured: <!-- bench:start --> and <!-- bench:end -->, and with
 `--reference`, also <!-- reference:start --> and <!-- reference:end --> (this
 kit against the reference: calls/s and p50/p99 of each, their ratio, and this
-kit's calls/s as a fraction of the floor's). A FILE without the markers it
-needs is refused before anything starts, and a run in which calls failed
-leaves FILE as it was.
+kit's calls/s as a fraction of the floor's), and, when FILE has them, the
+capacity section between <!-- capacity:start --> and <!-- capacity:end -->.
+The bench markers' block is written only by a run of every section but
+capacity, though FILE needs them whatever runs. A FILE without the markers it
+needs, or into which the run would write nothing, is refused before anything
+starts, and a run in which calls failed leaves FILE as it was.
 
 Exit status: 0 when every call succeeded (targets are printed, and only
 checked with `--check-targets`: 1 when one is missed), 1 when any measured call
@@ -73,6 +98,7 @@ measure: no stack up, an unreachable target, a tool that errors at once, a
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import ipaddress
 import itertools
 import json
@@ -102,8 +128,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from mcp_ha.check.wire import CallFailed, RawSession, SessionlessSession
-from mcp_ha.session_store import Op, StoreUnavailable
+from mcp_ha.check.wire import CallFailed, RawSession, SessionlessSession, final_message, tool_result
+from mcp_ha.session_store import DEFAULT_MAX_EVENTS, EVENT_BYTES, Op, StoreUnavailable, key_bytes
+from mcp_ha.settings import Settings, SettingsError
 from mcp_ha.stack import (
     HAPROXY_DIR,
     Stack,
@@ -143,6 +170,13 @@ MAX_CALLS_PER_ROUND = 100_000
 MARKDOWN_MARKERS = "bench"
 # ... and with --reference, also between <!-- reference:start --> and <!-- reference:end -->.
 REFERENCE_MARKERS = "reference"
+# ... and, when FILE has them, the capacity section between <!-- capacity:start --> and <!-- capacity:end -->.
+CAPACITY_MARKERS = "capacity"
+# The sections, in the order they run (`--sections`); the bench markers' block needs all but capacity.
+SECTIONS = ("throughput", "proxy_hop", "memory", "capacity", "scale", "durability")
+BENCH_SECTIONS = frozenset(SECTIONS) - {"capacity"}
+# The capacity section's table of what 1, 3 and 9 primaries hold and serve.
+PRIMARIES = (1, 3, 9)
 # Under the kit's key pattern (the ACL lets its user reach no other keys), apart from its sessions.
 FLOOR_PREFIX = "mcp:benchfloor"
 
@@ -265,6 +299,69 @@ class StoreClient:
     async def close(self) -> None: ...
 
 
+class StreamedClient(SessionClient):
+    """Session-era, asking for progress (a progressToken, as a client showing progress does): a tool that
+    reports progress answers as an SSE stream of its progress and log messages, then its result."""
+
+    streamed = 0  # answers that came as an SSE stream, the evidence the calls were of their shape
+
+    async def call_tool(
+        self, tool: str, arguments: dict | None = None, *, headers: dict[str, str] | None = None
+    ) -> dict:
+        params = {"name": tool, "arguments": arguments or {}, "_meta": {"progressToken": uuid.uuid4().hex}}
+        response = await self.post("tools/call", params, headers=headers)
+        self.streamed += response.headers.get("content-type", "").startswith("text/event-stream")
+        return tool_result(final_message(response))
+
+
+class TaskClient:
+    """mcp_ha.check.clients.TasksClient (FastMCP's Client with fastmcp-tasks, 2026-07-28, a `create_session`
+    handle) as the bench's Client: a task tool's call runs as a durable task, polled with tasks/get to its end."""
+
+    def __init__(self, url: str) -> None:
+        # Imported here: FastMCP takes seconds to import, which every other run of the bench is spared.
+        from mcp_ha.check.clients import TasksClient
+
+        self.inner = TasksClient(url)
+
+    @property
+    def polls(self) -> int:
+        return len(self.inner.seen.polls)
+
+    async def open(self) -> None:
+        await self.inner.open()
+
+    async def call_tool(self, tool: str, arguments: dict) -> dict:
+        try:
+            return dict(await self.inner.call(tool, arguments, bound=CALL_TIMEOUT))
+        except Exception as exc:  # FastMCP's, the SDK's and httpx's own errors: each is a failed call
+            raise CallFailed(f"{type(exc).__name__}: {exc}") from exc
+
+    async def close(self) -> None:
+        await self.inner.aclose()
+
+
+class InitializeClient:
+    """Each call opens a new session-era session (initialize, then notifications/initialized); `close` ends
+    them all (DELETE), after the measured calls."""
+
+    def __init__(self, http: httpx2.AsyncClient, url: str) -> None:
+        self.http = http
+        self.url = url
+        self.opened: list[SessionClient] = []
+
+    async def open(self) -> None: ...
+
+    async def call_tool(self, tool: str, arguments: dict) -> dict:
+        session = SessionClient(self.http, self.url)
+        await session.open()
+        self.opened.append(session)
+        return {}
+
+    async def close(self) -> None:
+        await asyncio.gather(*(session.close() for session in self.opened), return_exceptions=True)
+
+
 # -- measuring ----------------------------------------------------------------------------
 
 
@@ -335,10 +432,13 @@ def tool_cycle(mix: list[tuple[str, int]], offset: int) -> itertools.cycle:
     return itertools.cycle(order[offset % len(order) :] + order[: offset % len(order)])
 
 
-async def drive(client: Client, tools: itertools.cycle, seconds: float, samples: Samples | None) -> None:
-    """Call tools back to back for `seconds` (bounded in count too); record into `samples` if given."""
+async def drive(
+    client: Client, tools: itertools.cycle, seconds: float, samples: Samples | None, *, calls: int = MAX_CALLS_PER_ROUND
+) -> None:
+    """Call tools back to back for `seconds` or `calls` calls, whichever ends first; record into `samples` if
+    given."""
     deadline = time.perf_counter() + seconds
-    for _ in range(MAX_CALLS_PER_ROUND):
+    for _ in range(min(calls, MAX_CALLS_PER_ROUND)):
         if time.perf_counter() >= deadline:
             return
         tool = next(tools)
@@ -355,19 +455,24 @@ async def drive(client: Client, tools: itertools.cycle, seconds: float, samples:
             samples.instances[result.get("instance", "?")] += 1
 
 
-async def run_round(setup: Setup, mix: list[tuple[str, int]], seconds: float, *, measure: bool = True) -> None:
+async def run_round(
+    setup: Setup, mix: list[tuple[str, int]], seconds: float, *, measure: bool = True, calls: int = MAX_CALLS_PER_ROUND
+) -> None:
+    """Each client of `setup` drives the mix for `seconds`, or `calls` calls each, whichever ends first."""
     watch = setup.redis if measure else None
     before = await watch.sample() if watch is not None else None
     made = len(setup.samples.latencies) + setup.samples.errors
     started = time.perf_counter()
     samples = setup.samples if measure else None
-    await asyncio.gather(*(drive(c, tool_cycle(mix, i), seconds, samples) for i, c in enumerate(setup.clients)))
+    await asyncio.gather(
+        *(drive(c, tool_cycle(mix, i), seconds, samples, calls=calls) for i, c in enumerate(setup.clients))
+    )
     elapsed = time.perf_counter() - started
     if measure:
         setup.samples.seconds += elapsed
     if watch is not None and before is not None:
-        calls = len(setup.samples.latencies) + setup.samples.errors - made
-        watch.rounds.add(before, await watch.sample(), elapsed, calls)
+        in_round = len(setup.samples.latencies) + setup.samples.errors - made
+        watch.rounds.add(before, await watch.sample(), elapsed, in_round)
 
 
 def new_http(sessions: int) -> httpx2.AsyncClient:
@@ -480,7 +585,7 @@ def fill(redis: StackConfig, script: str, count: int, marker: str) -> None:
     redis_cli(redis, "EVAL", script, "2", "mcp:session:", "mcp:sessions", str(count), marker)
 
 
-# -- Redis round trips and commands per MCP call: INFO commandstats around one setup's rounds -----
+# -- Redis round trips, commands and CPU per MCP call: INFO around one setup's rounds ---------------
 
 # One round trip each: a call of a function of the kit's library (every store operation is one FCALL),
 # or of a script (EVALSHA/EVAL, as other versions ran them). What they run inside counts in commandstats too.
@@ -502,22 +607,46 @@ def parse_commandstats(text: str) -> Counter[str]:
     return calls
 
 
+def parse_cpu(text: str) -> float:
+    """`INFO cpu` as the CPU seconds of Redis's main thread: it runs every command, so it is what a busy
+    primary saturates (the process's used_cpu_* also count its background threads)."""
+    fields = dict(line.strip().partition(":")[::2] for line in text.splitlines())
+    try:
+        return float(fields["used_cpu_sys_main_thread"]) + float(fields["used_cpu_user_main_thread"])
+    except (KeyError, ValueError) as exc:
+        raise BenchError(f"Redis's INFO cpu reported no main thread's CPU ({exc!r})") from None
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Redis's counters at one instant: calls per command (INFO commandstats) and main-thread CPU seconds."""
+
+    commands: Counter[str]
+    cpu: float
+
+
 @dataclass
 class Tally:
-    """What Redis ran over some windows, by command, with the windows' seconds and the MCP calls made in them."""
+    """What Redis ran over some windows, by command, and the CPU seconds it spent, with the windows' seconds
+    and the MCP calls made in them."""
 
     commands: Counter[str] = field(default_factory=Counter)
+    cpu: float = 0.0
     seconds: float = 0.0
     calls: int = 0
     windows: int = 0
-    dropped: int = 0  # windows whose counters went back (CONFIG RESETSTAT): not counted, nor their calls
+    dropped: int = 0  # windows whose counters went back (CONFIG RESETSTAT, a restart): not counted, nor their calls
 
-    def add(self, before: Counter[str], after: Counter[str], seconds: float, calls: int = 0) -> None:
-        delta = {name: after[name] - before[name] for name in after.keys() | before.keys()}
-        if any(n < 0 for n in delta.values()):
+    def add(self, before: Reading, after: Reading, seconds: float, calls: int = 0) -> None:
+        delta = {
+            name: after.commands[name] - before.commands[name]
+            for name in after.commands.keys() | before.commands.keys()
+        }
+        if any(n < 0 for n in delta.values()) or after.cpu < before.cpu:
             self.dropped += 1
             return
         self.commands.update(delta)
+        self.cpu += after.cpu - before.cpu
         self.seconds += seconds
         self.calls += calls
         self.windows += 1
@@ -525,7 +654,7 @@ class Tally:
 
 @dataclass
 class RedisWatch:
-    """The stack's Redis's `INFO commandstats` (as the admin), sampled right before and after each measured
+    """The stack's Redis's `INFO cpu commandstats` (as the admin), sampled right before and after each measured
     round of one setup (run_round): the rounds of the setups interleaved with it, some on the same Redis
     (direct, the floor), fall outside. An idle window first gives what Redis runs with no calls at all."""
 
@@ -533,8 +662,9 @@ class RedisWatch:
     rounds: Tally = field(default_factory=Tally)
     idle: Tally = field(default_factory=Tally)
 
-    async def sample(self) -> Counter[str]:
-        return parse_commandstats(await asyncio.to_thread(redis_cli, self.redis, "INFO", "commandstats"))
+    async def sample(self) -> Reading:
+        text = await asyncio.to_thread(redis_cli, self.redis, "INFO", "cpu", "commandstats")
+        return Reading(parse_commandstats(text), parse_cpu(text))
 
     async def measure_idle(self, seconds: float) -> None:
         """No calls for `seconds`, sampled like a round: each replica's lease renewals, the health checks
@@ -547,10 +677,12 @@ class RedisWatch:
 
 
 def redis_per_call(rounds: Tally, idle: Tally) -> dict:
-    """Redis round trips and commands per MCP call over `rounds`, less what Redis ran at rest: `idle`'s
-    commands at its rate over the rounds' seconds (with an idle window one round long, that is one such
-    window per round, the sampling's own AUTH and INFO included). No idle window: nothing subtracted."""
+    """Redis round trips, commands and main-thread CPU per MCP call over `rounds`, less what Redis ran at
+    rest: `idle`'s commands and CPU at its rate over the rounds' seconds (with an idle window one round long,
+    that is one such window per round, the sampling's own AUTH and INFO included). No idle window: nothing
+    subtracted."""
     scale = rounds.seconds / idle.seconds if idle.seconds else 0.0
+    cpu = rounds.cpu - scale * idle.cpu
     net = {
         name: rounds.commands[name] - scale * idle.commands[name]
         for name in rounds.commands.keys() | idle.commands.keys()
@@ -570,6 +702,7 @@ def redis_per_call(rounds: Tally, idle: Tally) -> dict:
     return {
         "redis_round_trips_per_call": per_call(trips(net)),
         "redis_commands_per_call": per_call(sum(net.values())),
+        "redis_cpu_us_per_call": round(cpu / rounds.calls * 1e6, 2) if rounds.calls else None,
         "redis_per_call": {
             "mcp_calls": rounds.calls,
             "rounds": rounds.windows,
@@ -582,6 +715,9 @@ def redis_per_call(rounds: Tally, idle: Tally) -> dict:
             "idle_commands": sum(idle.commands.values()),
             "subtracted_round_trips": round(scale * trips(idle.commands), 1),
             "subtracted_commands": round(scale * sum(idle.commands.values()), 1),
+            "cpu_seconds": round(rounds.cpu, 6),
+            "idle_cpu_seconds": round(idle.cpu, 6),
+            "subtracted_cpu_seconds": round(scale * idle.cpu, 6),
             "idle_subtracted": bool(idle.seconds),
             "commands_per_call": by_command,
         },
@@ -701,6 +837,8 @@ class Plan:
     generation: str
     quick: bool
     compare: str | None
+    sections: frozenset[str]
+    primary_memory_gib: float
 
     @property
     def rounds(self) -> int:
@@ -731,16 +869,27 @@ class Plan:
         """Rounds, and seconds per round of each setting."""
         return (2, 1.0) if self.quick else (4, 2.0)
 
+    def capacity_calls(self, shape: str) -> int:
+        """A task takes its client's poll interval (0.5 s) at least, so it makes fewer."""
+        calls = 48 if self.quick else 400
+        return calls // 3 if shape == "task" else calls
+
+    @property
+    def capacity_idle_seconds(self) -> float:
+        """Redis with no calls, half before the shapes' batches and half after."""
+        return 2.0 if self.quick else 6.0
+
     def planned_seconds(self, setups: int) -> float:
         rounds, seconds = self.hop
         wait_rounds, wait_seconds = self.durability
-        return (
-            setups * self.duration
-            + self.round_seconds  # the throughput section's idle window (RedisWatch)
-            + 2 * rounds * seconds
-            + (len(self.scale_levels) + 1) * self.scale_seconds
-            + 2 * wait_rounds * wait_seconds
-        )
+        planned = {
+            "throughput": setups * self.duration + self.round_seconds,  # and its idle window (RedisWatch)
+            "proxy_hop": 2 * rounds * seconds,
+            "scale": (len(self.scale_levels) + 1) * self.scale_seconds,
+            "durability": 2 * wait_rounds * wait_seconds,
+            "capacity": self.capacity_idle_seconds,  # its batches are bounded in calls, not seconds
+        }
+        return sum(planned.get(name, 0.0) for name in self.sections)
 
 
 def replica_url(stack: Stack, index: int = 0) -> str:
@@ -969,6 +1118,131 @@ async def section_durability(plan: Plan, call_p50_ms: float | None, state_dir: P
     }
 
 
+# -- capacity: what Redis spends per call of each shape, and what that makes of 1, 3 and 9 primaries ----
+
+ShapeKind = Callable[[httpx2.AsyncClient, str], Client]
+
+
+def shape_kinds(plan: Plan) -> dict[str, tuple[ShapeKind, list[tuple[str, int]]]]:
+    """Each call shape's kind of client and the tools it calls, in the tables' order; no task shape without
+    fastmcp-tasks (the kit's tasks extra), without which the replicas serve no tasks."""
+    kinds: dict[str, tuple[ShapeKind, list[tuple[str, int]]]] = {
+        "plain": (SessionClient, [("increment_counter", 1)]),
+        "streamed": (StreamedClient, [("analyze_data", 1)]),
+        "task": (lambda http, url: TaskClient(url), [("analyze_data", 1)]),
+        "initialize": (InitializeClient, [("initialize", 1)]),
+        "mix": (SessionClient if plan.generation == "session" else SessionlessClient, plan.mix),
+    }
+    if importlib.util.find_spec("fastmcp_tasks") is None:
+        del kinds["task"]
+    return kinds
+
+
+def shape_evidence(setup: Setup) -> Counter[str]:
+    """What shows the calls were of their shape: answers that came as SSE streams, and tasks/get polls."""
+    return Counter(
+        answers_streamed=sum(c.streamed for c in setup.clients if isinstance(c, StreamedClient)),
+        task_polls=sum(c.polls for c in setup.clients if isinstance(c, TaskClient)),
+    )
+
+
+async def measure_shape(
+    stack: Stack, plan: Plan, shape: str, sessions: int, kind: ShapeKind, tools: list[tuple[str, int]]
+) -> tuple[dict, Tally]:
+    """`plan.capacity_calls(shape)` calls of one shape through HAProxy, `sessions` at a time, between two
+    readings of Redis's INFO cpu and commandstats: the calls' figures, and what Redis ran meanwhile."""
+    setup = await open_setup(shape, stack.config.mcp_url, kind, sessions)
+    try:
+        await probe_tools(setup, tools)
+        # One call each first, outside the window: a session's first write makes what later ones reuse.
+        await run_round(setup, tools, CALL_TIMEOUT, measure=False, calls=1)
+        watch = setup.redis = RedisWatch(stack.config)
+        before = shape_evidence(setup)
+        calls = -(-plan.capacity_calls(shape) // sessions)  # per client, rounded up
+        await run_round(setup, tools, calls * CALL_TIMEOUT, calls=calls)
+        evidence = shape_evidence(setup)
+        evidence.subtract(before)
+    finally:
+        await close_setup(setup)
+    return {"sessions": sessions, **setup.samples.stats(), **evidence}, watch.rounds
+
+
+def shape_figures(stats: dict, rounds: Tally, idle: Tally) -> dict:
+    """One shape's calls, with Redis's work per call less Redis at rest, and the calls/s that CPU allows."""
+    figures = redis_per_call(rounds, idle)
+    cpu_us = figures["redis_cpu_us_per_call"]
+    # Computed, not measured: one primary's main thread busy with these calls and nothing else.
+    per_primary = round(1e6 / cpu_us) if cpu_us and cpu_us > 0 else None
+    return {**stats, **figures, "calls_per_s_per_primary": per_primary}
+
+
+async def section_capacity(stack: Stack, plan: Plan, at_rest_bytes: float, progress: Progress, task) -> dict:
+    """Redis CPU and commands per call of each call shape, and what they and a session's bytes make of 1, 3
+    and 9 primaries. Redis at rest is measured half before the shapes' batches and half after."""
+    try:  # The replicas' settings: they start from the environment recorded with the stack, not the bench's.
+        settings = Settings.from_env(stack.config.env)
+    except SettingsError as exc:
+        raise BenchError(f"capacity: the stack's settings cannot be read: {exc}") from None
+    watch = RedisWatch(stack.config)
+    half = plan.capacity_idle_seconds / 2
+    progress.update(task, description="capacity: Redis with no calls")
+    await watch.measure_idle(half)
+    measured = {}
+    for shape, (kind, tools) in shape_kinds(plan).items():
+        # One client address has at most MAX_TASKS_PER_CLIENT tasks unfinished: more at once are refused.
+        sessions = min(plan.sessions, settings.max_tasks_per_client) if shape == "task" else plan.sessions
+        progress.update(task, description=f"capacity: {plan.capacity_calls(shape)} calls, {shape}")
+        measured[shape] = await measure_shape(stack, plan, shape, sessions, kind, tools)
+    progress.update(task, description="capacity: Redis with no calls, again")
+    await watch.measure_idle(half)
+    progress.advance(task, plan.capacity_idle_seconds)
+    shapes = {shape: shape_figures(stats, rounds, watch.idle) for shape, (stats, rounds) in measured.items()}
+    return capacity_figures(shapes, at_rest_bytes, settings, round(plan.primary_memory_gib * 1024**3))
+
+
+def session_bounds(settings: Settings) -> dict[str, int]:
+    """What a session at its bounds holds beyond a session at rest, as the store's quota counts it: in its
+    hash, a full state (its JSON text) and record (the client's info and capabilities); a full event log (its
+    text, EVENT_BYTES per event, and its two keys, the log and its byte count, each key_bytes)."""
+    log = "mcp:events:" + "0" * 32
+    return {
+        "MAX_SESSION_STATE_BYTES": settings.max_state_bytes,
+        "MAX_SESSION_RECORD_BYTES": settings.max_record_bytes,
+        "MAX_SESSION_LOG_BYTES": settings.max_log_bytes,
+        f"{DEFAULT_MAX_EVENTS:,} events x EVENT_BYTES {EVENT_BYTES}": DEFAULT_MAX_EVENTS * EVENT_BYTES,
+        "the event log's 2 keys": key_bytes(log) + key_bytes(f"{log}:bytes"),
+    }
+
+
+def capacity_figures(shapes: dict[str, dict], at_rest: float, settings: Settings, primary_memory: int) -> dict:
+    """Per primary and for 1, 3 and 9: sessions held (memory / bytes per session) and calls/s served
+    (primaries x 1 / CPU seconds per call), with sessions, and so calls, spread evenly over the primaries."""
+    bounds = session_bounds(settings)
+    at_bounds = round(at_rest + sum(bounds.values()))
+    # A noisy memory section can measure nothing at rest: then no figure is made of it.
+    held_at_rest = int(primary_memory // at_rest) if at_rest > 0 else None
+    held_at_bounds = primary_memory // at_bounds
+    serve = {shape: figures["calls_per_s_per_primary"] for shape, figures in shapes.items()}
+    return {
+        "shapes": shapes,
+        "bytes_per_session": {"at_rest": at_rest, "at_bounds": at_bounds, "bounds_added": bounds},
+        "primary_memory_bytes": primary_memory,
+        "max_sessions": settings.max_sessions,
+        "primaries": [
+            {
+                "primaries": n,
+                "memory_bytes": n * primary_memory,
+                "sessions_at_rest": None if held_at_rest is None else n * held_at_rest,
+                "sessions_at_bounds": n * held_at_bounds,
+                "calls_per_s": {shape: None if v is None else n * v for shape, v in serve.items()},
+            }
+            for n in PRIMARIES
+        ],
+        "note": "calls_per_s_per_primary and primaries are computed, not measured, from the measured CPU per "
+        "call and bytes per session",
+    }
+
+
 def _forget_transient(redis: StackConfig, sids: list[str | None]) -> None:
     wanted = {sid for sid in sids if sid}
     keys = [k for k in scan(redis, "mcp:op:*") if k.split(":")[2] in wanted]
@@ -994,54 +1268,34 @@ def forget_floor_keys(redis: StackConfig) -> None:
 
 
 def targets(report: dict) -> list[dict]:
-    t = report["throughput"]["ratios"]
-    scale = report["scale"]["p50_ratio_to_0"]
-    top = max(scale, key=int) if scale else None
-    rows = [
-        {
-            "target": f"MCP throughput through HAProxy >= {TARGET_FLOOR_FRACTION:.0%} of the floor's",
-            "value": t["haproxy_vs_floor_throughput"],
-            "bound": TARGET_FLOOR_FRACTION,
-            "higher_is_better": True,
-        },
-        {
-            "target": f"latency at {int(top):,} sessions <= {TARGET_SCALE_RATIO}x at 0" if top else "latency at scale",
-            "value": scale.get(top) if top else None,
-            "bound": TARGET_SCALE_RATIO,
-            "higher_is_better": False,
-            "sessions": int(top) if top else None,
-        },
-        {
-            "target": f"Redis bytes per session <= {TARGET_BYTES_PER_SESSION} (resident, MEMORY USAGE)",
-            "value": report["memory"]["resident"],
-            "bound": TARGET_BYTES_PER_SESSION,
-            "higher_is_better": False,
-        },
-        {
-            "target": f"p50 through HAProxy <= direct p50 + {TARGET_HOP_MS:g} ms (one session)",
-            "value": report["proxy_hop"]["hop_p50_ms"],
-            "bound": TARGET_HOP_MS,
-            "higher_is_better": False,
-        },
-    ]
+    """The targets of the sections that ran."""
+
+    def row(target: str, value: float | None, bound: float, *, higher_is_better: bool = False) -> dict:
+        holds = value is not None and (value >= bound if higher_is_better else value <= bound)
+        return {"target": target, "value": value, "bound": bound, "higher_is_better": higher_is_better, "holds": holds}
+
+    t = report["throughput"]["ratios"] if "throughput" in report else {}
+    rows = []
+    if t:
+        what = f"MCP throughput through HAProxy >= {TARGET_FLOOR_FRACTION:.0%} of the floor's"
+        rows.append(row(what, t["haproxy_vs_floor_throughput"], TARGET_FLOOR_FRACTION, higher_is_better=True))
+    if "scale" in report:
+        scale = report["scale"]["p50_ratio_to_0"]
+        top = max(scale, key=int) if scale else None
+        what = f"latency at {int(top):,} sessions <= {TARGET_SCALE_RATIO}x at 0" if top else "latency at scale"
+        rows.append(row(what, scale.get(top) if top else None, TARGET_SCALE_RATIO))
+        rows[-1]["sessions"] = int(top) if top else None
+    if "memory" in report:
+        what = f"Redis bytes per session <= {TARGET_BYTES_PER_SESSION} (resident, MEMORY USAGE)"
+        rows.append(row(what, report["memory"]["resident"], TARGET_BYTES_PER_SESSION))
+    if "proxy_hop" in report:
+        what = f"p50 through HAProxy <= direct p50 + {TARGET_HOP_MS:g} ms (one session)"
+        rows.append(row(what, report["proxy_hop"]["hop_p50_ms"], TARGET_HOP_MS))
     if "haproxy_vs_reference_throughput" in t:
-        rows += [
-            {
-                "target": f"MCP throughput through HAProxy >= {TARGET_REFERENCE_THROUGHPUT:g}x the reference kit's",
-                "value": t["haproxy_vs_reference_throughput"],
-                "bound": TARGET_REFERENCE_THROUGHPUT,
-                "higher_is_better": True,
-            },
-            {
-                "target": "p99 through HAProxy <= the reference kit's (ratio)",
-                "value": t["haproxy_vs_reference_p99"],
-                "bound": TARGET_REFERENCE_P99,
-                "higher_is_better": False,
-            },
-        ]
-    for row in rows:
-        v = row["value"]
-        row["holds"] = v is not None and (v >= row["bound"] if row["higher_is_better"] else v <= row["bound"])
+        what = f"MCP throughput through HAProxy >= {TARGET_REFERENCE_THROUGHPUT:g}x the reference kit's"
+        rows.append(row(what, t["haproxy_vs_reference_throughput"], TARGET_REFERENCE_THROUGHPUT, higher_is_better=True))
+        what = "p99 through HAProxy <= the reference kit's (ratio)"
+        rows.append(row(what, t["haproxy_vs_reference_p99"], TARGET_REFERENCE_P99))
     return rows
 
 
@@ -1078,12 +1332,11 @@ def against_reference(report: dict) -> dict:
 def measured_errors(report: dict) -> list[str]:
     out = []
     groups = {
-        **{f"throughput/{k}": v for k, v in report["throughput"]["setups"].items()},
-        "proxy_hop/haproxy": report["proxy_hop"]["haproxy"],
-        "proxy_hop/direct": report["proxy_hop"]["direct"],
-        **{f"scale/{lv['sessions_in_store']}": lv for lv in report["scale"]["levels"]},
-        "durability/no_wait": report["durability"]["no_wait"],
-        "durability/wait_1": report["durability"]["wait_1"],
+        **{f"throughput/{k}": v for k, v in report.get("throughput", {"setups": {}})["setups"].items()},
+        **{f"proxy_hop/{k}": report["proxy_hop"][k] for k in ("haproxy", "direct") if "proxy_hop" in report},
+        **{f"scale/{lv['sessions_in_store']}": lv for lv in report.get("scale", {"levels": []})["levels"]},
+        **{f"durability/{k}": report["durability"][k] for k in ("no_wait", "wait_1") if "durability" in report},
+        **{f"capacity/{k}": v for k, v in report.get("capacity", {"shapes": {}})["shapes"].items()},
     }
     for name, stats in groups.items():
         if stats["errors"] or not stats["ok"]:
@@ -1114,7 +1367,12 @@ class Section:
 
 
 def sections(report: dict) -> list[Section]:
-    out = []
+    """The tables of the bench markers' block, of the sections that ran."""
+    return [table(report) for name, table in BENCH_TABLES.items() if name in report]
+
+
+def throughput_table(report: dict) -> Section:
+    """The throughput section: each setup's calls, latency and instances, the ratios, Redis per call."""
     c = report["config"]
     rows = [
         [
@@ -1132,16 +1390,17 @@ def sections(report: dict) -> list[Section]:
     caption = "  ".join(f"{k} {v}" for k, v in report["throughput"]["ratios"].items())
     if "redis_per_call" in report["throughput"]:
         caption += "\n" + redis_line(report["throughput"])
-    out.append(
-        Section(
-            f"Throughput: {c['sessions']} sessions, mix {c['mix']}, {c['generation']} clients",
-            ["setup", "calls", "errors", "calls/s", "p50 ms", "p95 ms", "p99 ms", "answered by"],
-            rows,
-            caption,
-            left=("setup", "answered by"),
-        )
+    return Section(
+        f"Throughput: {c['sessions']} sessions, mix {c['mix']}, {c['generation']} clients",
+        ["setup", "calls", "errors", "calls/s", "p50 ms", "p95 ms", "p99 ms", "answered by"],
+        rows,
+        caption,
+        left=("setup", "answered by"),
     )
 
+
+def hop_table(report: dict) -> Section:
+    """The proxy hop: one session through HAProxy and directly."""
     h = report["proxy_hop"]
     rows = [
         [
@@ -1154,16 +1413,17 @@ def sections(report: dict) -> list[Section]:
         ]
         for name in ("haproxy", "direct")
     ]
-    out.append(
-        Section(
-            "Proxy hop, one session",
-            ["setup", "calls", "errors", "p50 ms", "p95 ms", "p99 ms"],
-            rows,
-            f"hop (p50 difference): {_ms(h['hop_p50_ms'])} ms",
-            left=("setup",),
-        )
+    return Section(
+        "Proxy hop, one session",
+        ["setup", "calls", "errors", "p50 ms", "p95 ms", "p99 ms"],
+        rows,
+        f"hop (p50 difference): {_ms(h['hop_p50_ms'])} ms",
+        left=("setup",),
     )
 
+
+def scale_table(report: dict) -> Section:
+    """Latency as sessions pile up in the store."""
     sc = report["scale"]
     rows = []
     for lv in sc["levels"]:
@@ -1180,14 +1440,15 @@ def sections(report: dict) -> list[Section]:
                 "-" if ratio is None else f"{ratio:.2f}",
             ]
         )
-    out.append(
-        Section(
-            "Latency as sessions pile up (one session, through HAProxy)",
-            ["sessions in store", "calls", "errors", "p50 ms", "p95 ms", "p99 ms", "p50 / at 0"],
-            rows,
-        )
+    return Section(
+        "Latency as sessions pile up (one session, through HAProxy)",
+        ["sessions in store", "calls", "errors", "p50 ms", "p95 ms", "p99 ms", "p50 / at 0"],
+        rows,
     )
 
+
+def memory_table(report: dict) -> Section:
+    """Redis bytes per session, by key and by used_memory."""
     m = report["memory"]
     per = m["memory_usage_per_key"]
     rows = [
@@ -1200,15 +1461,16 @@ def sections(report: dict) -> list[Section]:
         ],
         ["used_memory delta / session, at rest (no client buffers)", f"{m['used_memory_at_rest_per_session']:.0f}"],
     ]
-    out.append(
-        Section(
-            f"Redis per session (counter + 3 notes), {m['sessions_created']} sessions",
-            ["key", "bytes"],
-            rows,
-            left=("key",),
-        )
+    return Section(
+        f"Redis per session (counter + 3 notes), {m['sessions_created']} sessions",
+        ["key", "bytes"],
+        rows,
+        left=("key",),
     )
 
+
+def durability_table(report: dict) -> Section:
+    """A keyed write with and without waiting for a replica."""
     d = report["durability"]
     rows = [
         [
@@ -1223,17 +1485,117 @@ def sections(report: dict) -> list[Section]:
         for name, label in (("no_wait", "0"), ("wait_1", "1"))
     ]
     share = "-" if d["share_of_call_p50"] is None else f"{d['share_of_call_p50']:.1%}"
-    out.append(
-        Section(
-            "Durability: a keyed write, with and without a replica's acknowledgement (WAIT)",
-            ["REDIS_WAIT_REPLICAS", "writes", "errors", "writes/s", "p50 ms", "p95 ms", "p99 ms"],
-            rows,
-            f"throughput ratio {d['throughput_ratio']}; p50 added {_ms(d['write_p50_added_ms'])} ms per "
-            f"write, {share} of a tool call's p50 through HAProxy",
-            left=("REDIS_WAIT_REPLICAS",),
-        )
+    return Section(
+        "Durability: a keyed write, with and without a replica's acknowledgement (WAIT)",
+        ["REDIS_WAIT_REPLICAS", "writes", "errors", "writes/s", "p50 ms", "p95 ms", "p99 ms"],
+        rows,
+        f"throughput ratio {d['throughput_ratio']}; p50 added {_ms(d['write_p50_added_ms'])} ms per "
+        f"write, {share} of a tool call's p50 through HAProxy",
+        left=("REDIS_WAIT_REPLICAS",),
     )
-    return out
+
+
+BENCH_TABLES: dict[str, Callable[[dict], Section]] = {
+    "throughput": throughput_table,
+    "proxy_hop": hop_table,
+    "scale": scale_table,
+    "memory": memory_table,
+    "durability": durability_table,
+}
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:g} GiB"
+
+
+def _count(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
+def capacity_tables(capacity: dict) -> list[Section]:
+    """The capacity section as three tables: Redis per call by shape, bytes per session, 1, 3 and 9 primaries."""
+    shapes = capacity["shapes"]
+    rows = [
+        [
+            name,
+            str(s["sessions"]),
+            str(s["calls"]),
+            str(s["errors"]),
+            _ratio_text(s["redis_round_trips_per_call"]),
+            _ratio_text(s["redis_commands_per_call"], 1),
+            _ratio_text(s["redis_cpu_us_per_call"], 1),
+            _count(s["calls_per_s_per_primary"]),
+        ]
+        for name, s in shapes.items()
+    ]
+    d = next(iter(shapes.values()))["redis_per_call"]
+    idle_rate = d["idle_cpu_seconds"] / d["idle_seconds"] * 1e3 if d["idle_seconds"] else 0.0
+    per_call = Section(
+        "Capacity: Redis per call of each shape, through HAProxy",
+        [
+            "shape",
+            "sessions at a time",
+            "calls",
+            "errors",
+            "round trips / call",
+            "commands / call",
+            "CPU µs / call",
+            "calls/s per primary (computed)",
+        ],
+        rows,
+        "Measured: Redis's INFO cpu (its main thread: used_cpu_sys_main_thread + used_cpu_user_main_thread) "
+        "and INFO commandstats right before and after each shape's batch, less Redis at rest at its rate "
+        f"({d['idle_seconds']:.1f} s with no calls: {idle_rate:.2f} ms of CPU a second), per call.\n"
+        "Computed, not measured: calls/s per primary = 1 / (CPU seconds per call), one Redis primary's main "
+        "thread busy with nothing but such calls, however many replicas are in front of it.",
+        left=("shape",),
+    )
+    return [per_call, bytes_table(capacity), primaries_table(capacity)]
+
+
+def bytes_table(capacity: dict) -> Section:
+    """Bytes per session at rest (measured) and at its bounds (computed), the arithmetic in the caption."""
+    b = capacity["bytes_per_session"]
+    terms = " + ".join(f"{name} ({n:,})" for name, n in b["bounds_added"].items())
+    return Section(
+        "Capacity: Redis bytes per session",
+        ["session", "bytes"],
+        [
+            ["at rest (measured: the memory section's used_memory delta at rest)", f"{b['at_rest']:,.0f}"],
+            ["at its bounds (computed from the settings)", f"{b['at_bounds']:,.0f}"],
+        ],
+        f"At its bounds = at rest ({b['at_rest']:,.0f}) + {terms} = {b['at_bounds']:,} bytes: a full state, "
+        "record and event log, as the store's quota counts them. Not per session: a write's op record (one "
+        "per keyed call, kept OP_TTL_SECONDS), which with all else a client holds counts against "
+        "MAX_CLIENT_BYTES per client.",
+        left=("session",),
+    )
+
+
+def primaries_table(capacity: dict) -> Section:
+    """What 1, 3 and 9 primaries hold and serve."""
+    shapes = list(capacity["shapes"])
+    rows = [
+        [
+            str(p["primaries"]),
+            _gib(p["memory_bytes"]),
+            _count(p["sessions_at_rest"]),
+            _count(p["sessions_at_bounds"]),
+            *(_count(p["calls_per_s"][shape]) for shape in shapes),
+        ]
+        for p in capacity["primaries"]
+    ]
+    return Section(
+        f"Capacity: what 1, 3 and 9 Redis primaries hold and serve, {_gib(capacity['primary_memory_bytes'])} "
+        "per primary (computed)",
+        ["primaries", "memory", "sessions at rest", "sessions at bounds", *(f"{s} calls/s" for s in shapes)],
+        rows,
+        "Computed, not measured, from the measured CPU per call and bytes per session above: sessions = memory "
+        "/ bytes per session (used_memory; leave Redis headroom beyond it); calls/s = primaries x 1 / (CPU "
+        "seconds per call), each primary's main thread fully busy. Assumes sessions, and so calls, spread "
+        "evenly over the primaries, as a cluster layout that hash-tags each session's keys gives. MAX_SESSIONS "
+        f"({capacity['max_sessions']:,}) caps live sessions across the deployment.",
+    )
 
 
 def redis_line(throughput: dict) -> str:
@@ -1322,8 +1684,9 @@ def rich_table(section: Section, *, show_lines: bool = False) -> Table:
 
 
 def results_tables(report: dict) -> list[Table]:
+    capacity = capacity_tables(report["capacity"]) if "capacity" in report else []
     extra = [reference_section(report["reference"])] if "reference" in report else []
-    return [rich_table(s) for s in [*sections(report), *extra]]
+    return [rich_table(s) for s in [*sections(report), *capacity, *extra]]
 
 
 # -- figures into a markdown document (shared with tools.failover_bench) -----------------
@@ -1457,6 +1820,31 @@ def markdown_report(report: dict) -> str:
     return "\n\n".join([provenance("tools.bench"), *(md_table(s) for s in [*sections(report), targets_table])])
 
 
+def markdown_capacity(report: dict) -> str:
+    """The block between the capacity markers: when and how it was measured, and its tables."""
+    return "\n\n".join([provenance("tools.bench"), *(md_table(s) for s in capacity_tables(report["capacity"]))])
+
+
+def markdown_blocks(path: Path, sections: frozenset[str], *, reference: bool) -> list[str]:
+    """The blocks a run of `sections` writes into `path`: bench's when every section but capacity runs,
+    reference's with --reference (its markers required), capacity's when it runs and `path` has its markers.
+    MarkdownError when that is none of them, or when markers are not each once and in order."""
+    names = [MARKDOWN_MARKERS] if BENCH_SECTIONS <= sections else []
+    if reference:
+        check_markers(path, REFERENCE_MARKERS)
+        names.append(REFERENCE_MARKERS)
+    start, end = markers(CAPACITY_MARKERS)
+    if "capacity" in sections and any(marker in _read(path) for marker in (start, end)):
+        check_markers(path, CAPACITY_MARKERS)
+        names.append(CAPACITY_MARKERS)
+    if not names:
+        raise MarkdownError(
+            f"{path}: these sections write nothing into it (the bench markers' block takes every section but "
+            f"capacity; the capacity section goes between {start} and {end})"
+        )
+    return names
+
+
 def markdown_reference(ref: dict) -> str:
     """The block between the reference markers: when and how it was measured, and the one table."""
     return "\n\n".join([provenance("tools.bench"), md_table(reference_section(ref))])
@@ -1532,14 +1920,16 @@ async def check_compare(url: str) -> None:
 
 
 async def run(stack: Stack, plan: Plan, log_dir: Path, state_dir: Path, reference: ReferenceKit | None = None) -> dict:
-    """Every section; `reference`, not yet started, runs for the throughput section only."""
-    floor = Floor(stack, len(stack.config.replica_ports), log_dir)
+    """The sections of `plan.sections`; `reference`, not yet started, runs for the throughput section only."""
+    floor = Floor(stack, len(stack.config.replica_ports), log_dir) if "throughput" in plan.sections else None
     setups = 3 + bool(plan.compare) + bool(reference)
     reference_up = False
+    report: dict = {}
     try:
-        # Inside the try: a floor that fails half-way is stopped too.
-        with console.status("starting the floor (tools.bench_floor behind its own HAProxy)"):
-            await asyncio.to_thread(floor.start)
+        if floor is not None:
+            # Inside the try: a floor that fails half-way is stopped too.
+            with console.status("starting the floor (tools.bench_floor behind its own HAProxy)"):
+                await asyncio.to_thread(floor.start)
         if reference is not None:
             with console.status("starting the reference kit (redis-server, 3 fastmcp run replicas, its HAProxy)"):
                 # A start that fails half-way stops what it started itself, and keeps its logs.
@@ -1554,37 +1944,68 @@ async def run(stack: Stack, plan: Plan, log_dir: Path, state_dir: Path, referenc
             transient=not console.is_terminal,
         ) as progress:
             task = progress.add_task("starting", total=plan.planned_seconds(setups) + 1)
-            throughput = await section_throughput(
-                stack, floor, plan, progress, task, reference.url if reference is not None else None
-            )
-            latencies = throughput.pop("_latencies")  # for the chart only, kept out of the JSON
+            if floor is not None:
+                report["throughput"] = await section_throughput(
+                    stack, floor, plan, progress, task, reference.url if reference is not None else None
+                )
+                report["_latencies"] = report["throughput"].pop("_latencies")  # for the chart only, not the JSON
             if reference is not None:
                 # Only the throughput section needs it: its processes leave the machine to the rest.
                 reference_up = False
                 await asyncio.to_thread(reference.stop)
-            hop = await section_hop(stack, plan, progress, task)
-            # Before scale: Redis shrinks its keyspace table lazily after the
-            # 100,000 filled sessions go, which would show up here as negative bytes.
-            memory = await section_memory(stack, plan, progress, task)
-            scale = await section_scale(stack, plan, progress, task)
-            durability = await section_durability(
-                plan, throughput["setups"]["haproxy"]["p50_ms"], state_dir, progress, task
-            )
+            await later_sections(stack, plan, state_dir, report, progress, task)
             progress.update(task, description="done", completed=progress.tasks[0].total)
     finally:
         if reference is not None and reference_up:
             await asyncio.to_thread(reference.stop)
-        await asyncio.to_thread(floor.stop)
-        await asyncio.to_thread(forget_floor_keys, stack.config)
-    return {
-        **({"reference": reference.describe()} if reference is not None else {}),
-        "throughput": throughput,
-        "proxy_hop": hop,
-        "scale": scale,
-        "memory": memory,
-        "durability": durability,
-        "_latencies": latencies,
-    }
+        if floor is not None:
+            await asyncio.to_thread(floor.stop)
+            await asyncio.to_thread(forget_floor_keys, stack.config)
+    if reference is not None:
+        report["reference"] = reference.describe()
+    return report
+
+
+async def later_sections(stack: Stack, plan: Plan, state_dir: Path, report: dict, progress: Progress, task) -> None:
+    """The sections after throughput, those of `plan.sections`, into `report`."""
+    if "proxy_hop" in plan.sections:
+        report["proxy_hop"] = await section_hop(stack, plan, progress, task)
+    # Before scale: Redis shrinks its keyspace table lazily after the 100,000 filled sessions go, which
+    # would show up in these as negative bytes and as Redis CPU.
+    if "memory" in plan.sections:
+        report["memory"] = await section_memory(stack, plan, progress, task)
+    if "capacity" in plan.sections:
+        at_rest = report["memory"]["used_memory_at_rest_per_session"]
+        report["capacity"] = await section_capacity(stack, plan, at_rest, progress, task)
+    if "scale" in plan.sections:
+        report["scale"] = await section_scale(stack, plan, progress, task)
+    if "durability" in plan.sections:
+        call_p50 = report["throughput"]["setups"]["haproxy"]["p50_ms"] if "throughput" in report else None
+        report["durability"] = await section_durability(plan, call_p50, state_dir, progress, task)
+
+
+def parse_sections(text: str) -> frozenset[str]:
+    """`--sections`: names of SECTIONS, comma-separated; capacity brings memory, whose figure it uses."""
+    names = {name.strip() for name in text.split(",") if name.strip()}
+    if unknown := names - set(SECTIONS):
+        raise click.BadParameter(f"{', '.join(sorted(unknown))}: not a section (the sections: {', '.join(SECTIONS)})")
+    if not names:
+        raise click.BadParameter("name at least one section")
+    return frozenset(names | ({"memory"} if "capacity" in names else set()))
+
+
+def check_sections(sections: frozenset[str], markdown_path: Path | None, *, reference: bool, chart: bool) -> list[str]:
+    """Before anything starts: the options that need a section get it, and the `--markdown` blocks this run
+    writes (markdown_blocks)."""
+    if (reference or chart) and "throughput" not in sections:
+        option = "--reference" if reference else "--chart"
+        raise click.BadParameter(f"{option} needs the throughput section", param_hint="'--sections'")
+    if markdown_path is None:
+        return []
+    try:
+        return markdown_blocks(markdown_path, sections, reference=reference)
+    except MarkdownError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--markdown'") from None
 
 
 @click.command()
@@ -1628,6 +2049,23 @@ async def run(stack: Stack, plan: Plan, log_dir: Path, state_dir: Path, referenc
     help="A checkout of the reference kit (vikrantjain/mcp-high-availability), run as local processes "
     "(tools/reference.py) and measured beside ours in the throughput section; session-era clients only.",
 )
+@click.option(
+    "--sections",
+    "section_names",
+    default=",".join(SECTIONS),
+    show_default=True,
+    callback=lambda ctx, param, value: parse_sections(value),
+    help="The sections to run, comma-separated; capacity runs memory too (it takes a session's bytes from it). "
+    "--markdown writes the bench markers' block only when every section but capacity runs.",
+)
+@click.option(
+    "--primary-memory",
+    "primary_memory_gib",
+    type=click.FloatRange(0, min_open=True),
+    default=8.0,
+    show_default=True,
+    help="The capacity section's memory per Redis primary, in GiB.",
+)
 @click.option("--quick", is_flag=True, help="Short rounds and fewer sessions made: under a minute, for CI.")
 @click.option("--own-stack", is_flag=True, help="Start a stack of its own on free loopback ports, stop it at the end.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the results here.")
@@ -1646,6 +2084,8 @@ def main(
     generation: str,
     compare: str | None,
     reference_path: Path | None,
+    section_names: frozenset[str],
+    primary_memory_gib: float,
     quick: bool,
     own_stack: bool,
     json_path: Path | None,
@@ -1653,7 +2093,8 @@ def main(
     markdown_path: Path | None,
     check_targets: bool,
 ) -> None:
-    """Measure calls/s and latency through HAProxy, directly and against a bare floor; scale; memory."""
+    """Measure calls/s and latency through HAProxy, directly and against a bare floor; scale; memory;
+    Redis per call of each call shape, and what 1, 3 and 9 primaries hold and serve."""
     duration = duration or (3.0 if quick else 15.0)
     checkout: Checkout | None = None
     if reference_path is not None:
@@ -1666,12 +2107,8 @@ def main(
             checkout = Checkout.at(reference_path)
         except ReferenceKitError as exc:
             raise click.BadParameter(str(exc), param_hint="'--reference'") from None
-        if markdown_path is not None:
-            try:
-                check_markers(markdown_path, REFERENCE_MARKERS)
-            except MarkdownError as exc:
-                raise click.BadParameter(str(exc), param_hint="'--markdown'") from None
-    plan = Plan(parse_mix(mix), sessions, duration, generation, quick, compare)
+    blocks = check_sections(section_names, markdown_path, reference=checkout is not None, chart=chart_path is not None)
+    plan = Plan(parse_mix(mix), sessions, duration, generation, quick, compare, section_names, primary_memory_gib)
     stack: Stack | None = None
     reference: ReferenceKit | None = None
     state_dir = Path(tempfile.mkdtemp(prefix="bench-"))
@@ -1711,7 +2148,7 @@ def main(
         with console.status("stopping the benchmark's stack"):
             stack.down()
 
-    latencies = report.pop("_latencies")
+    latencies = report.pop("_latencies", {})  # none without the throughput section
     report["config"] = {
         "mix": mix,
         "sessions": sessions,
@@ -1722,6 +2159,7 @@ def main(
         "own_stack": own_stack,
         "compare": compare,
         "reference": None if checkout is None else str(checkout.path),
+        "sections": [name for name in SECTIONS if name in plan.sections],
         "replicas": len(stack.config.replica_ports),
         "cpus": os.cpu_count(),
     }
@@ -1744,6 +2182,7 @@ def main(
             "scale",
             "memory",
             "durability",
+            "capacity",
             "reference",
             "seconds",
         )
@@ -1770,11 +2209,13 @@ def main(
         click.echo(f"logs are kept in {state_dir}", err=True)
         sys.exit(1)
     if markdown_path is not None:
-        blocks = {MARKDOWN_MARKERS: markdown_report(report)}
-        if "reference" in report:
-            blocks[REFERENCE_MARKERS] = markdown_reference(report["reference"])
+        render = {
+            MARKDOWN_MARKERS: markdown_report,
+            REFERENCE_MARKERS: lambda report: markdown_reference(report["reference"]),
+            CAPACITY_MARKERS: markdown_capacity,
+        }
         try:
-            write_blocks(markdown_path, blocks)
+            write_blocks(markdown_path, {name: render[name](report) for name in blocks})
         except MarkdownError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)

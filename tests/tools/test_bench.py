@@ -47,7 +47,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     done = run_bench("--quick", "--own-stack", "--json", str(out), "--chart", str(chart), "--markdown", str(doc))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert chart.stat().st_size > 10_000
-    return {"report": json.loads(out.read_text()), "doc": doc.read_bytes(), "doc_path": doc}
+    return {"report": json.loads(out.read_text()), "doc": doc.read_bytes(), "doc_path": doc, "stdout": done.stdout}
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +95,38 @@ def test_every_section_is_there_with_sane_values(report: dict) -> None:
     sane(durability["wait_1"])
     assert durability["throughput_ratio"] is not None and durability["share_of_call_p50"] is not None
     assert len(report["targets"]) == 4 and all(isinstance(t["holds"], bool) for t in report["targets"])
+
+
+@pytest.mark.timeout(180)
+def test_capacity_measures_redis_per_call_of_each_shape_and_scales_it_over_primaries(run: dict) -> None:
+    capacity = run["report"]["capacity"]
+    shapes = capacity["shapes"]
+    assert list(shapes) == ["plain", "streamed", "task", "initialize", "mix"]
+    for name, shape in shapes.items():
+        assert shape["calls"] > 0 and shape["errors"] == 0, (name, shape)
+        assert shape["redis_per_call"]["mcp_calls"] == shape["calls"] and shape["redis_per_call"]["idle_subtracted"]
+        assert shape["redis_commands_per_call"] > 0 and shape["redis_round_trips_per_call"] > 0, (name, shape)
+        assert shape["redis_cpu_us_per_call"] > 0, (name, shape)
+        assert shape["calls_per_s_per_primary"] == round(1e6 / shape["redis_cpu_us_per_call"])
+    # Each shape is what it says: the streamed calls answered as SSE streams, the tasks were polled.
+    assert shapes["streamed"]["answers_streamed"] == shapes["streamed"]["calls"]
+    assert shapes["task"]["task_polls"] >= shapes["task"]["calls"]
+    assert shapes["plain"]["answers_streamed"] == shapes["plain"]["task_polls"] == 0
+    # A streamed call does more in Redis than a plain one (its event log, its stream's records).
+    assert shapes["streamed"]["redis_commands_per_call"] > shapes["plain"]["redis_commands_per_call"]
+    sizes = capacity["bytes_per_session"]
+    assert sizes["at_rest"] == run["report"]["memory"]["used_memory_at_rest_per_session"]
+    assert sizes["at_bounds"] == round(sizes["at_rest"] + sum(sizes["bounds_added"].values()))
+    one, *more = capacity["primaries"]
+    assert [p["primaries"] for p in capacity["primaries"]] == [1, 3, 9]
+    for p in more:
+        n = p["primaries"]
+        assert p["memory_bytes"] == n * capacity["primary_memory_bytes"] == n * 8 * 1024**3
+        assert p["sessions_at_rest"] == n * one["sessions_at_rest"] > 0
+        assert p["sessions_at_bounds"] == n * one["sessions_at_bounds"] > 0
+        assert p["calls_per_s"] == {k: n * v for k, v in one["calls_per_s"].items()}
+    assert one["calls_per_s"] == {k: v["calls_per_s_per_primary"] for k, v in shapes.items()}
+    assert "Capacity: what 1, 3 and 9 Redis primaries hold and serve, 8 GiB per primary" in run["stdout"]
 
 
 @pytest.mark.timeout(180)
@@ -164,6 +196,79 @@ def test_markdown_replaces_only_what_lies_between_the_markers(run: dict) -> None
     assert any(line.startswith("Redis per MCP call through HAProxy: ") for line in lines), inside
     targets = [line for line in lines[lines.index("| target | value | holds |") + 2 :] if line]
     assert len(targets) == 4 and all(line.endswith(("| holds |", "| missed |")) for line in targets), inside
+    # The capacity markers are optional: a file without them gets no capacity figures.
+    assert "Capacity" not in inside
+
+
+CAP_START, CAP_END = "<!-- capacity:start -->", "<!-- capacity:end -->"
+
+
+def made_up_capacity() -> dict:
+    """The capacity figures of made-up measurements: 250 and 2,000 µs of Redis CPU per call, 800 bytes at rest."""
+    from mcp_ha.settings import Settings
+    from tools.bench import Reading, Tally, capacity_figures, shape_figures
+
+    idle = Tally()
+    idle.add(Reading(Counter(info=1), 0.0), Reading(Counter(info=2), 0.01), 1.0)  # 10 ms of CPU a second at rest
+    shapes = {}
+    for name, cpu in (("plain", 0.025), ("streamed", 0.2)):
+        rounds = Tally()
+        # 100 calls in 1 s: the CPU of the calls, and of Redis at rest meanwhile.
+        rounds.add(Reading(Counter(fcall=0), 0.0), Reading(Counter(fcall=100), cpu + 0.01), 1.0, calls=100)
+        stats = {"sessions": 8, "calls": 100, "errors": 0}
+        shapes[name] = shape_figures(stats, rounds, idle)
+    return capacity_figures(shapes, 800.0, Settings(), 8 * 1024**3)
+
+
+@pytest.mark.quick
+def test_capacity_is_computed_from_the_cost_per_call_and_the_settings_bounds(tmp_path: Path) -> None:
+    from tools.bench import markdown_capacity, write_blocks
+
+    capacity = made_up_capacity()
+    assert capacity["shapes"]["plain"]["redis_cpu_us_per_call"] == 250.0  # (0.035 - 0.010) / 100
+    assert capacity["shapes"]["plain"]["calls_per_s_per_primary"] == 4000
+    assert capacity["shapes"]["streamed"]["calls_per_s_per_primary"] == 500
+    # At its bounds: a full state (256 KiB), record (4 KiB) and event log (256 KiB, 1,000 events x 16, and its 2
+    # keys, mcp:events:<id> and mcp:events:<id>:bytes, each 384 and three times its name: 43 and 49 bytes).
+    at_bounds = 800 + 262_144 + 4_096 + 262_144 + 16_000 + 2 * 384 + 3 * (43 + 49)
+    assert capacity["bytes_per_session"]["at_bounds"] == at_bounds
+    nine = capacity["primaries"][2]
+    assert nine["primaries"] == 9 and nine["sessions_at_rest"] == 9 * (8 * 1024**3 // 800)
+    assert nine["calls_per_s"] == {"plain": 36_000, "streamed": 4_500}
+    doc = tmp_path / "doc.md"
+    doc.write_bytes(BEFORE + f"{CAP_START}\nold\n{CAP_END}".encode() + AFTER)
+    write_blocks(doc, {"capacity": markdown_capacity({"capacity": capacity})})
+    text = doc.read_bytes()
+    assert text.startswith(BEFORE + CAP_START.encode()) and text.endswith(CAP_END.encode() + AFTER)
+    lines = text.decode().split("\n")
+    assert f"| 9 | 72 GiB | 96,636,762 | {9 * (8 * 1024**3 // at_bounds):,} | 36,000 | 4,500 |" in lines, lines
+    assert any(line.startswith("| plain | 8 | 100 | 0 | 1.00 | 1.0 | 250.0 | 4,000 |") for line in lines), lines
+    assert any(line.startswith("At its bounds = at rest (800) + MAX_SESSION_STATE_BYTES (262,144)") for line in lines)
+    assert any(line.startswith("Computed, not measured") for line in lines)
+
+
+@pytest.mark.quick
+def test_the_capacity_markers_are_optional_but_a_run_must_write_somewhere(tmp_path: Path) -> None:
+    from tools.bench import SECTIONS, MarkdownError, markdown_blocks
+
+    every = frozenset(SECTIONS)
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"{START}\n{END}\n")
+    assert markdown_blocks(doc, every, reference=False) == ["bench"]
+    doc.write_text(f"{START}\n{END}\n{CAP_START}\n{CAP_END}\n")
+    assert markdown_blocks(doc, every, reference=False) == ["bench", "capacity"]
+    assert markdown_blocks(doc, frozenset({"memory", "capacity"}), reference=False) == ["capacity"]
+    doc.write_text(f"{START}\n{END}\n{CAP_END}\n{CAP_START}\n")
+    with pytest.raises(MarkdownError, match="each once and in that order"):
+        markdown_blocks(doc, every, reference=False)
+    # Only capacity, into a file without its markers: refused before anything starts.
+    doc.write_text(f"{START}\nkept\n{END}\n")
+    done = run_bench("--quick", "--own-stack", "--sections", "capacity", "--markdown", str(doc), timeout=60)
+    assert done.returncode == 2 and CAP_START in done.stderr.replace("\n", ""), done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "starting a stack" not in done.stdout
+    assert doc.read_text() == f"{START}\nkept\n{END}\n"
+    done = run_bench("--quick", "--sections", "scale,nonesuch", timeout=60)
+    assert done.returncode == 2 and "nonesuch: not a section" in done.stderr
 
 
 @pytest.mark.quick
@@ -232,19 +337,48 @@ def test_commandstats_are_read_as_calls_per_command() -> None:
     assert parse_commandstats("# Stats\r\ntotal_commands_processed:9\r\n\r\n# Commandstats\r\n") == {}
 
 
+# As `redis-cli INFO cpu` prints it (Redis 7.0): the process's CPU, its children's, and its main thread's.
+INFO_CPU = """# CPU\r
+used_cpu_sys:1.500000\r
+used_cpu_user:2.250000\r
+used_cpu_sys_children:0.000000\r
+used_cpu_user_children:0.000000\r
+used_cpu_sys_main_thread:1.250000\r
+used_cpu_user_main_thread:2.000000\r
+\r
+"""
+
+
+@pytest.mark.quick
+def test_redis_cpu_is_its_main_threads() -> None:
+    from tools.bench import BenchError, parse_commandstats, parse_cpu
+
+    # One `INFO cpu commandstats` answer holds both sections: each parser reads its own.
+    text = INFO_CPU + COMMANDSTATS_BEFORE
+    assert parse_cpu(text) == 3.25  # 1.25 + 2.0: the thread that runs the commands, not the process's 3.75
+    assert parse_commandstats(text) == parse_commandstats(COMMANDSTATS_BEFORE)
+    with pytest.raises(BenchError, match="main thread"):
+        parse_cpu(COMMANDSTATS_BEFORE)
+
+
 @pytest.mark.quick
 def test_round_trips_and_commands_per_call_are_the_deltas_less_redis_at_rest() -> None:
-    from tools.bench import Tally, parse_commandstats, redis_line, redis_per_call
+    from tools.bench import Reading, Tally, parse_commandstats, redis_line, redis_per_call
 
-    before, after = parse_commandstats(COMMANDSTATS_BEFORE), parse_commandstats(COMMANDSTATS_AFTER)
+    before = Reading(parse_commandstats(COMMANDSTATS_BEFORE), 10.0)
+    after = Reading(parse_commandstats(COMMANDSTATS_AFTER), 10.011)
     rounds, idle = Tally(), Tally()
     # Two rounds of 2 s, 10 calls each; between them, other setups' calls on the same Redis, outside any window.
     rounds.add(before, after, 2.0, calls=10)
-    moved = {name: n + 1000 for name, n in after.items()}
+    moved = Counter({name: n + 1000 for name, n in after.commands.items()})
     second = {**moved, "fcall": moved["fcall"] + 11, "hset": moved["hset"] + 171, "info": moved["info"] + 1}
-    rounds.add(Counter(moved), Counter(second), 2.0, calls=10)
+    rounds.add(Reading(moved, 11.0), Reading(Counter(second), 11.009), 2.0, calls=10)
     # 1 s at rest: a lease renewal (an FCALL running one HSET), and the sampling's own INFO and AUTH.
-    idle.add(Counter(fcall=5, hset=5, info=1, auth=1), Counter(fcall=6, hset=6, info=2, auth=2), 1.0)
+    idle.add(
+        Reading(Counter(fcall=5, hset=5, info=1, auth=1), 0.0),
+        Reading(Counter(fcall=6, hset=6, info=2, auth=2), 0.001),
+        1.0,
+    )
     out = redis_per_call(rounds, idle)
     # Counted: 11 + 11 FCALLs, (11 + 102 + 70 + 1 + 1) + (11 + 171 + 1) = 368 commands, over 20 calls; at rest,
     # the rounds' 4 s at the idle window's rate: 4 FCALLs and 16 commands.
@@ -254,15 +388,18 @@ def test_round_trips_and_commands_per_call_are_the_deltas_less_redis_at_rest() -
     assert out["redis_round_trips_per_call"] == 0.9  # (22 - 4) / 20
     assert out["redis_commands_per_call"] == 17.6  # (368 - 16) / 20
     assert detail["commands_per_call"]["hset"] == 13.45  # (102 + 171 - 4) / 20
+    # Main-thread CPU likewise: 11 + 9 ms in the rounds, 1 ms a second at rest over their 4 s.
+    assert out["redis_cpu_us_per_call"] == 800.0  # (0.020 - 0.004) / 20 s
     assert next(iter(detail["commands_per_call"])) == "hset"  # the most first
     assert "client|setinfo" not in detail["commands_per_call"]  # unchanged in every window
     line = redis_line(out)
     assert "0.90 round trips (FCALL), 17.6 commands" in line and "2 haproxy rounds, 20 calls" in line
     assert "less Redis at rest (16 commands, 4 round trips at its rate over 1.0 s with no calls)" in line
 
-    # A window whose counters went back (CONFIG RESETSTAT) counts for nothing, nor do its calls.
+    # A window whose counters went back (CONFIG RESETSTAT, a restart) counts for nothing, nor do its calls.
     rounds.add(after, before, 2.0, calls=10)
-    assert (rounds.windows, rounds.dropped, rounds.calls) == (2, 1, 20)
+    rounds.add(after, Reading(Counter(second), 9.0), 2.0, calls=10)  # CPU back: Redis restarted
+    assert (rounds.windows, rounds.dropped, rounds.calls) == (2, 2, 20)
     # No idle window: nothing subtracted, and the line says so.
     bare = redis_per_call(rounds, Tally())
     assert bare["redis_round_trips_per_call"] == 1.1 and bare["redis_commands_per_call"] == 18.4
