@@ -511,6 +511,37 @@ async def check_between_calls(ctx: Context, verb: str) -> list[CheckResult]:
     return named(results, RESILIENCE, check, started)
 
 
+async def faulted_load(
+    ctx: Context, groups: list[Sessions], fault: Callable[[], Awaitable[None]]
+) -> tuple[float, float]:
+    """Every session of `groups` writes in a loop; `fault` runs FAULT_AT_SECONDS in, and the load goes on
+    until `ctx.duration` (TAIL_SECONDS past the fault at least). Each session's final count is read.
+    (struck, over): when the fault began and when it was over."""
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(drive(r, c, ctx.shape, stop))
+        for g in groups
+        for c, r in zip(g.clients, g.runs, strict=True)
+    ]
+    try:
+        load_start = time.monotonic()
+        await asyncio.sleep(FAULT_AT_SECONDS)
+        struck = time.monotonic()
+        await fault()
+        over = time.monotonic()
+        await asyncio.sleep(max(load_start + ctx.duration - over, TAIL_SECONDS))
+        stop.set()
+        longest = max((c.bound for g in groups for c in g.clients), default=PLAIN_CALL_TIMEOUT)
+        await asyncio.wait(tasks, timeout=longest + GUARD_SLACK_SECONDS + 1)
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    await read_finals(ctx, groups)
+    return struck, over
+
+
 async def check_under_load(ctx: Context, verb: str) -> list[CheckResult]:
     """Every session writes in a loop; the busiest replica is faulted mid-load, then brought back."""
     check = {"kill": "kill -9 under load", "pause": "pause under load", "drain": "drain under load"}[verb]
@@ -521,28 +552,17 @@ async def check_under_load(ctx: Context, verb: str) -> list[CheckResult]:
         return [CheckResult(RESILIENCE, check, kind, SKIP, [why]) for kind in ctx.load_kinds]
     groups, results = await open_all(ctx, ctx.load_kinds, ctx.sessions)
     reasons: list[str] = []
-    stop = asyncio.Event()
-    tasks: list[asyncio.Task] = []
+    exposed: set[int] = set()
     try:
         replica = busiest(ctx, groups)
         await ensure_on(ctx, groups, replica)
-        load_start = time.monotonic()
-        tasks = [
-            asyncio.create_task(drive(r, c, ctx.shape, stop))
-            for g in groups
-            for c, r in zip(g.clients, g.runs, strict=True)
-        ]
-        await asyncio.sleep(FAULT_AT_SECONDS)
-        exposed = serving(groups, replica)
-        struck = time.monotonic()
-        hold = {"kill": KILL_DOWN_SECONDS, "pause": PAUSE_SECONDS, "drain": 0.0}[verb]
-        await with_fault(ctx, verb, replica, hold, reasons)
-        over = time.monotonic()
-        await asyncio.sleep(max(load_start + ctx.duration - over, TAIL_SECONDS))
-        stop.set()
-        longest = max((c.bound for g in groups for c in g.clients), default=PLAIN_CALL_TIMEOUT)
-        await asyncio.wait(tasks, timeout=longest + GUARD_SLACK_SECONDS + 1)
-        await read_finals(ctx, groups)
+
+        async def fault() -> None:
+            exposed.update(serving(groups, replica))
+            hold = {"kill": KILL_DOWN_SECONDS, "pause": PAUSE_SECONDS, "drain": 0.0}[verb]
+            await with_fault(ctx, verb, replica, hold, reasons)
+
+        struck, over = await faulted_load(ctx, groups, fault)
         window = DETECT_WINDOW[verb]
         for g in groups:
             mine = list(reasons)
@@ -561,10 +581,6 @@ async def check_under_load(ctx: Context, verb: str) -> list[CheckResult]:
             mine += effects_reasons(g)
             results.append(result_for(RESILIENCE, check, g, mine, f"{verb} {replica}{on_it(g, exposed)}", started))
     finally:
-        stop.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         await close_sessions(groups)
     return named(results, RESILIENCE, check, started)
 
@@ -579,23 +595,10 @@ async def check_balancer_killed(ctx: Context) -> list[CheckResult]:
         return [CheckResult(RESILIENCE, check, kind, SKIP, [why]) for kind in ctx.load_kinds]
     groups, results = await open_all(ctx, ctx.load_kinds, ctx.sessions)
     reasons: list[str] = []
-    stop = asyncio.Event()
-    tasks = [
-        asyncio.create_task(drive(r, c, ctx.shape, stop))
-        for g in groups
-        for c, r in zip(g.clients, g.runs, strict=True)
-    ]
     try:
-        load_start = time.monotonic()
-        await asyncio.sleep(FAULT_AT_SECONDS)
-        struck = time.monotonic()
-        await with_fault(ctx, "kill-balancer", "", KILL_DOWN_SECONDS, reasons)
-        over = time.monotonic()
-        await asyncio.sleep(max(load_start + ctx.duration - over, TAIL_SECONDS))
-        stop.set()
-        longest = max((c.bound for g in groups for c in g.clients), default=PLAIN_CALL_TIMEOUT)
-        await asyncio.wait(tasks, timeout=longest + GUARD_SLACK_SECONDS + 1)
-        await read_finals(ctx, groups)
+        struck, over = await faulted_load(
+            ctx, groups, lambda: with_fault(ctx, "kill-balancer", "", KILL_DOWN_SECONDS, reasons)
+        )
         for g in groups:
             mine, note = reasons + balancer_reasons(ctx, g, struck, over), ""
             stopped = sum(not any(c.ok and c.end >= over for c in r.calls) for r in g.runs)
@@ -604,10 +607,6 @@ async def check_balancer_killed(ctx: Context) -> list[CheckResult]:
                 note += "dropped connection"
             results.append(result_for(RESILIENCE, check, g, mine, f"a balancer killed{note}", started))
     finally:
-        stop.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         await close_sessions(groups)
     return named(results, RESILIENCE, check, started)
 
