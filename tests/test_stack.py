@@ -12,11 +12,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx2
 import pytest
 from conftest import free_ports, running_stack, scrubbed, stack_config, stack_ports
 from fastmcp import Client
 
-from mcp_ha.stack import Stack, StackConfig, StackError, http_status, port_is_free
+from mcp_ha.check.wire import RawSession
+from mcp_ha.stack import Stack, StackConfig, StackError, port_is_free
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,18 +75,37 @@ def test_stop_and_start_behave_like_compose(own_stack: Stack) -> None:
     assert own_stack.backends_up() == {"mcp-server-1", "mcp-server-2"}
 
 
-def test_two_haproxys_share_the_front_door_and_either_can_stop(tmp_path: Path) -> None:
-    """The demo's front door: haproxy and haproxy-2 on one port, each with its own stats; with either
-    stopped the endpoint answers, and it starts again beside the other on the port they share."""
-    with running_stack(tmp_path / "pair", replicas=1, balancers=2) as pair:
+async def test_two_haproxys_share_the_front_door_and_either_can_die(tmp_path: Path) -> None:
+    """The demo's front door: haproxy and haproxy-2 on one port, each with its own stats. Sessions opened
+    over connections the kernel spreads over both keep their replicas with either killed; the one started
+    again takes the table back from the other, so the other can die next."""
+    with running_stack(tmp_path / "pair", balancers=2) as pair:
         rows = ps_json(pair)
         assert [rows[n]["address"] for n in ("haproxy", "haproxy-2")] == [f"127.0.0.1:{pair.config.http_port}"] * 2
         assert all(pair.healthy(n) for n in ("haproxy", "haproxy-2"))
-        for name in ("haproxy", "haproxy-2"):
-            assert cli(pair, "stop", name).returncode == 0
-            assert http_status(f"http://127.0.0.1:{pair.config.http_port}/health") == 200
-            assert cli(pair, "start", name).returncode == 0
-            pair.wait_healthy(name)
+        clients = [httpx2.AsyncClient(timeout=10) for _ in range(12)]
+        try:
+            sessions = [RawSession(http, pair.config.mcp_url) for http in clients]
+            for session in sessions:
+                await session.initialize()
+            replicas = [(await s.call("increment_counter"))["instance"] for s in sessions]
+            assert len(set(replicas)) > 1, replicas
+            for name in ("haproxy", "haproxy-2"):
+                assert cli(pair, "kill", name).returncode == 0
+                # A fresh connection each: the kernel gives it to the HAProxy left.
+                for http in clients:
+                    await http.aclose()
+                clients[:] = [httpx2.AsyncClient(timeout=10) for _ in sessions]
+                for session, http in zip(sessions, clients, strict=True):
+                    session.http = http
+                after = [(await s.call("increment_counter"))["instance"] for s in sessions]
+                assert after == replicas, f"with {name} killed"
+                assert cli(pair, "start", name).returncode == 0
+                pair.wait_healthy(name)
+            assert [(await s.call("get_counter"))["counter"] for s in sessions] == [3] * len(sessions)
+        finally:
+            for http in clients:
+                await http.aclose()
 
 
 def test_kill_with_a_signal_pauses_and_kills(own_stack: Stack) -> None:
