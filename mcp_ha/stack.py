@@ -1,7 +1,7 @@
 """The whole stack as plain local processes, with docker-compose-like verbs.
 
-    mcp-ha stack up -d               redis, mcp-server-1..3, haproxy and haproxy-2 (one port, one session
-                                     table); returns when all are healthy
+    mcp-ha stack up -d               redis, mcp-server-1..3, haproxy (MCP_BALANCERS=2: haproxy-2 beside it,
+                                     one port, one session table); returns when all are healthy
     mcp-ha stack up -d --server jobs_server
                                      the replicas run `python -m jobs_server` from your project: the
                                      current folder, or --project DIR
@@ -274,9 +274,11 @@ class StackConfig:
     https_port: int = 8443
     # HAProxy: one process per entry, all on http_port and https_port (SO_REUSEPORT: the kernel spreads
     # new connections over those alive), each with its own stats port; with more than one, each tells
-    # the others every session it learns, on its peer port (haproxy.cfg, peers).
-    stats_ports: tuple[int, ...] = (8404, 8405)
-    peer_ports: tuple[int, ...] = (8410, 8411)
+    # the others every session it learns, on its peer port (haproxy.cfg, peers). One unless asked
+    # (MCP_BALANCERS=2): the kernel spreads one client's connections over both, and a session whose
+    # requests reach both in the instant after it opens can be adopted twice (docs/deploy.md).
+    stats_ports: tuple[int, ...] = (8404,)
+    peer_ports: tuple[int, ...] = (8410,)
     redis_port: int = 6380
     replica_ports: tuple[int, ...] = (8001, 8002, 8003)
     session_ttl_seconds: int = 1800
@@ -358,7 +360,7 @@ class StackConfig:
         if not 1 <= replicas <= 9:
             raise StackError(f"MCP_REPLICAS={replicas}: between 1 and 9 replicas are supported")
         base = env_int("MCP_BASE_PORT", 8001)
-        balancers = env_int("MCP_BALANCERS", 2)
+        balancers = env_int("MCP_BALANCERS", 1)
         stats, peers = env_int("MCP_STATS_PORT", 8404), env_int("MCP_PEER_BASE_PORT", 8410)
         project = (project or Path.cwd()).resolve()
         state_dir = Path(state_dir or os.environ.get("STACK_DIR") or project / ".stack").resolve()

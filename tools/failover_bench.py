@@ -24,7 +24,8 @@ and Redis faults (the faulted one is Redis's primary):
     redis-outage   stop every Redis server for 10 s, then start them again
 
 and a front-door fault (the stack runs two HAProxy processes on one address,
-sharing their session table; `--own-stack` starts it so, `python stack.py up` too):
+sharing their session table: `--own-stack` starts it so for it, `MCP_BALANCERS=2
+python stack.py up` too):
 
     haproxy-kill   SIGKILL the HAProxy holding most client connections, start it
                    again ~3 s later (it takes the session table back from the other)
@@ -977,7 +978,11 @@ def main(
             state_dir = Path(tempfile.mkdtemp(prefix="failover-bench-"))
             stack = Stack(
                 StackConfig.on_free_ports(
-                    state_dir, redis_mode=redis_mode, redis_wait_replicas=wait_replicas, balancers=2
+                    state_dir,
+                    redis_mode=redis_mode,
+                    redis_wait_replicas=wait_replicas,
+                    # Two HAProxys only for the front-door fault: see StackConfig.stats_ports.
+                    balancers=2 if scenario in ("haproxy-kill", "all") else 1,
                 )
             )
             with console.status(f"starting a stack of its own in {state_dir}"):

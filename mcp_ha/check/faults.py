@@ -35,6 +35,7 @@ from pathlib import Path
 REPLICA_VERBS = ("kill", "pause", "resume", "restart", "drain")
 BALANCER_VERBS = ("kill-balancer", "restart-balancer")
 VERBS = REPLICA_VERBS + BALANCER_VERBS
+ONE_BALANCER = "the local stack runs one HAProxy (MCP_BALANCERS=1): killing it would take the front door out"
 # One fault command may take this long (a drain waits for the replica's drain and its start).
 COMMAND_TIMEOUT_SECONDS = 90.0
 
@@ -113,8 +114,7 @@ def local(stack_dir: str | None = None) -> Faults:
             "restart-balancer": f"{stack} start {balancers[0]}",
         }
     else:
-        why = "the local stack runs one HAProxy (MCP_BALANCERS=1): killing it would take the front door out"
-        unavailable = dict.fromkeys(BALANCER_VERBS, why)
+        unavailable = dict.fromkeys(BALANCER_VERBS, ONE_BALANCER)
     return Faults("local", commands, unavailable, env={"STACK_DIR": stack_dir} if stack_dir else {})
 
 
