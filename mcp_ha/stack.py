@@ -961,16 +961,19 @@ class Stack:
     def redis_info(self, name: str, section: str) -> dict[str, str]:
         return redis_info(self.config.host, self.service(name).port, section, password=self.config.redis_admin_password)
 
-    def backend_status(self, balancer: str = "haproxy") -> dict[str, str]:
-        """Each replica's status as one HAProxy sees it (UP, DOWN, ...), from its stats CSV."""
+    def stats_rows(self, balancer: str = "haproxy") -> list[dict[str, str]]:
+        """One HAProxy's stats CSV, a dict per proxy and server; empty while it does not answer."""
         try:
             text = read_stats_csv(self.config.stats_url_of(balancer), *self.config.stats_auth)
         except (OSError, ValueError):
-            return {}
-        rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
+            return []
+        return list(csv.DictReader(io.StringIO(text.lstrip("# "))))
+
+    def backend_status(self, balancer: str = "haproxy") -> dict[str, str]:
+        """Each replica's status as one HAProxy sees it (UP, DOWN, ...), from its stats CSV."""
         return {
             row["svname"]: row["status"]
-            for row in rows
+            for row in self.stats_rows(balancer)
             if row["pxname"] == "mcp_servers" and row["svname"].startswith("mcp-server-")
         }
 

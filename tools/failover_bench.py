@@ -73,8 +73,6 @@ and `check_targets(report)` directly.
 from __future__ import annotations
 
 import asyncio
-import csv
-import io
 import itertools
 import json
 import logging
@@ -107,7 +105,7 @@ from mcp_ha.check.clients import (
 from mcp_ha.check.load import SessionRun, close_all, drive, figures, read_final
 from mcp_ha.check.node import node_clients_missing
 from mcp_ha.check.shape import Call, Shape
-from mcp_ha.stack import Stack, StackConfig, StackError, read_stats_csv, running_stack
+from mcp_ha.stack import Stack, StackConfig, StackError, running_stack
 from tools.bench import (
     MarkdownError,
     Section,
@@ -290,11 +288,7 @@ def busiest_balancer(stack: Stack) -> str:
     """The HAProxy holding the most client connections now (its MCP frontend's current sessions)."""
 
     def current(name: str) -> int:
-        try:
-            text = read_stats_csv(stack.config.stats_url_of(name), *stack.config.stats_auth)
-        except (OSError, ValueError):
-            return -1
-        rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
+        rows = stack.stats_rows(name)
         return next((int(r["scur"]) for r in rows if (r["pxname"], r["svname"]) == ("mcp", "FRONTEND")), -1)
 
     return max(stack.config.balancer_names(), key=current)
