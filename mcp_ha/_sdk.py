@@ -196,6 +196,21 @@ def idle(manager: StreamableHTTPSessionManager, session_id: str) -> bool:
     return scope is not None and not scope.cancel_called and scope.deadline != math.inf
 
 
+async def ended_here(manager: StreamableHTTPSessionManager, session_id: str, *, seconds: float) -> bool:
+    """Wait, at most `seconds`, until a transport of `session_id` that is ending (idle, forgotten, or
+    terminated) has left the SDK's table; False if it is still there. Until it leaves, the SDK answers its
+    session's requests 404 "terminated", and a new transport registered under the id would be dropped by
+    its discard: the session's next request must be adopted afresh, after it."""
+    with anyio.move_on_after(seconds):
+        while (transport := manager._server_instances.get(session_id)) is not None:
+            scope = transport.idle_scope
+            if not transport.is_terminated and (scope is None or not scope.cancel_called):
+                return True
+            await anyio.sleep(0.005)
+        return True
+    return False
+
+
 def forget(manager: StreamableHTTPSessionManager, session_id: str) -> None:
     """End the transport of `session_id` now, as its idle timeout would: the SDK discards it, and the
     session's next request adopts it again."""

@@ -79,6 +79,8 @@ SESSION_MOVED = "This session moved to another replica; call again."
 # On the answer to a request this replica took its session over for: the load balancer (haproxy.cfg)
 # learns the session's new replica from it, and removes it.
 ADOPTED_HEADER = b"x-mcp-ha-adopted"
+# A transport ending here unwinds in milliseconds; a request for its session waits this long at most.
+ENDING_SECONDS = 5.0
 
 
 class Ownership:
@@ -287,6 +289,8 @@ class AdoptSessions:
             self._prune_at = 2 * (len(self.ownership.epochs) + len(self.ownership.stale)) + 1000
         if self.transports is not None:
             self.transports.used(session_id)
+        if not await _sdk.ended_here(manager, session_id, seconds=ENDING_SECONDS):
+            return await _error(503, "Session is being closed on this replica; retry")(scope, receive, send)
         adopted = False
         try:
             if scope["method"] == "DELETE":

@@ -319,3 +319,27 @@ async def test_a_session_with_a_call_running_or_a_stream_open_is_not_idle(redis_
             # Forgotten, not lost: the next call adopts it again.
             response = await session.post("tools/call", {"name": "increment_counter", "arguments": {}})
             assert final_message(response)["result"]["structuredContent"]["counter"] == 1
+
+
+async def test_a_request_that_meets_its_transport_ending_is_served_not_404(redis_stack: Stack, tmp_path: Path) -> None:
+    """A transport ending (idle, or forgotten for another of its client's) is still in the SDK's table until
+    its task unwinds; a request for its session then must be adopted again, not told the session is gone."""
+    with replica_on(
+        redis_stack, tmp_path, "ending", MAX_TRANSPORTS_PER_CLIENT="1", SESSION_IDLE_SECONDS="0.2"
+    ) as replica:
+        async with httpx2.AsyncClient(timeout=30) as http:
+            sessions = [RawSession(http, replica.url) for _ in range(2)]
+            for session in sessions:
+                await session.initialize()
+            # One client, two sessions, one transport: each call forgets the other session's transport, and
+            # each pause lets the idle timeout end it. Bounded: 60 rounds.
+            statuses: list[int] = []
+            for round_ in range(60):
+                responses = await asyncio.gather(
+                    *(s.post("tools/call", {"name": "increment_counter", "arguments": {}}) for s in sessions)
+                )
+                statuses += [r.status_code for r in responses]
+                await asyncio.sleep(0.19 + (round_ % 5) * 0.005)
+            assert statuses == [200] * 120, [(i, s) for i, s in enumerate(statuses) if s != 200][:5]
+            for session in sessions:
+                assert (await session.call("get_counter"))["counter"] == 60
