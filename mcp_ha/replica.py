@@ -77,7 +77,8 @@ log = logging.getLogger(__name__)
 
 
 def make_store(settings: Settings, *, on_replay: Callable[[Any], None] | None = None) -> SessionStore:
-    """The store the settings name: Redis when REDIS_URL or REDIS_SENTINELS is set, in memory otherwise."""
+    """The store the settings name: Redis when REDIS_URL, REDIS_SENTINELS or REDIS_CLUSTER_NODES is set, in
+    memory otherwise."""
     limits: StoreLimits = {
         "ttl_seconds": settings.session_ttl_seconds,
         "event_ttl_seconds": settings.event_ttl_seconds,
@@ -93,8 +94,9 @@ def make_store(settings: Settings, *, on_replay: Callable[[Any], None] | None = 
         from .stores.redis_store import RedisSessionStore
 
         return RedisSessionStore(
-            None if settings.redis_sentinels else settings.redis_url,
+            None if settings.redis_sentinels or settings.redis_cluster_nodes else settings.redis_url,
             sentinels=settings.redis_sentinels,
+            cluster_nodes=settings.redis_cluster_nodes,
             master_name=settings.redis_master_name,
             wait_replicas=settings.redis_wait_replicas,
             retry_seconds=settings.redis_retry_seconds,

@@ -44,6 +44,7 @@ class Settings:
     op_ttl_seconds: int = field(default=DEFAULT_OP_TTL_SECONDS, metadata={"env": "OP_TTL_SECONDS"})
     redis_url: str = field(default="", metadata={"env": "REDIS_URL"})
     redis_sentinels: tuple[tuple[str, int], ...] = field(default=(), metadata={"env": "REDIS_SENTINELS"})
+    redis_cluster_nodes: tuple[tuple[str, int], ...] = field(default=(), metadata={"env": "REDIS_CLUSTER_NODES"})
     redis_master_name: str = field(default="mymaster", metadata={"env": "REDIS_MASTER_NAME"})
     redis_username: str | None = field(default=None, metadata={"env": "REDIS_USERNAME"})
     redis_password: str | None = field(default=None, repr=False, metadata={"env": "REDIS_PASSWORD"})
@@ -150,6 +151,11 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{_env(name)}={getattr(self, name)}: expected a positive number")
+        if self.redis_cluster_nodes and (self.redis_url or self.redis_sentinels):
+            raise SettingsError(
+                "REDIS_CLUSTER_NODES is set, and so is REDIS_URL or REDIS_SENTINELS: set one (Redis Cluster, one "
+                "Redis, or Sentinel)"
+            )
         if self.redis_wait_replicas < 0:
             raise SettingsError(f"REDIS_WAIT_REPLICAS={self.redis_wait_replicas}: expected 0 or more")
         if self.redis_retry_seconds < 0:
@@ -175,7 +181,7 @@ class Settings:
 
     @property
     def uses_redis(self) -> bool:
-        return bool(self.redis_url or self.redis_sentinels)
+        return bool(self.redis_url or self.redis_sentinels or self.redis_cluster_nodes)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
@@ -198,8 +204,8 @@ def _env(name: str) -> str:
 def _parse(name: str, kind: object, raw: str) -> object:
     var = _env(name)
     text = raw.strip()
-    if name == "redis_sentinels":
-        return sentinel_addresses(text)
+    if name in ("redis_sentinels", "redis_cluster_nodes"):
+        return addresses(var, text)
     if name == "auth_tokens":
         return static_tokens(text)
     if name == "request_state_keys":
@@ -229,15 +235,15 @@ def _parse(name: str, kind: object, raw: str) -> object:
     return text
 
 
-def sentinel_addresses(raw: str) -> tuple[tuple[str, int], ...]:
-    """REDIS_SENTINELS, "host:port,host:port", as (host, port) pairs."""
-    addresses = []
+def addresses(var: str, raw: str) -> tuple[tuple[str, int], ...]:
+    """REDIS_SENTINELS or REDIS_CLUSTER_NODES, "host:port,host:port", as (host, port) pairs."""
+    found = []
     for item in filter(None, (part.strip() for part in raw.split(","))):
         host, _, port = item.rpartition(":")
         if not host or not port.isdigit():
-            raise SettingsError(f"REDIS_SENTINELS={raw!r}: expected host:port[,host:port...], got {item!r}")
-        addresses.append((host, int(port)))
-    return tuple(addresses)
+            raise SettingsError(f"{var}={raw!r}: expected host:port[,host:port...], got {item!r}")
+        found.append((host, int(port)))
+    return tuple(found)
 
 
 MIN_TOKEN_LENGTH = 16

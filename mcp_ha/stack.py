@@ -112,6 +112,11 @@ REDIS_SENTINEL_ACL = (
 # A replica's connection to its primary (`masteruser`): replication only.
 REDIS_REPLICATION_USER = "replication"
 REDIS_REPLICATION_ACL = "resetkeys resetchannels -@all +psync +replconf +ping"
+# On Redis Cluster the kit's user also learns the slot map and follows a slot being moved, and redis-py
+# asks COMMAND when it connects (redis_cluster.py).
+REDIS_KIT_CLUSTER_ACL = REDIS_KIT_ACL + " +cluster|slots +command +asking"
+# How many Redis servers `--redis cluster` runs: three primaries, each with a replica.
+CLUSTER_NODES = 6
 # The kit's user on the sentinels: asking for the primary, nothing that changes them.
 REDIS_SENTINEL_KIT_ACL = "-@all +ping +sentinel|masters +sentinel|get-master-addr-by-name"
 # What a Redis password may hold: printable ASCII but space, quotes and
@@ -288,6 +293,10 @@ class StackConfig:
     redis_mode: str = "single"
     redis_replica_port: int = 6381
     sentinel_ports: tuple[int, ...] = (26380, 26381, 26382)
+    # "cluster": redis-1..6, a Redis Cluster of three primaries with a replica each, each node on its
+    # port and its cluster bus on the one beside it in cluster_bus_ports (never port + 10000 unasked).
+    cluster_ports: tuple[int, ...] = tuple(range(7100, 7106))
+    cluster_bus_ports: tuple[int, ...] = tuple(range(7110, 7116))
     # Replicas' REDIS_WAIT_REPLICAS: how many Redis replicas acknowledge a write before a call does.
     redis_wait_replicas: int = 0
     # HAProxy's stats page and /metrics: a password of this stack's own unless
@@ -383,6 +392,8 @@ class StackConfig:
             redis_mode=redis_mode,
             redis_replica_port=env_int("REDIS_REPLICA_PORT", 6381),
             sentinel_ports=tuple(env_int("SENTINEL_BASE_PORT", 26380) + i for i in range(3)),
+            cluster_ports=tuple(env_int("REDIS_CLUSTER_BASE_PORT", 7100) + i for i in range(CLUSTER_NODES)),
+            cluster_bus_ports=tuple(env_int("REDIS_CLUSTER_BASE_PORT", 7100) + 10 + i for i in range(CLUSTER_NODES)),
             redis_wait_replicas=env_int("REDIS_WAIT_REPLICAS", 0),
             stats_user=os.environ.get("HAPROXY_STATS_USER") or "stats",
             stats_password=os.environ.get("HAPROXY_STATS_PASSWORD") or new_secret(),
@@ -416,8 +427,9 @@ class StackConfig:
         `haproxy`: rate_limit, max_conn_per_source, max_body_bytes, allowed_origins (the defaults otherwise), and
         `auth`, the replicas' MCP_AUTH* settings (and `server`, the module the replicas run, from `project`).
         """
-        http, https, redis, redis_replica, *rest = free_ports(7 + replicas + 2 * balancers)
+        http, https, redis, redis_replica, *rest = free_ports(7 + replicas + 2 * balancers + 2 * CLUSTER_NODES)
         stats, peers, rest = rest[:balancers], rest[balancers : 2 * balancers], rest[2 * balancers :]
+        cluster, rest = rest[: 2 * CLUSTER_NODES], rest[2 * CLUSTER_NODES :]
         return cls(
             state_dir=state_dir,
             http_port=http,
@@ -429,6 +441,8 @@ class StackConfig:
             redis_mode=redis_mode,
             redis_replica_port=redis_replica,
             sentinel_ports=tuple(rest[:3]),
+            cluster_ports=tuple(cluster[:CLUSTER_NODES]),
+            cluster_bus_ports=tuple(cluster[CLUSTER_NODES:]),
             redis_wait_replicas=redis_wait_replicas,
             **haproxy,
         )
@@ -441,7 +455,14 @@ class StackConfig:
     def redis_names(self) -> list[str]:
         if self.redis_mode == "sentinel":
             return ["redis-1", "redis-2", "sentinel-1", "sentinel-2", "sentinel-3"]
+        if self.redis_mode == "cluster":
+            return [f"redis-{i}" for i in range(1, CLUSTER_NODES + 1)]
         return ["redis"]
+
+    @property
+    def cluster_nodes(self) -> str:
+        """The replicas' REDIS_CLUSTER_NODES."""
+        return ",".join(f"{self.host}:{port}" for port in self.cluster_ports)
 
     @property
     def redis_url(self) -> str:
@@ -523,6 +544,8 @@ class StackConfig:
                 "project": Path(data.get("project") or Path.cwd()),
                 "replica_ports": tuple(data["replica_ports"]),
                 "sentinel_ports": tuple(data["sentinel_ports"]),
+                "cluster_ports": tuple(data.get("cluster_ports") or StackConfig.cluster_ports),
+                "cluster_bus_ports": tuple(data.get("cluster_bus_ports") or StackConfig.cluster_bus_ports),
             }
         )
 
@@ -721,12 +744,12 @@ class Stack:
     def _redis_users(self) -> str:
         """The Redis servers' ACL, as config file lines (in a file, not argv: `ps` shows argv to everyone)."""
         c = self.config
-        users = [("default", c.redis_admin_password, "~* &* +@all"), (c.redis_user, c.redis_password, REDIS_KIT_ACL)]
+        kit = REDIS_KIT_CLUSTER_ACL if c.redis_mode == "cluster" else REDIS_KIT_ACL
+        users = [("default", c.redis_admin_password, "~* &* +@all"), (c.redis_user, c.redis_password, kit)]
         if c.redis_mode == "sentinel":
-            users += [
-                (REDIS_SENTINEL_USER, c.redis_sentinel_auth_password, REDIS_SENTINEL_ACL),
-                (REDIS_REPLICATION_USER, c.redis_replication_password, REDIS_REPLICATION_ACL),
-            ]
+            users.append((REDIS_SENTINEL_USER, c.redis_sentinel_auth_password, REDIS_SENTINEL_ACL))
+        if c.redis_mode != "single":
+            users.append((REDIS_REPLICATION_USER, c.redis_replication_password, REDIS_REPLICATION_ACL))
         return "".join(f"user {name} reset on >{password} {rules}\n" for name, password, rules in users)
 
     def _redis_memory_args(self) -> list[str]:
@@ -751,6 +774,8 @@ class Stack:
                     config_kept=False,
                 )
             ]
+        if c.redis_mode == "cluster":
+            return self._cluster_services()
         services = []
         for name, port in (("redis-1", c.redis_port), ("redis-2", c.redis_replica_port)):
             conf = c.state_dir / name / "redis.conf"
@@ -790,10 +815,67 @@ class Stack:
             )
         return services
 
+    def _cluster_services(self) -> list[Service]:
+        """redis-1..6 with cluster mode on; `up` makes them one cluster (create_cluster). A node's slots and
+        role live in its own nodes.conf, beside its AOF, so a node started again rejoins as it was. A node
+        marked failed after 2 s is replaced by its replica; a slot range with no primary leaves the others
+        served."""
+        c = self.config
+        services = []
+        for i, (port, bus) in enumerate(zip(c.cluster_ports, c.cluster_bus_ports, strict=True), start=1):
+            conf = c.state_dir / f"redis-{i}" / "redis.conf"
+            text = (
+                f"bind {c.host}\nport {port}\ndir {conf.parent}\nprotected-mode yes\n"
+                'appendonly yes\nappendfsync everysec\nsave ""\nrepl-diskless-sync-delay 0\n'
+                f"cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-port {bus}\n"
+                "cluster-node-timeout 2000\ncluster-require-full-coverage no\n"
+                f"{self._redis_users()}masteruser {REDIS_REPLICATION_USER}\n"
+                f"masterauth {c.redis_replication_password}\n"
+            )
+            argv = ["redis-server", str(conf), *self._redis_memory_args()]
+            services.append(Service(f"redis-{i}", argv, port, config_file=(conf, text), config_kept=False))
+        return services
+
+    def create_cluster(self) -> None:
+        """Make redis-1..6 one cluster, once (a node that knows other nodes already is one): three primaries,
+        a replica each; then wait until every node sees every slot served, and load the kit's functions
+        into each primary."""
+        c = self.config
+        if int(self._cluster_info("redis-1").get("cluster_known_nodes", "1")) < CLUSTER_NODES:
+            nodes = [f"{c.host}:{port}" for port in c.cluster_ports]
+            done = subprocess.run(
+                ["redis-cli", "--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes"],
+                env=c.redis_cli_env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            if done.returncode != 0:
+                raise StackError(f"redis-cli --cluster create failed: {(done.stdout + done.stderr)[-600:]}")
+        deadline = time.monotonic() + HEALTH_TIMEOUT_SECONDS
+        while not all(self._cluster_info(n).get("cluster_state") == "ok" for n in c.redis_names()):
+            if time.monotonic() > deadline:
+                raise StackError(
+                    f"the Redis Cluster did not reach cluster_state:ok within {HEALTH_TIMEOUT_SECONDS:.0f}s"
+                )
+            time.sleep(0.1)
+        for name in c.redis_names():
+            self.load_functions(name)
+
+    def _cluster_info(self, name: str) -> dict[str, str]:
+        """CLUSTER INFO of one node, as fields; empty while it does not answer."""
+        text = self.redis_command(name, "CLUSTER", "INFO")
+        if not isinstance(text, str):
+            return {}
+        return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
     def services(self) -> list[Service]:
         c = self.config
         store_env = {"REDIS_USERNAME": c.redis_user, "REDIS_PASSWORD": c.redis_password}
-        if c.redis_mode == "sentinel":
+        if c.redis_mode == "cluster":
+            # A cluster promotes a replica ~2 s after its primary stops answering, later than Sentinel.
+            store_env |= {"REDIS_CLUSTER_NODES": c.cluster_nodes, "REDIS_RETRY_SECONDS": "8"}
+        elif c.redis_mode == "sentinel":
             store_env |= {
                 "REDIS_SENTINELS": c.sentinels,
                 "REDIS_MASTER_NAME": SENTINEL_MASTER,
@@ -1079,7 +1161,7 @@ class Stack:
         self._write(state)
         if wait:
             self.wait_healthy(name)
-            if name in self.config.redis_names()[:2]:
+            if name in self.config.redis_names()[:2] and self.config.redis_mode != "cluster":
                 self.load_functions(name)
 
     def load_functions(self, name: str) -> None:
@@ -1089,7 +1171,8 @@ class Stack:
 
         if self.redis_info(name, "replication").get("role") != "master":
             return
-        loaded = self.redis_command(name, "FUNCTION", "LOAD", "REPLACE", functions_library())
+        library = functions_library(cluster=self.config.redis_mode == "cluster")
+        loaded = self.redis_command(name, "FUNCTION", "LOAD", "REPLACE", library)
         if isinstance(loaded, Exception) or loaded is None:
             raise StackError(f"{name} refused the kit's Redis functions: {loaded}")
 
@@ -1180,6 +1263,8 @@ class Stack:
             self.start(name, wait=False)
         for name in redis[2:]:
             self.wait_healthy(name)
+        if self.config.redis_mode == "cluster":
+            self.create_cluster()
         replicas = self.config.replica_names()
         for name in replicas:
             self.start(name, wait=False)
@@ -1338,7 +1423,7 @@ def cli(ctx: click.Context, stack_dir: Path | None) -> None:
 @click.option(
     "--redis",
     "redis_mode",
-    type=click.Choice(["single", "sentinel"]),
+    type=click.Choice(["single", "sentinel", "cluster"]),
     default=None,
     help="One redis (default), or a primary, a replica and three sentinels. A stack that is already up keeps its own.",
 )

@@ -129,6 +129,21 @@ def redis_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         s.down()
 
 
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A Redis Cluster alone (redis-1..6: three primaries, a replica each), with the kit's functions."""
+    s = Stack(stack_config(tmp_path_factory.mktemp("cluster"), replicas=1, redis_mode="cluster"))
+    try:
+        for name in s.config.redis_names():
+            s.start(name, wait=False)
+        for name in s.config.redis_names():
+            s.wait_healthy(name)
+        s.create_cluster()
+        yield s
+    finally:
+        s.down()
+
+
 class ReplicaEnvStack(Stack):
     """A Stack whose replicas get `replica_env` on top of what stack.py gives them: bounds set low for a test."""
 

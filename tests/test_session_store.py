@@ -57,12 +57,16 @@ def sentinels_of(stack: Stack) -> list[tuple[str, int]]:
     return [(stack.config.host, port) for port in stack.config.sentinel_ports]
 
 
+def nodes_of(stack: Stack) -> list[tuple[str, int]]:
+    return [(stack.config.host, port) for port in stack.config.cluster_ports]
+
+
 def auth_of(stack: Stack) -> dict[str, str]:
     """The replicas' credentials, for the servers and the sentinels."""
     return {**stack.config.redis_auth, **stack.config.sentinel_auth}
 
 
-@pytest.fixture(params=["memory", "redis", "sentinel"])
+@pytest.fixture(params=["memory", "redis", "sentinel", "cluster"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
     if request.param == "memory":
         yield InMemorySessionStore()
@@ -75,6 +79,9 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
             prefix=prefix,
             **request.getfixturevalue("redis_stack").config.redis_auth,
         )
+    elif request.param == "cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        s = RedisSessionStore(cluster_nodes=nodes_of(cluster), prefix=prefix, **cluster.config.redis_auth)
     else:
         sentinel_stack = request.getfixturevalue("sentinel_stack")
         s = RedisSessionStore(

@@ -89,6 +89,7 @@ import functools
 import hashlib
 import json
 import math
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -97,11 +98,12 @@ from typing import Any, TypeVar, Unpack
 import redis.asyncio as redis
 import stamina
 from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
+from redis.exceptions import ClusterError, NoPermissionError, OutOfMemoryError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoPermissionError, OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..session_store import (
@@ -125,10 +127,12 @@ from ..session_store import (
     mint_event_id,
     payer_of,
 )
+from .redis_cluster import PAYER_FUNCTIONS, PAYER_HELPERS, Cluster, Layout
 
 T = TypeVar("T")
 
-RETRYABLE = (RedisConnectionError, RedisTimeoutError)
+# On a cluster also: a slot with no primary yet (a failover), a key mid-move, redirections run out.
+RETRYABLE = (RedisConnectionError, RedisTimeoutError, ClusterError, TryAgainError)
 # The change feed (`watch`) pings its channel this often, and gives up on one silent this long.
 WATCH_PING_SECONDS = 1.0
 WATCH_SILENCE_SECONDS = 5.0
@@ -143,8 +147,12 @@ WATCH_SILENCE_SECONDS = 5.0
 # expired costs O(log n) per call, never a scan. A charge is noted (`charge`), checked against the
 # quota (`over`: nothing has changed yet), then committed with the write (`commit`).
 # A session's usage keys are named from the payer its hash records (`..h`), and a claim's from its
-# `u`, not passed in KEYS: the kit runs on one Redis primary (Sentinel, never Redis Cluster), where
-# a script reaches every key; the ACL still bounds them to the kit's prefix.
+# `u`, not passed in KEYS: on one Redis primary (Sentinel too) a script reaches every key; the ACL
+# still bounds them to the kit's prefix. On Redis Cluster (CLUSTER; redis_cluster.py) an owner (a
+# session, a claim: OWNER, its key) is charged in a ledger of its own, in its own slot, within the
+# grant its payer (PAYER) gave it: past it, a change applies nothing and answers NEED, and the
+# client asks the payer's ledger for more (GRANT, what came back) and runs it again. What is to be
+# done in other slots once a function returns goes back with its result (HINTS).
 _USAGE = (
     f"local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = {KEY_BYTES}, {ENTRY_BYTES}, {EVENT_BYTES}\n"
     + """
@@ -153,8 +161,17 @@ local function entry_bytes(name, length)
   if length == 0 then return 0 end
   return #name + length + ENTRY_BYTES
 end
--- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
-local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+local function fmt(n) return string.format('%.0f', n) end
+local function hint(...) HINTS[#HINTS + 1] = {...} end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions');
+-- on a cluster, the owner's own ledger.
+local function usage_set(index, payer)
+  if CLUSTER then
+    PAYER = payer
+    return OWNER .. ':usage'
+  end
+  return string.sub(index, 1, -9) .. 'usage:' .. payer
+end
 -- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
 -- digest, the `.owner` entry without its JSON quotes. False for nobody.
 local function payer_of(hash)
@@ -168,7 +185,7 @@ local function outlive(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
 end
 local function grouped(n)
-  local text, k = string.format('%.0f', n), 1
+  local text, k = fmt(n), 1
   while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
   return text
 end
@@ -190,6 +207,22 @@ local function usage(set, quota)
     end
   end
   if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  if CLUSTER then
+    -- The quota here is the owner's grant: raised by what a NEED brought back, if it is the answer to
+    -- one asked since the owner last lowered it (a late answer to an older one may only raise it too).
+    local g = redis.call('HMGET', u.bytes, 'grant', 'gv', 'lv', 'gx')
+    local grant, gv, lv, gx = tonumber(g[1]) or 0, tonumber(g[2]), tonumber(g[3]) or 0, tonumber(g[4]) or 0
+    local changed = false
+    if GRANT[4] ~= '' and (not gv or tonumber(GRANT[4]) > gv) then gv, changed = tonumber(GRANT[4]), true end
+    if GRANT[1] ~= '' and gv and tonumber(GRANT[2]) > lv and tonumber(GRANT[2]) <= gv then
+      grant, gx, changed = math.max(grant, tonumber(GRANT[1])), math.max(gx, tonumber(GRANT[3])), true
+    end
+    if changed then
+      redis.call('HSET', u.bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'gx', fmt(gx))
+      outlive(u.bytes, LEASE)
+    end
+    u.quota, u.gv = grant, gv
+  end
   return u
 end
 -- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
@@ -217,8 +250,34 @@ local function over(u)
     u.delta = u.delta + change.bytes - old
   end
   if u.delta > 0 and total + u.delta > u.quota then
+    if CLUSTER then
+      -- A new ledger's versions start at the server's time in microseconds, above any earlier one's.
+      local gv = (u.gv or u.now * 1000) + 1
+      redis.call('HSET', u.bytes, 'gv', fmt(gv))
+      outlive(u.bytes, LEASE)
+      return redis.error_reply('NEED ' .. PAYER .. ' ' .. OWNER .. ' ' .. fmt(total + u.delta + SLACK) .. ' '
+        .. fmt(total + u.delta) .. ' ' .. fmt(gv))
+    end
     return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
       .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- On a cluster, once an owner's charges changed or were read: a grant far above what it holds is
+-- lowered here at once (LOWER tells the payer, whose entry only takes a newer version), and the
+-- payer's entry for it kept alive while the owner lives (RENEW, optimistically noted here).
+local function settle(bytes, now)
+  local g = redis.call('HMGET', bytes, 'total', 'grant', 'gv', 'gx', 'rn')
+  local total, grant = tonumber(g[1]) or 0, tonumber(g[2]) or 0
+  if grant - total > 2 * SLACK then
+    local gv = (tonumber(g[3]) or now * 1000) + 1
+    grant = total + SLACK
+    redis.call('HSET', bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'lv', fmt(gv))
+    hint('LOWER', PAYER, OWNER, fmt(grant), fmt(gv))
+  end
+  local gx, rn = tonumber(g[4]) or 0, tonumber(g[5]) or 0
+  if grant > 0 and gx - now < LEASE * 0.75 and now - rn > LEASE / 8 then
+    redis.call('HSET', bytes, 'gx', fmt(now + LEASE), 'rn', fmt(now))
+    hint('RENEW', PAYER, OWNER)
   end
 end
 -- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
@@ -236,6 +295,7 @@ local function commit(u)
   outlive(u.set, longest)
   outlive(u.bytes, longest)
   usage_kept = true
+  if CLUSTER then settle(u.bytes, u.now) end
 end
 local function uncharge(set, member)
   local bytes = set .. ':bytes'
@@ -244,6 +304,10 @@ local function uncharge(set, member)
     redis.call('HDEL', bytes, member)
     redis.call('ZREM', set, member)
     redis.call('HINCRBY', bytes, 'total', -had)
+    if CLUSTER then
+      local t = redis.call('TIME')
+      settle(bytes, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    end
   end
 end
 """
@@ -260,13 +324,24 @@ _TOUCH = (
 local function touch()
   local now = redis.call('TIME')[1]
   redis.call('EXPIRE', KEYS[1], ARGV[2])
-  redis.call('ZADD', KEYS[2], now, ARGV[1])
-  redis.call('EXPIRE', KEYS[2], ARGV[2])
+  if CLUSTER then
+    -- The index is in other slots: asked to note the session (INDEX) at most every min(60, ttl/10) s,
+    -- by the server's clock, so the fleet asks once; an unknown id at every call, as one Redis indexes it.
+    local seen = redis.call('HGET', KEYS[1], '..ix')
+    if not seen or now - tonumber(seen) > math.min(60, tonumber(ARGV[2]) / 10) then
+      if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], '..ix', now) end
+      hint('INDEX', ARGV[1])
+    end
+  else
+    redis.call('ZADD', KEYS[2], now, ARGV[1])
+    redis.call('EXPIRE', KEYS[2], ARGV[2])
+  end
   local payer = not usage_kept and payer_of(KEYS[1])
   if payer then
     local set = usage_set(KEYS[2], payer)
     outlive(set, ARGV[2] * 1000)
     outlive(set .. ':bytes', ARGV[2] * 1000)
+    if CLUSTER then settle(set .. ':bytes', tonumber(now) * 1000) end
   end
 end
 """
@@ -599,13 +674,14 @@ _OPEN = (
     + """
 local now = tonumber(redis.call('TIME')[1])
 local horizon = now - tonumber(ARGV[2])
-if redis.call('EXISTS', KEYS[1]) == 0 then
+-- On a cluster the index and the holder's sessions are in other slots: checked before (redis_cluster.py).
+if redis.call('EXISTS', KEYS[1]) == 0 and not CLUSTER then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', horizon)
   if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then
     return redis.error_reply('LIMIT this server holds ' .. ARGV[3] .. ' sessions, the most it may')
   end
 end
-if ARGV[5] ~= '' then
+if ARGV[5] ~= '' and not CLUSTER then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', horizon)
   if redis.call('ZSCORE', KEYS[3], ARGV[1]) == false and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[4]) then
     return redis.error_reply('LIMIT you hold ' .. ARGV[4] .. ' open sessions, the most you may; end some first')
@@ -624,7 +700,7 @@ if payer then
   local refused = over(u)
   if refused then return refused end
 end
-if ARGV[5] ~= '' then
+if ARGV[5] ~= '' and not CLUSTER then
   redis.call('ZADD', KEYS[3], now, ARGV[1])
   redis.call('EXPIRE', KEYS[3], ARGV[2])
 end
@@ -674,7 +750,7 @@ _END = (
     _USAGE
     + _RECORD
     + """
-redis.call('ZREM', KEYS[2], ARGV[1])
+if not CLUSTER then redis.call('ZREM', KEYS[2], ARGV[1]) end
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
 local names = {'.epoch'}
 for _, name in ipairs(record_fields()) do
@@ -709,6 +785,7 @@ if set then
   local refused = over(u)
   if refused then return refused end
   redis.call('HSET', KEYS[1], 'u', set)
+  if CLUSTER then redis.call('HSET', KEYS[1], 'p', PAYER) end
 end
 redis.call('HSET', KEYS[1], 'holder', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
@@ -722,7 +799,8 @@ _RELEASE = (
     _USAGE
     + """
 local set = redis.call('HGET', KEYS[1], 'u')
-redis.call('HDEL', KEYS[1], 'holder', 'u')
+if CLUSTER then PAYER = redis.call('HGET', KEYS[1], 'p') end
+redis.call('HDEL', KEYS[1], 'holder', 'u', 'p')
 if set then uncharge(set, 'c' .. KEYS[1]) end
 """
 )
@@ -867,20 +945,57 @@ _FUNCTIONS = {
 # Run even past maxmemory: reads (whose TTL touch changes nothing's size), counting, ending
 # sessions and releasing claims (which free memory). Every other function is refused there before it starts: StoreFull.
 _ALLOW_OOM = ("get", "items", "touch", "count", "read_record", "end", "release", "events_after", "stream_since")
+# On Redis Cluster (redis_cluster.py): the functions that charge an owner or touch a session, which
+# take the grant protocol's arguments first and answer their hints beside their result; where each
+# has its owner's key and the channel it publishes to (no key: named in KEYS on one Redis only).
+_GRANTED = ("get", "items", "touch", "write", "claim", "release", "open", "adopt", "end", "add_event")
+_OWNER_AT = {"add_event": 4}
+_CHANNEL_AT = {"write": 5, "add_event": 3}
+_SINGLE_HEAD = "local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false\n"
 LIBRARY = "mcp_ha_" + hashlib.sha256("".join(_FUNCTIONS.values()).encode() + repr(_ALLOW_OOM).encode()).hexdigest()[:12]
 
 
-def functions_library() -> str:
-    """The library's code, for `FUNCTION LOAD REPLACE` by an admin (stack.py, compose, Kubernetes)."""
+def _cluster_callback(name: str, body: str) -> str:
+    if name not in _GRANTED:
+        return f"function(KEYS, ARGV)\nlocal CLUSTER = true\n{body}\nend"
+    channel = f"KEYS[{_CHANNEL_AT[name]}] = A[1]\n" if name in _CHANNEL_AT else ""
+    return (
+        "function(K, A)\n"
+        "local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}\n"
+        f"local OWNER, PAYER = K[{_OWNER_AT.get(name, 1)}], A[2] ~= '' and A[2] or nil\n"
+        "local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])\n"
+        "for i = 9, #A do ARGV[i - 8] = A[i] end\n"
+        f"{channel}"
+        f"local result = (function()\n{body}\nend)()\n"
+        "if type(result) == 'table' and result.err then return result end\n"
+        "if result == nil then result = false end\n"
+        "return {result, HINTS}\n"
+        "end"
+    )
+
+
+def functions_library(*, cluster: bool = False) -> str:
+    """The library's code, for `FUNCTION LOAD REPLACE` by an admin (stack.py, compose, Kubernetes); with
+    `cluster`, the one for Redis Cluster (each primary loads it), with the payer's functions too."""
+    return _library(CLUSTER_LIBRARY if cluster else LIBRARY, cluster=cluster)
+
+
+def _library(library: str, *, cluster: bool) -> str:
     # Each script's body becomes a function whose parameters are named KEYS and ARGV, so it runs unchanged.
-    parts = [f"#!lua name={LIBRARY}"]
+    parts = [f"#!lua name={library}"]
     for name, body in _FUNCTIONS.items():
         flags = ", flags={'allow-oom'}" if name in _ALLOW_OOM else ""
-        parts.append(
-            f"redis.register_function{{function_name='{LIBRARY}_{name}', "
-            f"callback=function(KEYS, ARGV)\n{body}\nend{flags}}}"
-        )
+        callback = _cluster_callback(name, body) if cluster else f"function(KEYS, ARGV)\n{_SINGLE_HEAD}{body}\nend"
+        parts.append(f"redis.register_function{{function_name='{library}_{name}', callback={callback}{flags}}}")
+    if cluster:
+        for name, body in PAYER_FUNCTIONS.items():
+            callback = f"function(KEYS, ARGV)\n{PAYER_HELPERS}{body}\nend"
+            parts.append(f"redis.register_function{{function_name='{library}_{name}', callback={callback}}}")
     return "\n".join(parts) + "\n"
+
+
+# Named by a digest of all its code: its own wrappers and the payer's functions are the cluster's only.
+CLUSTER_LIBRARY = "mcp_ha_c_" + hashlib.sha256(_library("", cluster=True).encode()).hexdigest()[:12]
 
 
 NOT_LOADED = (
@@ -895,9 +1010,19 @@ class _Function:
 
     def __init__(self, store: RedisSessionStore, name: str) -> None:
         self.store = store
+        self.short = name
         self.name = f"{LIBRARY}_{name}"
 
-    async def __call__(self, *, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
+    async def __call__(
+        self, *, keys: Sequence[Any] = (), args: Sequence[Any] = (), payer: str = "", durable: bool = False
+    ) -> Any:
+        if (cluster := self.store._cluster) is not None:
+            store = self.store
+            wait = (store._wait_replicas, store._wait_timeout_ms) if durable and store._wait_replicas else None
+            if self.short not in _GRANTED:
+                return await cluster.fcall(self.short, keys, args, wait=wait)
+            channel = {"write": store._changes, "add_event": store._events}.get(self.short, "")
+            return await cluster.call(self.short, keys, args, channel=channel, payer=payer, wait=wait)
         try:
             return await self.store._redis.fcall(self.name, len(keys), *keys, *args)
         except ResponseError as exc:
@@ -949,6 +1074,7 @@ class RedisSessionStore(SessionStore):
         url: str | None = None,
         *,
         sentinels: Sequence[tuple[str, int]] = (),
+        cluster_nodes: Sequence[tuple[str, int]] = (),
         master_name: str = "mymaster",
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
@@ -963,13 +1089,14 @@ class RedisSessionStore(SessionStore):
         sentinel_password: str | None = None,
         **limits: Unpack[StoreLimits],
     ) -> None:
-        """Either `url` (one Redis) or `sentinels` (host, port pairs) with `master_name`.
+        """Either `url` (one Redis), `sentinels` (host, port pairs) with `master_name`, or `cluster_nodes`
+        (host, port pairs of a Redis Cluster's nodes: any that answer; redis_cluster.py).
 
         `limits`: SessionStore's TTLs, max_events and on_replay.
         """
         super().__init__(**limits)
-        if bool(url) == bool(sentinels):
-            raise ValueError("give exactly one of a Redis url and sentinels")
+        if [bool(url), bool(sentinels), bool(cluster_nodes)].count(True) != 1:
+            raise ValueError("give exactly one of a Redis url, sentinels and cluster nodes")
         if wait_replicas < 0:
             raise ValueError("wait_replicas must be 0 or more")
         self._prefix = prefix
@@ -996,7 +1123,24 @@ class RedisSessionStore(SessionStore):
         # Only when given: redis-py would let a None here override credentials in the url.
         options |= {k: v for k, v in (("username", username), ("password", password)) if v is not None}
         self._sentinel: Sentinel | None = None
-        if sentinels:
+        self._redis: redis.Redis | RedisCluster
+        self._cluster: Cluster | None = None
+        self._layout: Layout | None = None
+        if cluster_nodes:
+            self._layout = Layout(prefix)
+            credentials = {k: v for k, v in (("username", username), ("password", password)) if v is not None}
+            self._cluster = Cluster(
+                cluster_nodes,
+                layout=self._layout,
+                library=CLUSTER_LIBRARY,
+                timeout_seconds=timeout_seconds,
+                max_connections=max_connections,
+                ttl_seconds=self.ttl_seconds,
+                quota=self.max_bytes_per_holder,
+                options=credentials,
+            )
+            self._redis = self._cluster.redis
+        elif sentinels:
             sentinel_options = {
                 "socket_timeout": timeout_seconds,
                 "socket_connect_timeout": timeout_seconds,
@@ -1006,10 +1150,8 @@ class RedisSessionStore(SessionStore):
             }
             self._sentinel = sentinel = Sentinel(list(sentinels), sentinel_kwargs=sentinel_options)
             self._redis = sentinel.master_for(master_name, connection_pool_class=_BlockingSentinelPool, **options)
-        elif url:
-            self._redis = redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **options))
-        else:  # ruled out above
-            raise ValueError("give exactly one of a Redis url and sentinels")
+        else:
+            self._redis = redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(str(url), **options))
         f = functools.partial(_Function, self)
         self._get, self._items, self._touch = f("get"), f("items"), f("touch")
         self._write_script, self._count, self._claim = f("write"), f("count"), f("claim")
@@ -1023,11 +1165,17 @@ class RedisSessionStore(SessionStore):
     async def load_functions(self) -> None:
         """Load the library (a user with `+function|load` may; the kit's own may not): NOT_LOADED otherwise."""
         try:
-            await self._redis.function_load(functions_library(), replace=True)
+            if self._cluster is not None:
+                await self._cluster.load(functions_library(cluster=True))
+            else:
+                await self._redis.function_load(functions_library(), replace=True)
         except NoPermissionError as exc:
             raise StoreUnavailable(NOT_LOADED) from exc
 
     def _keys(self, session_id: str) -> list[str]:
+        """The session's hash and the index; on a cluster the hash twice (the index is in other slots)."""
+        if self._layout is not None:
+            return [self._layout.session(session_id)] * 2
         return [f"{self._prefix}:session:{session_id}", self._index]
 
     async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -1105,8 +1253,9 @@ class RedisSessionStore(SessionStore):
     ) -> Any:
         keys = self._keys(session_id)
         keys.append(self._op_key(session_id, op) if op is not None else keys[0])
-        keys.append(f"{self._prefix}:session:{source}" if source is not None else keys[0])
-        keys.append(self._changes)
+        keys.append(await self._source(source, session_id) if source is not None else keys[0])
+        if self._cluster is None:
+            keys.append(self._changes)
         argv = [
             session_id,
             self.ttl_seconds,
@@ -1132,10 +1281,26 @@ class RedisSessionStore(SessionStore):
         return json.loads(result)
 
     def _op_key(self, session_id: str, op: Op) -> str:
+        if self._layout is not None:
+            return self._layout.op(session_id, op.call)
         return f"{self._prefix}:op:{session_id}:{op.call}"
 
-    def _durable(self, function: _Function, keys: list[str], args: list[Any]) -> Awaitable[Any]:
-        """A function that changes what a failover must not lose: waited for when wait_replicas is set."""
+    async def _source(self, source_id: str, target_id: str) -> str:
+        """A copy's source as the write reads it: on a cluster, a snapshot put beside the target first
+        (kept 30 s), since a write reaches one slot only."""
+        if self._layout is None or self._cluster is None:
+            return f"{self._prefix}:session:{source_id}"
+        flat = await self._read(lambda: self._items(keys=self._keys(source_id), args=[source_id, self.ttl_seconds]))
+        snapshot = self._layout.copy(target_id, secrets.token_hex(8))
+        if flat:
+            await self._read(lambda: self._cluster.fcall("stash", [snapshot], [30, *flat]))  # type: ignore[union-attr]
+        return snapshot
+
+    def _durable(self, function: _Function, keys: list[str], args: list[Any], *, payer: str = "") -> Awaitable[Any]:
+        """A function that changes what a failover must not lose: waited for when wait_replicas is set.
+        `payer`: whom a claim is charged to (a cluster asks it for grants)."""
+        if self._cluster is not None:
+            return function(keys=keys, args=args, payer=payer, durable=True)
         if self._wait_replicas:
             return self._waited(function, keys, args)
         return function(keys=keys, args=args)
@@ -1240,13 +1405,22 @@ class RedisSessionStore(SessionStore):
         await self._read(lambda: self._touch(keys=self._keys(session_id), args=[session_id, self.ttl_seconds]))
 
     def _holder_key(self, holder: str) -> str:
+        if self._layout is not None:
+            return self._layout.holder(holder)
         return f"{self._prefix}:holder:{hashlib.sha256(holder.encode()).hexdigest()}"
 
     async def count_sessions(self, *, holder: str | None = None) -> int:
+        if holder is None and self._layout is not None and self._cluster is not None:
+            # The shards' sum; a session is noted at most every min(60, ttl/10) s, so it counts that long more.
+            horizon = self.ttl_seconds + min(60, self.ttl_seconds // 10)
+            shards = self._layout.shards()
+            return await self._read(lambda: self._cluster.count(shards, horizon))  # type: ignore[union-attr]
         key = self._index if holder is None else self._holder_key(holder)
         return int(await self._read(lambda: self._count(keys=[key], args=[self.ttl_seconds])))
 
     async def open_session(self, session_id: str, record: dict[str, Any], *, holder: str | None = None) -> int:
+        if self._cluster is not None:
+            return await self._open_on_cluster(session_id, record, holder)
         holder_key = "" if holder is None else self._holder_key(holder)
         keys = [*self._keys(session_id), holder_key or self._keys(session_id)[0]]
         args = [
@@ -1261,6 +1435,29 @@ class RedisSessionStore(SessionStore):
         ]
         # Retried safely: a retry finds the session it opened (and its holder's count unchanged).
         return int(await self._call(lambda: self._read(lambda: self._durable(self._open, keys, args))))
+
+    async def _open_on_cluster(self, session_id: str, record: dict[str, Any], holder: str | None) -> int:
+        """One Redis's `open` in three steps, each in its own slots: the live sessions counted (a bound
+        that concurrent opens may pass by as many as they are), the holder's sessions admitted, then the
+        session opened, its holder's place given back if that is refused."""
+        assert self._cluster is not None
+        cluster = self._cluster
+        if await self.session_record(session_id) is None and await self.count_sessions() >= self.max_sessions:
+            raise LimitExceeded(f"this server holds {self.max_sessions} sessions, the most it may")
+        holder_key = self._holder_key(holder) if holder is not None else ""
+        admit = [session_id, self.max_sessions_per_holder, self.ttl_seconds]
+        if holder_key:
+            await self._call(lambda: self._read(lambda: cluster.fcall("admit", [holder_key], admit)))
+        args = [session_id, self.ttl_seconds, self.max_sessions, self.max_sessions_per_holder, holder_key]
+        args += ["" if holder is None else payer_of(holder), self.max_bytes_per_holder, *_flat_record(record)]
+        keys = self._keys(session_id) + self._keys(session_id)[:1]
+        try:
+            return int(await self._call(lambda: self._read(lambda: self._durable(self._open, keys, args))))
+        except BaseException:
+            if holder_key:
+                with contextlib.suppress(Exception):
+                    await cluster.fcall("leave", [holder_key], [session_id])
+            raise
 
     async def session_record(self, session_id: str) -> dict[str, Any] | None:
         flat = await self._read(lambda: self._read_record(keys=self._keys(session_id)[:1]))
@@ -1280,6 +1477,13 @@ class RedisSessionStore(SessionStore):
         return None if found is None else (_record_of(found[1]), int(found[0]))
 
     async def end_session(self, session_id: str, *, holder: str | None = None) -> bool:
+        if self._cluster is not None:
+            cluster, keys = self._cluster, self._keys(session_id) * 2
+            ended = await self._read(lambda: self._end(keys=keys[:3], args=[session_id if holder is not None else ""]))
+            if holder is not None:
+                holder_key = self._holder_key(holder)
+                await self._read(lambda: cluster.fcall("leave", [holder_key], [session_id]))
+            return bool(ended)
         keys = [
             self._keys(session_id)[0],
             self._holder_key(holder) if holder is not None else self._index,
@@ -1289,10 +1493,13 @@ class RedisSessionStore(SessionStore):
         return bool(await self._read(lambda: self._end(keys=keys, args=[session_id if holder is not None else ""])))
 
     async def owner(self, session_id: str) -> str | None:
-        raw = await self._read(lambda: self._redis.hget(self._keys(session_id)[0], ".owner"))
+        key = self._keys(session_id)[0]
+        raw = await self._read(lambda: self._redis.hget(key, ".owner"))
         return None if raw is None else json.loads(raw)
 
     def _events_key(self, session_id: str) -> str:
+        if self._layout is not None:
+            return self._layout.events(session_id)
         return f"{self._prefix}:events:{session_id}"
 
     async def add_event(self, session_id: str, stream_id: str, message: str | None) -> str:
@@ -1308,7 +1515,8 @@ class RedisSessionStore(SessionStore):
         keys = [
             self._events_key(session_id),
             f"{self._events_key(session_id)}:bytes",
-            self._events,
+            # On a cluster a key of the session's stands in for the channel (the function names it).
+            self._events if self._cluster is None else self._keys(session_id)[0],
             *self._keys(session_id),  # its payer, and the prefix to name its usage keys by
         ]
         # Once, never retried: a retry after a lost reply would log the event
@@ -1340,14 +1548,19 @@ class RedisSessionStore(SessionStore):
         return mint_event_id(session_id, latest), [(mint_event_id(session_id, at), message) for at, message in events]
 
     def _claim_key(self, name: str) -> str:
+        if self._layout is not None:
+            return self._layout.claim(name)
         return f"{self._prefix}:claim:{hashlib.sha256(name.encode()).hexdigest()}"
 
     async def claim(self, name: str, claimant: str, ttl_seconds: int, *, holder: str | None = None) -> bool:
         key = self._claim_key(name)
-        keys = [key, key if holder is None else f"{self._prefix}:usage:{payer_of(holder)}"]
+        payer = "" if holder is None else payer_of(holder)
+        # On a cluster a claim is charged in a ledger of its own beside it, within its payer's grant.
+        ledger = f"{key}:usage" if self._cluster is not None else f"{self._prefix}:usage:{payer}"
+        keys = [key, key if holder is None else ledger]
         args = [claimant, ttl_seconds, self.max_bytes_per_holder, "" if holder is None else "1"]
         # Replayed safely: a retry by the same claimant finds its own claim.
-        held = await self._call(lambda: self._read(lambda: self._durable(self._claim, keys, args)))
+        held = await self._call(lambda: self._read(lambda: self._durable(self._claim, keys, args, payer=payer)))
         return bool(held == claimant)
 
     async def release(self, name: str) -> None:
@@ -1408,7 +1621,8 @@ class RedisSessionStore(SessionStore):
 
     async def ping(self) -> bool:
         try:
-            await self._redis.ping()
+            # On a cluster every primary: one that does not answer leaves sessions unserved.
+            await (self._cluster.ping() if self._cluster is not None else self._redis.ping())
         except (*RETRYABLE, OSError):
             self._mark_outage()
             return False
@@ -1418,6 +1632,8 @@ class RedisSessionStore(SessionStore):
 
     async def memory(self) -> tuple[int, int] | None:
         try:
+            if self._cluster is not None:
+                return await self._cluster.memory()
             info = await self._redis.info("memory")
         except (*RETRYABLE, ResponseError):  # unreachable, or a user without +info
             return None

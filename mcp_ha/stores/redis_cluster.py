@@ -1,0 +1,353 @@
+"""The Redis store on Redis Cluster: where keys live, and how a quota holds across slots.
+
+One Redis runs a script over any key. A cluster runs one only over keys of one slot, so the store's
+keys are laid out by owner (`Layout`):
+
+- everything of one session shares its id's hash tag, `{<sid>}`: its hash, op records, event log,
+  and its own charges ledger (`<session key>:usage`), so every session script stays in one slot and
+  sessions spread over the whole cluster;
+- the live-session index is 16 shards (`<prefix>:sessions:{i<k>}`), refreshed from the session
+  scripts' INDEX hint at most every `min(60, ttl/10)` s, and counted as their sum;
+- a holder's open sessions and a payer's quota ledger share the payer's tag, `{p:<payer>}`;
+- a claim has a tag of its own, with its own charges ledger beside it.
+
+The quota (MAX_CLIENT_BYTES) across slots is a grant protocol (proven on a real cluster first): an
+owner (a session, a claim) charges its own ledger exactly as one Redis charges a payer's, but within
+a *grant* its payer's ledger gave it. A change past the grant applies nothing and answers `NEED`;
+`Cluster.call` then asks the payer (`grant`, refused with LIMIT past the quota) and runs the change
+again with what it got. So the payer's ledger, the sum of its owners' grants, bounds what they hold.
+Grants only rise there; an owner lowers its own when it holds far less (LOWER hint, sent on as
+`lower`, applied only if newer), and keeps its payer's entry alive while it lives (RENEW hint). A
+lost LOWER over-counts (the safe side); a lost RENEW can under-count one owner until its next
+renewal (at most LEASE/8 later).
+
+`Cluster` is the client side: a `RedisCluster` with redis-py's own retries off (the store retries),
+every FCALL sent to the node owning its first key (no COMMAND GETKEYS round trip), FCALL and WAIT on
+one connection of that node, and a bound on calls in flight (redis-py's cluster pool refuses at once
+when full instead of queueing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from ..session_store import LimitExceeded, StoreUnavailable, over_quota, payer_of
+
+INDEX_SHARDS = 16
+# Rounds of NEED and grant before a change gives up: one is the rule, more only under a race.
+GRANT_ROUNDS = 4
+# The bytes an owner's grant runs ahead of what it holds (at most), so most changes need no grant.
+MAX_SLACK = 4096
+
+# The payer's side, and the index shards: each function touches one slot. A payer's ledger is a hash
+# (KEYS[1]: `total`, and per owner `b:`/`v:`/`x:` its bytes, grant version and expiry in ms) and a
+# sorted set of owners by expiry (KEYS[2]), swept 16 at a time.
+PAYER_FUNCTIONS = {
+    "grant": """
+local H, Z, m = KEYS[1], KEYS[2], ARGV[1]
+local want, least, gv = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local lease, quota = tonumber(ARGV[5]), tonumber(ARGV[6])
+local now = now_ms()
+sweep(H, Z, now)
+local b, v, x = entry(H, Z, m, now)
+if gv < v then return {'STALE', fmt(v)} end
+local total = tonumber(redis.call('HGET', H, 'total') or '0')
+local new = b
+if want > b then
+  if total - b + want <= quota then new = want
+  elseif least <= b then new = b
+  elseif total - b + least <= quota then new = least
+  else return {'LIMIT', fmt(total - b + least), fmt(quota)} end
+end
+local gx = math.max(x, now + lease)
+redis.call('HSET', H, 'b:' .. m, fmt(new), 'v:' .. m, fmt(gv), 'x:' .. m, fmt(gx))
+redis.call('ZADD', Z, fmt(gx), m)
+if new ~= b then redis.call('HINCRBY', H, 'total', new - b) end
+keep(H, Z)
+return {'OK', fmt(new), fmt(gx)}
+""",
+    "lower": """
+local H, Z, m, bytes, gv = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local now = now_ms()
+sweep(H, Z, now)
+local b, v, _, present = entry(H, Z, m, now)
+if not present or gv <= v then return 0 end
+redis.call('HSET', H, 'b:' .. m, fmt(bytes), 'v:' .. m, fmt(gv))
+if bytes ~= b then redis.call('HINCRBY', H, 'total', bytes - b) end
+return 1
+""",
+    "renew": """
+local H, Z, m, lease = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2])
+local now = now_ms()
+sweep(H, Z, now)
+local _, _, x, present = entry(H, Z, m, now)
+if not present then return 0 end
+local gx = math.max(x, now + lease)
+redis.call('HSET', H, 'x:' .. m, fmt(gx))
+redis.call('ZADD', Z, fmt(gx), m)
+keep(H, Z)
+return 1
+""",
+    # A holder's open sessions (KEYS[1], in its payer's slot): ARGV[1] the session, ARGV[2] the most,
+    # ARGV[3] the TTL. The same refusal as one Redis's `open`.
+    "admit": """
+local now = tonumber(redis.call('TIME')[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3]))
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) == false and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return redis.error_reply('LIMIT you hold ' .. ARGV[2] .. ' open sessions, the most you may; end some first')
+end
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+""",
+    "leave": """
+return redis.call('ZREM', KEYS[1], ARGV[1])
+""",
+    # An index shard (KEYS[1]): ARGV[1] seen now, kept ARGV[2] seconds.
+    "index": """
+redis.call('ZADD', KEYS[1], redis.call('TIME')[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+""",
+    # A copy's source, put beside its target (KEYS[1], in the target's slot) for the write that copies it.
+    "stash": """
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+""",
+}
+PAYER_HELPERS = """
+local function fmt(n) return string.format('%.0f', n) end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function drop(H, Z, m)
+  local b = tonumber(redis.call('HGET', H, 'b:' .. m) or '0')
+  redis.call('HDEL', H, 'b:' .. m, 'v:' .. m, 'x:' .. m)
+  redis.call('ZREM', Z, m)
+  if b ~= 0 then redis.call('HINCRBY', H, 'total', -b) end
+end
+local function sweep(H, Z, now)
+  for _, m in ipairs(redis.call('ZRANGE', Z, '-inf', '(' .. fmt(now), 'BYSCORE', 'LIMIT', 0, 16)) do drop(H, Z, m) end
+end
+-- Both keys live as long as the entry that lives longest.
+local function keep(H, Z)
+  local top = redis.call('ZRANGE', Z, 0, 0, 'REV', 'WITHSCORES')
+  if top[2] then
+    local seconds = math.ceil((tonumber(top[2]) - now_ms()) / 1000) + 1
+    redis.call('EXPIRE', H, seconds)
+    redis.call('EXPIRE', Z, seconds)
+  end
+end
+local function entry(H, Z, m, now)
+  local e = redis.call('HMGET', H, 'b:' .. m, 'v:' .. m, 'x:' .. m)
+  if e[1] and tonumber(e[3]) < now then
+    drop(H, Z, m)
+    return 0, 0, 0, false
+  end
+  return tonumber(e[1]) or 0, tonumber(e[2]) or 0, tonumber(e[3]) or 0, e[1] ~= false
+end
+"""
+
+
+def _tag(text: str) -> str:
+    """A hash tag no key name can end early: `}` cannot occur in what it wraps."""
+    return "{" + text.replace("}", "%7D") + "}"
+
+
+class Layout:
+    """Every key of the store on a cluster, each owner's in its own slot."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def session(self, session_id: str) -> str:
+        return f"{self.prefix}:session:{_tag(session_id)}"
+
+    def op(self, session_id: str, call: str) -> str:
+        return f"{self.prefix}:op:{_tag(session_id)}:{call}"
+
+    def events(self, session_id: str) -> str:
+        return f"{self.prefix}:events:{_tag(session_id)}"
+
+    def copy(self, target_id: str, nonce: str) -> str:
+        return f"{self.prefix}:copy:{_tag(target_id)}:{nonce}"
+
+    def shard(self, session_id: str) -> str:
+        k = int.from_bytes(hashlib.blake2b(session_id.encode(), digest_size=2).digest()) % INDEX_SHARDS
+        return f"{self.prefix}:sessions:{{i{k}}}"
+
+    def shards(self) -> list[str]:
+        return [f"{self.prefix}:sessions:{{i{k}}}" for k in range(INDEX_SHARDS)]
+
+    def holder(self, holder: str) -> str:
+        return f"{self.prefix}:holder:{_tag('p:' + payer_of(holder))}:{hashlib.sha256(holder.encode()).hexdigest()}"
+
+    def payer(self, payer: str) -> tuple[str, str]:
+        ledger = f"{self.prefix}:usage:{_tag('p:' + payer)}"
+        return ledger, ledger + ":z"
+
+    def claim(self, name: str) -> str:
+        return f"{self.prefix}:claim:{_tag(hashlib.sha256(name.encode()).hexdigest())}"
+
+
+class Cluster:
+    """The store's connection to a Redis Cluster, and the grant protocol's client side."""
+
+    def __init__(
+        self,
+        nodes: Sequence[tuple[str, int]],
+        *,
+        layout: Layout,
+        library: str,
+        timeout_seconds: float,
+        max_connections: int,
+        ttl_seconds: int,
+        quota: int,
+        options: dict[str, Any],
+    ) -> None:
+        self.layout = layout
+        self.library = library
+        self.timeout_seconds = timeout_seconds
+        self.ttl_seconds = ttl_seconds
+        self.quota = quota
+        self.slack = max(1, min(MAX_SLACK, quota // 64))
+        # A payer's entry for an owner lives this long unless renewed (RENEW, at three quarters of it).
+        self.lease_ms = 2 * ttl_seconds * 1000
+        self.redis = RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in nodes],
+            decode_responses=True,
+            socket_timeout=timeout_seconds,
+            socket_connect_timeout=timeout_seconds,
+            retry=Retry(NoBackoff(), 0),
+            # Room above the calls in flight (below) for pub/sub connections, which share a node's pool.
+            max_connections=max_connections + 8,
+            require_full_coverage=False,
+            # A MOVED only patches the slot it names: rebuilding the whole map on the fifth one closes
+            # connections other calls are using (seen under a slot move).
+            reinitialize_steps=0,
+            **options,
+        )
+        self._in_flight = asyncio.Semaphore(max_connections)
+
+    async def _bounded(self, command: Any) -> Any:
+        try:
+            async with asyncio.timeout(self.timeout_seconds):
+                await self._in_flight.acquire()
+        except TimeoutError:
+            raise RedisConnectionError(f"no connection free within {self.timeout_seconds:g} s") from None
+        try:
+            return await command
+        finally:
+            self._in_flight.release()
+
+    async def fcall(
+        self, name: str, keys: Sequence[Any], args: Sequence[Any], *, wait: tuple[int, int] | None = None
+    ) -> Any:
+        """One function of the library on the node that owns `keys[0]`; with `wait` (replicas, ms), WAIT
+        on the same connection, so it covers this write."""
+        await self.redis.initialize()  # a no-op unless a failure asked for a new slot map
+        node = self.redis.get_node_from_key(keys[0])
+        command = ("FCALL", f"{self.library}_{name}", len(keys), *keys, *args)
+        if wait is None:
+            return await self._bounded(self.redis.execute_command(*command, target_nodes=node))
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.execute_command(*command, target_nodes=node)
+        pipe.execute_command("WAIT", *wait, target_nodes=node)
+        result, acknowledged = await self._bounded(pipe.execute(raise_on_error=False))
+        if isinstance(result, Exception):
+            raise result
+        if isinstance(acknowledged, Exception):
+            raise RedisConnectionError(f"redis: WAIT failed: {acknowledged}")
+        if acknowledged < wait[0]:
+            raise StoreUnavailable(
+                f"redis: the write reached the primary but {acknowledged} of {wait[0]} replica(s) "
+                f"acknowledged it within {wait[1]} ms; it may not survive a failover"
+            )
+        return result
+
+    async def call(
+        self,
+        name: str,
+        keys: Sequence[Any],
+        args: Sequence[Any],
+        *,
+        channel: str = "",
+        payer: str = "",
+        wait: tuple[int, int] | None = None,
+    ) -> Any:
+        """A session or claim function, its grant asked for as it needs one, its hints acted on."""
+        grant: list[Any] = ["", "", "", ""]  # granted, its version, the payer entry's expiry, a floor
+        for _ in range(GRANT_ROUNDS):
+            head = [channel, payer, *grant, self.slack, self.lease_ms]
+            try:
+                result, hints = await self.fcall(name, keys, [*head, *args], wait=wait)
+            except ResponseError as exc:
+                if not str(exc).startswith("NEED "):
+                    raise
+                grant = await self._granted(str(exc).split(), wait)
+                continue
+            await self.hints(hints)
+            return result
+        raise StoreUnavailable(f"redis: no grant for a change within {GRANT_ROUNDS} rounds (a race kept winning)")
+
+    async def _granted(self, need: list[str], wait: tuple[int, int] | None) -> list[Any]:
+        """Ask the payer for what NEED <payer> <owner> <want> <least> <version> names: the arguments
+        of the change's next run."""
+        _, payer, owner, want, least, version = need
+        keys = list(self.layout.payer(payer))
+        answer = await self.fcall("grant", keys, [owner, want, least, version, self.lease_ms, self.quota], wait=wait)
+        if answer[0] == "LIMIT":
+            raise LimitExceeded(over_quota(int(answer[1]), int(answer[2])))
+        if answer[0] == "STALE":
+            return ["", "", "", answer[1]]
+        return [answer[1], version, answer[2], ""]
+
+    async def hints(self, hints: list[list[str]]) -> None:
+        """What a function asked to be done beside it, in other slots: best effort, for each is safe to
+        lose (an index entry is refreshed by a later call, a LOWER over-counts, a RENEW is asked again)."""
+        for hint in hints:
+            kind, *rest = hint
+            try:
+                if kind == "INDEX":
+                    await self.fcall("index", [self.layout.shard(rest[0])], [rest[0], self.ttl_seconds])
+                elif kind == "LOWER":
+                    payer, owner, grant, version = rest
+                    await self.fcall("lower", list(self.layout.payer(payer)), [owner, grant, version])
+                elif kind == "RENEW":
+                    payer, owner = rest
+                    await self.fcall("renew", list(self.layout.payer(payer)), [owner, self.lease_ms])
+            except (RedisConnectionError, ResponseError, StoreUnavailable):
+                continue
+
+    async def count(self, keys: Sequence[str], horizon: int) -> int:
+        counts = await asyncio.gather(*(self.fcall("count", [key], [horizon]) for key in keys))
+        return sum(int(c) for c in counts)
+
+    async def ping(self) -> None:
+        await self.redis.ping(target_nodes=RedisCluster.PRIMARIES)
+
+    async def memory(self) -> tuple[int, int]:
+        """The fullest primary's used memory, and its maxmemory."""
+        info = await self.redis.info("memory", target_nodes=RedisCluster.PRIMARIES)
+        # One answer per primary, by node name (or one answer alone, from a cluster of one).
+        nodes = list(info.values()) if all(isinstance(v, dict) for v in info.values()) else [info]
+        fullest = max(nodes, key=lambda i: int(i.get("used_memory", 0)) / max(int(i.get("maxmemory", 0)), 1))
+        return int(fullest.get("used_memory", 0)), int(fullest.get("maxmemory", 0))
+
+    async def load(self, code: str) -> None:
+        """The library on every primary (FUNCTION LOAD goes to each); replicas get it by replication."""
+        await self.redis.function_load(code, replace=True)
+
+    async def aclose(self) -> None:
+        await self.redis.aclose()
