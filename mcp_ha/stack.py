@@ -1063,16 +1063,69 @@ class Stack:
         return {name for name, status in self.backend_status(balancer).items() if status.startswith("UP")}
 
     def redis_primary(self) -> str | None:
-        """The Redis service that is the primary now: the sentinels' answer, or "redis" without them."""
+        """The Redis service that is the primary now: the sentinels' answer, or "redis" without them; on a
+        cluster, the primary that serves slot 0's range (the first of three)."""
         c = self.config
         if c.redis_mode == "single":
             return "redis"
+        if c.redis_mode == "cluster":
+            return next(iter(self.cluster_primaries()), None)
         by_port = {self.service(n).port: n for n in ("redis-1", "redis-2")}
         for name in c.redis_names()[2:]:
             address = self.redis_command(name, "SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER)
             if isinstance(address, list) and len(address) == 2:
                 return by_port.get(int(address[1]))
         return None
+
+    def cluster_primaries(self) -> dict[str, int]:
+        """The cluster's primaries that serve slots, as a node running sees them: name -> slots served,
+        in the order of the slots; empty when no node answers."""
+        by_port = {self.service(n).port: n for n in self.config.redis_names()}
+        for name in self.config.redis_names():
+            if self.pid(name) is None:
+                continue
+            text = self.redis_command(name, "CLUSTER", "NODES")
+            if not isinstance(text, str):
+                continue
+            served: dict[str, tuple[int, int]] = {}
+            for line in text.splitlines():
+                fields = line.split()
+                if "master" not in fields[2] or "fail" in fields[2] or len(fields) < 9:
+                    continue
+                port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+                ranges = [tuple(map(int, r.split("-"))) if "-" in r else (int(r), int(r)) for r in fields[8:]]
+                served[by_port.get(port, str(port))] = (
+                    min(r[0] for r in ranges),
+                    sum(r[1] - r[0] + 1 for r in ranges),
+                )
+            return {n: slots for n, (_, slots) in sorted(served.items(), key=lambda item: item[1][0])}
+        return {}
+
+    def move_slots(self, source: str, target: str, count: int) -> None:
+        """Move `count` slots, keys and all, from one cluster primary to another (redis-cli --cluster reshard,
+        as the admin): what an operator does to rebalance, or to empty a node."""
+        ids = {name: self.redis_command(name, "CLUSTER", "MYID") for name in (source, target)}
+        done = subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "reshard",
+                f"{self.config.host}:{self.service(source).port}",
+                "--cluster-from",
+                str(ids[source]),
+                "--cluster-to",
+                str(ids[target]),
+                "--cluster-slots",
+                str(count),
+                "--cluster-yes",
+            ],
+            env=self.config.redis_cli_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if done.returncode != 0:
+            raise StackError(f"redis-cli --cluster reshard failed: {(done.stdout + done.stderr)[-600:]}")
 
     def wait_healthy(self, name: str, timeout: float = HEALTH_TIMEOUT_SECONDS) -> None:
         deadline = time.monotonic() + timeout
@@ -1366,6 +1419,8 @@ def _print_urls(stack: Stack) -> None:
         console.print(f"{name + ' stats':<13} {c.stats_url_of(name)}  user {c.stats_user}  password {c.stats_password}")
     if c.redis_mode == "sentinel":
         console.print(f"Redis         Sentinel {c.sentinels}, primary {SENTINEL_MASTER!r}")
+    elif c.redis_mode == "cluster":
+        console.print(f"Redis         Cluster {c.cluster_nodes} (three primaries, a replica each)")
     else:
         console.print(f"Redis         {c.redis_url}")
     # Where the passwords are, not the passwords: the admin's opens all of Redis, and a

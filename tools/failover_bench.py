@@ -16,12 +16,15 @@ Scenarios (one replica is "the faulted one": the one serving most plain sessions
 
 and Redis faults (the faulted one is Redis's primary):
 
-    redis-kill     SIGKILL the primary; with Sentinel (--redis sentinel) a replica is
-                   promoted; the old primary is started again once that happened
-                   (or after ~3 s without Sentinel)
+    redis-kill     SIGKILL the primary; with Sentinel (--redis sentinel) or a cluster
+                   (--redis cluster: the primary serving slot 0) a replica is promoted;
+                   the old primary is started again once that happened (or after ~3 s
+                   with one Redis)
     redis-restart  restart the primary (SIGTERM: it writes its AOF out, then starts
                    and reloads it)
     redis-outage   stop every Redis server for 10 s, then start them again
+    redis-move     with --redis cluster: move 2,000 slots, keys and all, from the primary
+                   serving slot 0 to another (redis-cli --cluster reshard), under load
 
 and a front-door fault (the stack runs two HAProxy processes on one address,
 sharing their session table: `--own-stack` starts it so for it, `MCP_BALANCERS=2
@@ -120,8 +123,14 @@ from tools.bench import (
 
 REPLICA_SCENARIOS = ("kill", "pause", "rolling", "restart-all")
 REDIS_SCENARIOS = ("redis-kill", "redis-restart", "redis-outage")
+CLUSTER_SLOTS = 16384
+# What redis-move moves: about a third of a primary's slots, under load.
+MOVED_SLOTS = 2000
 BALANCER_SCENARIOS = ("haproxy-kill",)
 SCENARIOS = REPLICA_SCENARIOS + REDIS_SCENARIOS + BALANCER_SCENARIOS
+# Only on a Redis Cluster (--redis cluster), where `all` runs it too; a Redis fault like the others.
+CLUSTER_SCENARIOS = ("redis-move",)
+REDIS_FAULTS = REDIS_SCENARIOS + CLUSTER_SCENARIOS
 # The load alone, no fault: the baseline every client must pass clean (not part of "all").
 BASELINE = "none"
 
@@ -298,7 +307,12 @@ def _promoted(stack: Stack, old: str) -> bool:
     """Whether the sentinels name a primary other than `old`; False until they do (bounded)."""
     deadline = time.monotonic() + PROMOTION_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
-        if stack.redis_primary() not in (old, None):
+        if stack.config.redis_mode == "cluster":
+            # Every slot served again, by primaries that do not include the one killed.
+            primaries = stack.cluster_primaries()
+            if old not in primaries and sum(primaries.values()) == CLUSTER_SLOTS:
+                return True
+        elif stack.redis_primary() not in (old, None):
             return True
         time.sleep(0.05)
     return False
@@ -311,8 +325,8 @@ async def _inject(stack: Stack, scenario: str, replica: str, status: RunStatus) 
     if scenario == "redis-kill":
         status.set_phase(f"SIGKILL {replica}")
         stack.signal(replica, signal.SIGKILL)
-        if stack.config.redis_mode == "sentinel":
-            status.set_phase("waiting for the sentinels to promote a replica")
+        if stack.config.redis_mode in ("sentinel", "cluster"):
+            status.set_phase("waiting for a replica to be promoted")
             if not await asyncio.to_thread(_promoted, stack, replica):
                 raise StackError(
                     f"no replica was promoted within {PROMOTION_TIMEOUT_SECONDS:.0f} s of killing {replica}"
@@ -321,6 +335,12 @@ async def _inject(stack: Stack, scenario: str, replica: str, status: RunStatus) 
             await asyncio.sleep(KILL_DOWN_SECONDS)
         status.set_phase(f"starting {replica}")
         await asyncio.to_thread(stack.start, replica)
+    elif scenario == "redis-move":
+        if stack.config.redis_mode != "cluster":
+            raise StackError("redis-move moves slots between a cluster's primaries: --redis cluster")
+        target = next(n for n in stack.cluster_primaries() if n != replica)
+        status.set_phase(f"moving {MOVED_SLOTS} slots from {replica} to {target}")
+        await asyncio.to_thread(stack.move_slots, replica, target, MOVED_SLOTS)
     elif scenario == "redis-restart":
         status.set_phase(f"restarting {replica}")
         await asyncio.to_thread(stack.restart, replica)
@@ -445,7 +465,7 @@ async def run_scenario(
     The load lasts `duration` seconds, or until the stack has been whole again
     for TAIL_SECONDS if that is later; never more than OVERRUN_CAP_SECONDS past that.
     """
-    if scenario not in (*SCENARIOS, BASELINE):
+    if scenario not in (*SCENARIOS, *CLUSTER_SCENARIOS, BASELINE):
         raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}, {BASELINE}")
     if scenario in BALANCER_SCENARIOS and len(stack.config.balancer_names()) < 2:
         raise StackError(f"{scenario} needs two HAProxy processes: start the stack with MCP_BALANCERS=2")
@@ -482,7 +502,7 @@ async def run_scenario(
         serving.pop(None, None)
         replicas = stack.config.replica_names()
         replica = max(replicas, key=lambda n: (serving.get(n, 0), -replicas.index(n)))
-        if scenario in REDIS_SCENARIOS:
+        if scenario in REDIS_FAULTS:
             replica = stack.redis_primary() or stack.config.redis_names()[0]
         elif scenario in BALANCER_SCENARIOS:
             replica = await asyncio.to_thread(busiest_balancer, stack)
@@ -524,7 +544,7 @@ async def run_scenario(
     # Redis faults take no replica out on purpose: a replica rides out a failover (see server.StoreHealth).
     mark_down = (
         None
-        if scenario in REDIS_SCENARIOS + BALANCER_SCENARIOS
+        if scenario in REDIS_FAULTS + BALANCER_SCENARIOS
         else _first(timeline, struck, lambda s: not s.startswith("UP"), replica)
     )
     back_up = _first(timeline, mark_down, lambda s: s.startswith("UP"), replica) if mark_down else None
@@ -577,7 +597,7 @@ def check_targets(report: ScenarioReport) -> list[str]:
     # every write waited for one (REDIS_WAIT_REPLICAS): then nothing acknowledged may be lost. A lone
     # Redis killed keeps everything (it writes each change to its AOF before answering), and the other
     # faults stop Redis with SIGTERM, after which it has written its AOF out.
-    loss_allowed = s == "redis-kill" and report.redis_mode == "sentinel" and report.wait_replicas == 0
+    loss_allowed = s == "redis-kill" and report.redis_mode != "single" and report.wait_replicas == 0
     for c in report.clients:
         k = c.kind
         need(c.unreadable == 0, f"{k}: the final counter of {c.unreadable} session(s) could not be read")
@@ -642,7 +662,7 @@ def check_targets(report: ScenarioReport) -> list[str]:
     r = report.resilient
     need(r.failed == 0, f"resilient: {r.failed} failed call(s) (target 0): {'; '.join(r.errors)}")
     need(report.healthy_after, f"the stack was not whole afterwards: {report.backends_after}")
-    if s in REDIS_SCENARIOS:
+    if s in REDIS_FAULTS:
         # Reported, not targets: how long calls wait depends on how long Redis is gone.
         return missed
     need(
@@ -795,9 +815,7 @@ def results_table(reports: list[ScenarioReport]) -> Table:
 
 def markdown_report(reports: list[ScenarioReport]) -> str:
     first = reports[0]
-    redis = first.redis_mode + (
-        f", REDIS_WAIT_REPLICAS={first.wait_replicas}" if first.redis_mode == "sentinel" else ""
-    )
+    redis = first.redis_mode + (f", REDIS_WAIT_REPLICAS={first.wait_replicas}" if first.redis_mode != "single" else "")
     setup = (
         f"{first.sessions} sessions of each kind of client ({', '.join(c.kind for c in first.clients)}) through "
         f"HAProxy, each calling increment_counter in a loop; Redis: {redis}. Plain and sessionless calls time "
@@ -880,7 +898,7 @@ def report_json(reports: list[ScenarioReport]) -> dict:
 @click.command()
 @click.option(
     "--scenario",
-    type=click.Choice([*SCENARIOS, BASELINE, "all"]),
+    type=click.Choice([*SCENARIOS, *CLUSTER_SCENARIOS, BASELINE, "all"]),
     default="all",
     show_default=True,
     help=f"Which fault to inject ({BASELINE}: the load alone; not part of all).",
@@ -925,7 +943,7 @@ def report_json(reports: list[ScenarioReport]) -> dict:
 @click.option(
     "--redis",
     "redis_mode",
-    type=click.Choice(["single", "sentinel"]),
+    type=click.Choice(["single", "sentinel", "cluster"]),
     default="single",
     show_default=True,
     help="With --own-stack: one Redis, or a primary, a replica and three sentinels.",
@@ -958,8 +976,10 @@ def main(
         level=logging.INFO if verbose else logging.CRITICAL, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     scenarios = list(SCENARIOS) if scenario == "all" else [scenario]
-    if wait_replicas and redis_mode != "sentinel":
-        raise click.UsageError("--wait-replicas 1 needs --redis sentinel: a lone Redis has no replica to wait for")
+    if scenario == "all" and redis_mode == "cluster":
+        scenarios += CLUSTER_SCENARIOS
+    if wait_replicas and redis_mode == "single":
+        raise click.UsageError("--wait-replicas 1 needs --redis sentinel or cluster: a lone Redis has no replica")
     if stock and (why := node_client_missing()):
         click.echo(
             f"error: the TypeScript SDK client cannot run: {why}; or leave the stock clients out: --no-stock", err=True

@@ -120,7 +120,9 @@ return 1
 """,
     # A copy's source, put beside its target (KEYS[1], in the target's slot) for the write that copies it.
     "stash": """
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+for i = 2, #ARGV, 200 do
+  redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + 199, #ARGV)))
+end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 return 1
 """,
@@ -317,16 +319,14 @@ class Cluster:
         """What a function asked to be done beside it, in other slots: best effort, for each is safe to
         lose (an index entry is refreshed by a later call, a LOWER over-counts, a RENEW is asked again)."""
         for hint in hints:
-            kind, *rest = hint
             try:
-                if kind == "INDEX":
-                    await self.fcall("index", [self.layout.shard(rest[0])], [rest[0], self.ttl_seconds])
-                elif kind == "LOWER":
-                    payer, owner, grant, version = rest
-                    await self.fcall("lower", list(self.layout.payer(payer)), [owner, grant, version])
-                elif kind == "RENEW":
-                    payer, owner = rest
-                    await self.fcall("renew", list(self.layout.payer(payer)), [owner, self.lease_ms])
+                match hint:
+                    case ["INDEX", session_id]:
+                        await self.fcall("index", [self.layout.shard(session_id)], [session_id, self.ttl_seconds])
+                    case ["LOWER", payer, owner, grant, version]:
+                        await self.fcall("lower", list(self.layout.payer(payer)), [owner, grant, version])
+                    case ["RENEW", payer, owner]:
+                        await self.fcall("renew", list(self.layout.payer(payer)), [owner, self.lease_ms])
             except (RedisConnectionError, ResponseError, StoreUnavailable):
                 continue
 
