@@ -90,17 +90,22 @@ HEALTH_TIMEOUT_SECONDS = 30.0
 # command, and redis-py carries on when it is refused.)
 REDIS_KIT_USER = "mcp"
 # +info: the replicas read INFO memory to report how near Redis is to its maxmemory.
-REDIS_KIT_ACL = (
-    "resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +info +fcall +wait "
+_KIT_COMMANDS = (
     "+time +expire +zadd +zremrangebyscore +zcard +hget +hset +hincrby +hgetall +hkeys +hmget "
     "+hexists +hdel +hstrlen +exists +zscore +zrem +get +set +lindex +rpush +lpop +lrange "
-    "+publish +subscribe +unsubscribe +zrange +pttl +llen "
+    "+publish +subscribe +unsubscribe +zrange +pttl +llen"
+)
+_TASKS_COMMANDS = (
+    "+multi +exec +discard +evalsha +script|load "
+    "+del +setex +mget +pexpire +ttl +sadd +srem +smembers +zcount +zrangebyscore +xadd +xack +xdel +xlen "
+    "+xrange +xread +xreadgroup +xautoclaim +xclaim +xgroup|create +psubscribe +punsubscribe"
+)
+REDIS_KIT_ACL = (
+    f"resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +info +fcall +wait {_KIT_COMMANDS} "
     # Durable tasks (tasks.py): Docket, under mcp:tasks, may do more there and only there (an ACL selector):
     # its Lua (EVALSHA after SCRIPT LOAD), streams, sets, and the cancellation channels it subscribes to by
     # pattern, which Redis matches against the ACL's channel patterns literally.
-    "(~mcp:tasks:* &mcp:tasks:* &mcp:tasks:cancel:* +multi +exec +discard +evalsha +script|load "
-    "+del +setex +mget +pexpire +ttl +sadd +srem +smembers +zcount +zrangebyscore +xadd +xack +xdel +xlen "
-    "+xrange +xread +xreadgroup +xautoclaim +xclaim +xgroup|create +psubscribe +punsubscribe)"
+    f"(~mcp:tasks:* &mcp:tasks:* &mcp:tasks:cancel:* {_TASKS_COMMANDS})"
 )
 # Sentinel's connections to the servers (`sentinel auth-user`): what Sentinel
 # needs to watch the servers, announce itself and reconfigure them in a failover.
@@ -114,7 +119,13 @@ REDIS_REPLICATION_USER = "replication"
 REDIS_REPLICATION_ACL = "resetkeys resetchannels -@all +psync +replconf +ping"
 # On Redis Cluster the kit's user also learns the slot map and follows a slot being moved, and redis-py
 # asks COMMAND when it connects (redis_cluster.py).
-REDIS_KIT_CLUSTER_ACL = REDIS_KIT_ACL + " +cluster|slots +command +asking"
+# Docket names its keys and channels {mcp:tasks}:... there (one slot), outside ~mcp:*: its selector allows
+# what the kit's own commands do there too, and EVAL (its pipelines send their Lua whole) and PEXPIREAT.
+REDIS_KIT_CLUSTER_ACL = (
+    f"resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +info +fcall +wait {_KIT_COMMANDS} "
+    "+cluster|slots +command +asking "
+    f"(~{{mcp:tasks}}:* &{{mcp:tasks}}:* &{{mcp:tasks}}:cancel:* {_KIT_COMMANDS} {_TASKS_COMMANDS} +eval +pexpireat)"
+)
 # How many Redis servers `--redis cluster` runs: three primaries, each with a replica.
 CLUSTER_NODES = 6
 # The kit's user on the sentinels: asking for the primary, nothing that changes them.

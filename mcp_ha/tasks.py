@@ -200,6 +200,10 @@ def docket_url(settings: Settings) -> str:
             if value
         }
         return f"redis+sentinel://{userinfo}{hosts}/{settings.redis_master_name}/0?" + urlencode({**query, **RESP})
+    if settings.redis_cluster_nodes:
+        # Docket takes one node to learn the cluster from; its keys share one hash tag ({mcp:tasks}).
+        host, port = settings.redis_cluster_nodes[0]
+        return f"redis+cluster://{userinfo}{host}:{port}/0?" + urlencode(RESP)
     if settings.redis_url:
         parts = urlsplit(settings.redis_url)
         netloc = userinfo + parts.netloc.rpartition("@")[2] if userinfo else parts.netloc
