@@ -1,5 +1,6 @@
-#!lua name=mcp_ha_e212601d50dc
-redis.register_function{function_name='mcp_ha_e212601d50dc_get', callback=function(KEYS, ARGV)
+#!lua name=mcp_ha_b88e8101e442
+redis.register_function{function_name='mcp_ha_b88e8101e442_get', callback=function(KEYS, ARGV)
+local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
 local function key_bytes(name) return KEY_BYTES + 3 * #name end
@@ -7,8 +8,17 @@ local function entry_bytes(name, length)
   if length == 0 then return 0 end
   return #name + length + ENTRY_BYTES
 end
--- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
-local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+local function fmt(n) return string.format('%.0f', n) end
+local function hint(...) HINTS[#HINTS + 1] = {...} end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions');
+-- on a cluster, the owner's own ledger.
+local function usage_set(index, payer)
+  if CLUSTER then
+    PAYER = payer
+    return OWNER .. ':usage'
+  end
+  return string.sub(index, 1, -9) .. 'usage:' .. payer
+end
 -- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
 -- digest, the `.owner` entry without its JSON quotes. False for nobody.
 local function payer_of(hash)
@@ -22,7 +32,7 @@ local function outlive(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
 end
 local function grouped(n)
-  local text, k = string.format('%.0f', n), 1
+  local text, k = fmt(n), 1
   while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
   return text
 end
@@ -44,6 +54,22 @@ local function usage(set, quota)
     end
   end
   if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  if CLUSTER then
+    -- The quota here is the owner's grant: raised by what a NEED brought back, if it is the answer to
+    -- one asked since the owner last lowered it (a late answer to an older one may only raise it too).
+    local g = redis.call('HMGET', u.bytes, 'grant', 'gv', 'lv', 'gx')
+    local grant, gv, lv, gx = tonumber(g[1]) or 0, tonumber(g[2]), tonumber(g[3]) or 0, tonumber(g[4]) or 0
+    local changed = false
+    if GRANT[4] ~= '' and (not gv or tonumber(GRANT[4]) > gv) then gv, changed = tonumber(GRANT[4]), true end
+    if GRANT[1] ~= '' and gv and tonumber(GRANT[2]) > lv and tonumber(GRANT[2]) <= gv then
+      grant, gx, changed = math.max(grant, tonumber(GRANT[1])), math.max(gx, tonumber(GRANT[3])), true
+    end
+    if changed then
+      redis.call('HSET', u.bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'gx', fmt(gx))
+      outlive(u.bytes, LEASE)
+    end
+    u.quota, u.gv = grant, gv
+  end
   return u
 end
 -- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
@@ -71,8 +97,34 @@ local function over(u)
     u.delta = u.delta + change.bytes - old
   end
   if u.delta > 0 and total + u.delta > u.quota then
+    if CLUSTER then
+      -- A new ledger's versions start at the server's time in microseconds, above any earlier one's.
+      local gv = (u.gv or u.now * 1000) + 1
+      redis.call('HSET', u.bytes, 'gv', fmt(gv))
+      outlive(u.bytes, LEASE)
+      return redis.error_reply('NEED ' .. PAYER .. ' ' .. OWNER .. ' ' .. fmt(total + u.delta + SLACK) .. ' '
+        .. fmt(total + u.delta) .. ' ' .. fmt(gv))
+    end
     return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
       .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- On a cluster, once an owner's charges changed or were read: a grant far above what it holds is
+-- lowered here at once (LOWER tells the payer, whose entry only takes a newer version), and the
+-- payer's entry for it kept alive while the owner lives (RENEW, optimistically noted here).
+local function settle(bytes, now)
+  local g = redis.call('HMGET', bytes, 'total', 'grant', 'gv', 'gx', 'rn')
+  local total, grant = tonumber(g[1]) or 0, tonumber(g[2]) or 0
+  if grant - total > 2 * SLACK then
+    local gv = (tonumber(g[3]) or now * 1000) + 1
+    grant = total + SLACK
+    redis.call('HSET', bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'lv', fmt(gv))
+    hint('LOWER', PAYER, OWNER, fmt(grant), fmt(gv))
+  end
+  local gx, rn = tonumber(g[4]) or 0, tonumber(g[5]) or 0
+  if grant > 0 and gx - now < LEASE * 0.75 and now - rn > LEASE / 8 then
+    redis.call('HSET', bytes, 'gx', fmt(now + LEASE), 'rn', fmt(now))
+    hint('RENEW', PAYER, OWNER)
   end
 end
 -- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
@@ -90,6 +142,7 @@ local function commit(u)
   outlive(u.set, longest)
   outlive(u.bytes, longest)
   usage_kept = true
+  if CLUSTER then settle(u.bytes, u.now) end
 end
 local function uncharge(set, member)
   local bytes = set .. ':bytes'
@@ -98,19 +151,34 @@ local function uncharge(set, member)
     redis.call('HDEL', bytes, member)
     redis.call('ZREM', set, member)
     redis.call('HINCRBY', bytes, 'total', -had)
+    if CLUSTER then
+      local t = redis.call('TIME')
+      settle(bytes, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    end
   end
 end
 
 local function touch()
   local now = redis.call('TIME')[1]
   redis.call('EXPIRE', KEYS[1], ARGV[2])
-  redis.call('ZADD', KEYS[2], now, ARGV[1])
-  redis.call('EXPIRE', KEYS[2], ARGV[2])
+  if CLUSTER then
+    -- The index is in other slots: asked to note the session (INDEX) at most every min(60, ttl/10) s,
+    -- by the server's clock, so the fleet asks once; an unknown id at every call, as one Redis indexes it.
+    local seen = redis.call('HGET', KEYS[1], '..ix')
+    if not seen or now - tonumber(seen) > math.min(60, tonumber(ARGV[2]) / 10) then
+      if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], '..ix', now) end
+      hint('INDEX', ARGV[1])
+    end
+  else
+    redis.call('ZADD', KEYS[2], now, ARGV[1])
+    redis.call('EXPIRE', KEYS[2], ARGV[2])
+  end
   local payer = not usage_kept and payer_of(KEYS[1])
   if payer then
     local set = usage_set(KEYS[2], payer)
     outlive(set, ARGV[2] * 1000)
     outlive(set .. ':bytes', ARGV[2] * 1000)
+    if CLUSTER then settle(set .. ':bytes', tonumber(now) * 1000) end
   end
 end
 
@@ -118,7 +186,8 @@ touch()
 return redis.call('HGET', KEYS[1], ARGV[3])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_e212601d50dc_items', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_b88e8101e442_items', callback=function(KEYS, ARGV)
+local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
 local function key_bytes(name) return KEY_BYTES + 3 * #name end
@@ -126,8 +195,17 @@ local function entry_bytes(name, length)
   if length == 0 then return 0 end
   return #name + length + ENTRY_BYTES
 end
--- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
-local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+local function fmt(n) return string.format('%.0f', n) end
+local function hint(...) HINTS[#HINTS + 1] = {...} end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions');
+-- on a cluster, the owner's own ledger.
+local function usage_set(index, payer)
+  if CLUSTER then
+    PAYER = payer
+    return OWNER .. ':usage'
+  end
+  return string.sub(index, 1, -9) .. 'usage:' .. payer
+end
 -- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
 -- digest, the `.owner` entry without its JSON quotes. False for nobody.
 local function payer_of(hash)
@@ -141,7 +219,7 @@ local function outlive(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
 end
 local function grouped(n)
-  local text, k = string.format('%.0f', n), 1
+  local text, k = fmt(n), 1
   while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
   return text
 end
@@ -163,6 +241,22 @@ local function usage(set, quota)
     end
   end
   if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  if CLUSTER then
+    -- The quota here is the owner's grant: raised by what a NEED brought back, if it is the answer to
+    -- one asked since the owner last lowered it (a late answer to an older one may only raise it too).
+    local g = redis.call('HMGET', u.bytes, 'grant', 'gv', 'lv', 'gx')
+    local grant, gv, lv, gx = tonumber(g[1]) or 0, tonumber(g[2]), tonumber(g[3]) or 0, tonumber(g[4]) or 0
+    local changed = false
+    if GRANT[4] ~= '' and (not gv or tonumber(GRANT[4]) > gv) then gv, changed = tonumber(GRANT[4]), true end
+    if GRANT[1] ~= '' and gv and tonumber(GRANT[2]) > lv and tonumber(GRANT[2]) <= gv then
+      grant, gx, changed = math.max(grant, tonumber(GRANT[1])), math.max(gx, tonumber(GRANT[3])), true
+    end
+    if changed then
+      redis.call('HSET', u.bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'gx', fmt(gx))
+      outlive(u.bytes, LEASE)
+    end
+    u.quota, u.gv = grant, gv
+  end
   return u
 end
 -- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
@@ -190,8 +284,34 @@ local function over(u)
     u.delta = u.delta + change.bytes - old
   end
   if u.delta > 0 and total + u.delta > u.quota then
+    if CLUSTER then
+      -- A new ledger's versions start at the server's time in microseconds, above any earlier one's.
+      local gv = (u.gv or u.now * 1000) + 1
+      redis.call('HSET', u.bytes, 'gv', fmt(gv))
+      outlive(u.bytes, LEASE)
+      return redis.error_reply('NEED ' .. PAYER .. ' ' .. OWNER .. ' ' .. fmt(total + u.delta + SLACK) .. ' '
+        .. fmt(total + u.delta) .. ' ' .. fmt(gv))
+    end
     return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
       .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- On a cluster, once an owner's charges changed or were read: a grant far above what it holds is
+-- lowered here at once (LOWER tells the payer, whose entry only takes a newer version), and the
+-- payer's entry for it kept alive while the owner lives (RENEW, optimistically noted here).
+local function settle(bytes, now)
+  local g = redis.call('HMGET', bytes, 'total', 'grant', 'gv', 'gx', 'rn')
+  local total, grant = tonumber(g[1]) or 0, tonumber(g[2]) or 0
+  if grant - total > 2 * SLACK then
+    local gv = (tonumber(g[3]) or now * 1000) + 1
+    grant = total + SLACK
+    redis.call('HSET', bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'lv', fmt(gv))
+    hint('LOWER', PAYER, OWNER, fmt(grant), fmt(gv))
+  end
+  local gx, rn = tonumber(g[4]) or 0, tonumber(g[5]) or 0
+  if grant > 0 and gx - now < LEASE * 0.75 and now - rn > LEASE / 8 then
+    redis.call('HSET', bytes, 'gx', fmt(now + LEASE), 'rn', fmt(now))
+    hint('RENEW', PAYER, OWNER)
   end
 end
 -- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
@@ -209,6 +329,7 @@ local function commit(u)
   outlive(u.set, longest)
   outlive(u.bytes, longest)
   usage_kept = true
+  if CLUSTER then settle(u.bytes, u.now) end
 end
 local function uncharge(set, member)
   local bytes = set .. ':bytes'
@@ -217,19 +338,34 @@ local function uncharge(set, member)
     redis.call('HDEL', bytes, member)
     redis.call('ZREM', set, member)
     redis.call('HINCRBY', bytes, 'total', -had)
+    if CLUSTER then
+      local t = redis.call('TIME')
+      settle(bytes, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    end
   end
 end
 
 local function touch()
   local now = redis.call('TIME')[1]
   redis.call('EXPIRE', KEYS[1], ARGV[2])
-  redis.call('ZADD', KEYS[2], now, ARGV[1])
-  redis.call('EXPIRE', KEYS[2], ARGV[2])
+  if CLUSTER then
+    -- The index is in other slots: asked to note the session (INDEX) at most every min(60, ttl/10) s,
+    -- by the server's clock, so the fleet asks once; an unknown id at every call, as one Redis indexes it.
+    local seen = redis.call('HGET', KEYS[1], '..ix')
+    if not seen or now - tonumber(seen) > math.min(60, tonumber(ARGV[2]) / 10) then
+      if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], '..ix', now) end
+      hint('INDEX', ARGV[1])
+    end
+  else
+    redis.call('ZADD', KEYS[2], now, ARGV[1])
+    redis.call('EXPIRE', KEYS[2], ARGV[2])
+  end
   local payer = not usage_kept and payer_of(KEYS[1])
   if payer then
     local set = usage_set(KEYS[2], payer)
     outlive(set, ARGV[2] * 1000)
     outlive(set .. ':bytes', ARGV[2] * 1000)
+    if CLUSTER then settle(set .. ':bytes', tonumber(now) * 1000) end
   end
 end
 
@@ -237,7 +373,8 @@ touch()
 return redis.call('HGETALL', KEYS[1])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_e212601d50dc_touch', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_b88e8101e442_touch', callback=function(KEYS, ARGV)
+local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
 local function key_bytes(name) return KEY_BYTES + 3 * #name end
@@ -245,8 +382,17 @@ local function entry_bytes(name, length)
   if length == 0 then return 0 end
   return #name + length + ENTRY_BYTES
 end
--- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
-local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+local function fmt(n) return string.format('%.0f', n) end
+local function hint(...) HINTS[#HINTS + 1] = {...} end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions');
+-- on a cluster, the owner's own ledger.
+local function usage_set(index, payer)
+  if CLUSTER then
+    PAYER = payer
+    return OWNER .. ':usage'
+  end
+  return string.sub(index, 1, -9) .. 'usage:' .. payer
+end
 -- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
 -- digest, the `.owner` entry without its JSON quotes. False for nobody.
 local function payer_of(hash)
@@ -260,7 +406,7 @@ local function outlive(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
 end
 local function grouped(n)
-  local text, k = string.format('%.0f', n), 1
+  local text, k = fmt(n), 1
   while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
   return text
 end
@@ -282,6 +428,22 @@ local function usage(set, quota)
     end
   end
   if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  if CLUSTER then
+    -- The quota here is the owner's grant: raised by what a NEED brought back, if it is the answer to
+    -- one asked since the owner last lowered it (a late answer to an older one may only raise it too).
+    local g = redis.call('HMGET', u.bytes, 'grant', 'gv', 'lv', 'gx')
+    local grant, gv, lv, gx = tonumber(g[1]) or 0, tonumber(g[2]), tonumber(g[3]) or 0, tonumber(g[4]) or 0
+    local changed = false
+    if GRANT[4] ~= '' and (not gv or tonumber(GRANT[4]) > gv) then gv, changed = tonumber(GRANT[4]), true end
+    if GRANT[1] ~= '' and gv and tonumber(GRANT[2]) > lv and tonumber(GRANT[2]) <= gv then
+      grant, gx, changed = math.max(grant, tonumber(GRANT[1])), math.max(gx, tonumber(GRANT[3])), true
+    end
+    if changed then
+      redis.call('HSET', u.bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'gx', fmt(gx))
+      outlive(u.bytes, LEASE)
+    end
+    u.quota, u.gv = grant, gv
+  end
   return u
 end
 -- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
@@ -309,8 +471,34 @@ local function over(u)
     u.delta = u.delta + change.bytes - old
   end
   if u.delta > 0 and total + u.delta > u.quota then
+    if CLUSTER then
+      -- A new ledger's versions start at the server's time in microseconds, above any earlier one's.
+      local gv = (u.gv or u.now * 1000) + 1
+      redis.call('HSET', u.bytes, 'gv', fmt(gv))
+      outlive(u.bytes, LEASE)
+      return redis.error_reply('NEED ' .. PAYER .. ' ' .. OWNER .. ' ' .. fmt(total + u.delta + SLACK) .. ' '
+        .. fmt(total + u.delta) .. ' ' .. fmt(gv))
+    end
     return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
       .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- On a cluster, once an owner's charges changed or were read: a grant far above what it holds is
+-- lowered here at once (LOWER tells the payer, whose entry only takes a newer version), and the
+-- payer's entry for it kept alive while the owner lives (RENEW, optimistically noted here).
+local function settle(bytes, now)
+  local g = redis.call('HMGET', bytes, 'total', 'grant', 'gv', 'gx', 'rn')
+  local total, grant = tonumber(g[1]) or 0, tonumber(g[2]) or 0
+  if grant - total > 2 * SLACK then
+    local gv = (tonumber(g[3]) or now * 1000) + 1
+    grant = total + SLACK
+    redis.call('HSET', bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'lv', fmt(gv))
+    hint('LOWER', PAYER, OWNER, fmt(grant), fmt(gv))
+  end
+  local gx, rn = tonumber(g[4]) or 0, tonumber(g[5]) or 0
+  if grant > 0 and gx - now < LEASE * 0.75 and now - rn > LEASE / 8 then
+    redis.call('HSET', bytes, 'gx', fmt(now + LEASE), 'rn', fmt(now))
+    hint('RENEW', PAYER, OWNER)
   end
 end
 -- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
@@ -328,6 +516,7 @@ local function commit(u)
   outlive(u.set, longest)
   outlive(u.bytes, longest)
   usage_kept = true
+  if CLUSTER then settle(u.bytes, u.now) end
 end
 local function uncharge(set, member)
   local bytes = set .. ':bytes'
@@ -336,26 +525,42 @@ local function uncharge(set, member)
     redis.call('HDEL', bytes, member)
     redis.call('ZREM', set, member)
     redis.call('HINCRBY', bytes, 'total', -had)
+    if CLUSTER then
+      local t = redis.call('TIME')
+      settle(bytes, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    end
   end
 end
 
 local function touch()
   local now = redis.call('TIME')[1]
   redis.call('EXPIRE', KEYS[1], ARGV[2])
-  redis.call('ZADD', KEYS[2], now, ARGV[1])
-  redis.call('EXPIRE', KEYS[2], ARGV[2])
+  if CLUSTER then
+    -- The index is in other slots: asked to note the session (INDEX) at most every min(60, ttl/10) s,
+    -- by the server's clock, so the fleet asks once; an unknown id at every call, as one Redis indexes it.
+    local seen = redis.call('HGET', KEYS[1], '..ix')
+    if not seen or now - tonumber(seen) > math.min(60, tonumber(ARGV[2]) / 10) then
+      if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], '..ix', now) end
+      hint('INDEX', ARGV[1])
+    end
+  else
+    redis.call('ZADD', KEYS[2], now, ARGV[1])
+    redis.call('EXPIRE', KEYS[2], ARGV[2])
+  end
   local payer = not usage_kept and payer_of(KEYS[1])
   if payer then
     local set = usage_set(KEYS[2], payer)
     outlive(set, ARGV[2] * 1000)
     outlive(set .. ':bytes', ARGV[2] * 1000)
+    if CLUSTER then settle(set .. ':bytes', tonumber(now) * 1000) end
   end
 end
 
 touch()
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_e212601d50dc_write', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_b88e8101e442_write', callback=function(KEYS, ARGV)
+local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
 local function key_bytes(name) return KEY_BYTES + 3 * #name end
@@ -363,8 +568,17 @@ local function entry_bytes(name, length)
   if length == 0 then return 0 end
   return #name + length + ENTRY_BYTES
 end
--- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
-local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+local function fmt(n) return string.format('%.0f', n) end
+local function hint(...) HINTS[#HINTS + 1] = {...} end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions');
+-- on a cluster, the owner's own ledger.
+local function usage_set(index, payer)
+  if CLUSTER then
+    PAYER = payer
+    return OWNER .. ':usage'
+  end
+  return string.sub(index, 1, -9) .. 'usage:' .. payer
+end
 -- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
 -- digest, the `.owner` entry without its JSON quotes. False for nobody.
 local function payer_of(hash)
@@ -378,7 +592,7 @@ local function outlive(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
 end
 local function grouped(n)
-  local text, k = string.format('%.0f', n), 1
+  local text, k = fmt(n), 1
   while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
   return text
 end
@@ -400,6 +614,22 @@ local function usage(set, quota)
     end
   end
   if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  if CLUSTER then
+    -- The quota here is the owner's grant: raised by what a NEED brought back, if it is the answer to
+    -- one asked since the owner last lowered it (a late answer to an older one may only raise it too).
+    local g = redis.call('HMGET', u.bytes, 'grant', 'gv', 'lv', 'gx')
+    local grant, gv, lv, gx = tonumber(g[1]) or 0, tonumber(g[2]), tonumber(g[3]) or 0, tonumber(g[4]) or 0
+    local changed = false
+    if GRANT[4] ~= '' and (not gv or tonumber(GRANT[4]) > gv) then gv, changed = tonumber(GRANT[4]), true end
+    if GRANT[1] ~= '' and gv and tonumber(GRANT[2]) > lv and tonumber(GRANT[2]) <= gv then
+      grant, gx, changed = math.max(grant, tonumber(GRANT[1])), math.max(gx, tonumber(GRANT[3])), true
+    end
+    if changed then
+      redis.call('HSET', u.bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'gx', fmt(gx))
+      outlive(u.bytes, LEASE)
+    end
+    u.quota, u.gv = grant, gv
+  end
   return u
 end
 -- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
@@ -427,8 +657,34 @@ local function over(u)
     u.delta = u.delta + change.bytes - old
   end
   if u.delta > 0 and total + u.delta > u.quota then
+    if CLUSTER then
+      -- A new ledger's versions start at the server's time in microseconds, above any earlier one's.
+      local gv = (u.gv or u.now * 1000) + 1
+      redis.call('HSET', u.bytes, 'gv', fmt(gv))
+      outlive(u.bytes, LEASE)
+      return redis.error_reply('NEED ' .. PAYER .. ' ' .. OWNER .. ' ' .. fmt(total + u.delta + SLACK) .. ' '
+        .. fmt(total + u.delta) .. ' ' .. fmt(gv))
+    end
     return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
       .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- On a cluster, once an owner's charges changed or were read: a grant far above what it holds is
+-- lowered here at once (LOWER tells the payer, whose entry only takes a newer version), and the
+-- payer's entry for it kept alive while the owner lives (RENEW, optimistically noted here).
+local function settle(bytes, now)
+  local g = redis.call('HMGET', bytes, 'total', 'grant', 'gv', 'gx', 'rn')
+  local total, grant = tonumber(g[1]) or 0, tonumber(g[2]) or 0
+  if grant - total > 2 * SLACK then
+    local gv = (tonumber(g[3]) or now * 1000) + 1
+    grant = total + SLACK
+    redis.call('HSET', bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'lv', fmt(gv))
+    hint('LOWER', PAYER, OWNER, fmt(grant), fmt(gv))
+  end
+  local gx, rn = tonumber(g[4]) or 0, tonumber(g[5]) or 0
+  if grant > 0 and gx - now < LEASE * 0.75 and now - rn > LEASE / 8 then
+    redis.call('HSET', bytes, 'gx', fmt(now + LEASE), 'rn', fmt(now))
+    hint('RENEW', PAYER, OWNER)
   end
 end
 -- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
@@ -446,6 +702,7 @@ local function commit(u)
   outlive(u.set, longest)
   outlive(u.bytes, longest)
   usage_kept = true
+  if CLUSTER then settle(u.bytes, u.now) end
 end
 local function uncharge(set, member)
   local bytes = set .. ':bytes'
@@ -454,19 +711,34 @@ local function uncharge(set, member)
     redis.call('HDEL', bytes, member)
     redis.call('ZREM', set, member)
     redis.call('HINCRBY', bytes, 'total', -had)
+    if CLUSTER then
+      local t = redis.call('TIME')
+      settle(bytes, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    end
   end
 end
 
 local function touch()
   local now = redis.call('TIME')[1]
   redis.call('EXPIRE', KEYS[1], ARGV[2])
-  redis.call('ZADD', KEYS[2], now, ARGV[1])
-  redis.call('EXPIRE', KEYS[2], ARGV[2])
+  if CLUSTER then
+    -- The index is in other slots: asked to note the session (INDEX) at most every min(60, ttl/10) s,
+    -- by the server's clock, so the fleet asks once; an unknown id at every call, as one Redis indexes it.
+    local seen = redis.call('HGET', KEYS[1], '..ix')
+    if not seen or now - tonumber(seen) > math.min(60, tonumber(ARGV[2]) / 10) then
+      if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], '..ix', now) end
+      hint('INDEX', ARGV[1])
+    end
+  else
+    redis.call('ZADD', KEYS[2], now, ARGV[1])
+    redis.call('EXPIRE', KEYS[2], ARGV[2])
+  end
   local payer = not usage_kept and payer_of(KEYS[1])
   if payer then
     local set = usage_set(KEYS[2], payer)
     outlive(set, ARGV[2] * 1000)
     outlive(set .. ':bytes', ARGV[2] * 1000)
+    if CLUSTER then settle(set .. ':bytes', tonumber(now) * 1000) end
   end
 end
 
@@ -701,14 +973,16 @@ redis.call('PUBLISH', KEYS[5], ARGV[1])
 return {result, 0}
 
 end}
-redis.register_function{function_name='mcp_ha_e212601d50dc_count', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_b88e8101e442_count', callback=function(KEYS, ARGV)
+local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local horizon = tonumber(redis.call('TIME')[1]) - tonumber(ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', horizon)
 return redis.call('ZCARD', KEYS[1])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_e212601d50dc_claim', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_b88e8101e442_claim', callback=function(KEYS, ARGV)
+local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
 local function key_bytes(name) return KEY_BYTES + 3 * #name end
@@ -716,8 +990,17 @@ local function entry_bytes(name, length)
   if length == 0 then return 0 end
   return #name + length + ENTRY_BYTES
 end
--- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
-local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+local function fmt(n) return string.format('%.0f', n) end
+local function hint(...) HINTS[#HINTS + 1] = {...} end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions');
+-- on a cluster, the owner's own ledger.
+local function usage_set(index, payer)
+  if CLUSTER then
+    PAYER = payer
+    return OWNER .. ':usage'
+  end
+  return string.sub(index, 1, -9) .. 'usage:' .. payer
+end
 -- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
 -- digest, the `.owner` entry without its JSON quotes. False for nobody.
 local function payer_of(hash)
@@ -731,7 +1014,7 @@ local function outlive(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
 end
 local function grouped(n)
-  local text, k = string.format('%.0f', n), 1
+  local text, k = fmt(n), 1
   while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
   return text
 end
@@ -753,6 +1036,22 @@ local function usage(set, quota)
     end
   end
   if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  if CLUSTER then
+    -- The quota here is the owner's grant: raised by what a NEED brought back, if it is the answer to
+    -- one asked since the owner last lowered it (a late answer to an older one may only raise it too).
+    local g = redis.call('HMGET', u.bytes, 'grant', 'gv', 'lv', 'gx')
+    local grant, gv, lv, gx = tonumber(g[1]) or 0, tonumber(g[2]), tonumber(g[3]) or 0, tonumber(g[4]) or 0
+    local changed = false
+    if GRANT[4] ~= '' and (not gv or tonumber(GRANT[4]) > gv) then gv, changed = tonumber(GRANT[4]), true end
+    if GRANT[1] ~= '' and gv and tonumber(GRANT[2]) > lv and tonumber(GRANT[2]) <= gv then
+      grant, gx, changed = math.max(grant, tonumber(GRANT[1])), math.max(gx, tonumber(GRANT[3])), true
+    end
+    if changed then
+      redis.call('HSET', u.bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'gx', fmt(gx))
+      outlive(u.bytes, LEASE)
+    end
+    u.quota, u.gv = grant, gv
+  end
   return u
 end
 -- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
@@ -780,8 +1079,34 @@ local function over(u)
     u.delta = u.delta + change.bytes - old
   end
   if u.delta > 0 and total + u.delta > u.quota then
+    if CLUSTER then
+      -- A new ledger's versions start at the server's time in microseconds, above any earlier one's.
+      local gv = (u.gv or u.now * 1000) + 1
+      redis.call('HSET', u.bytes, 'gv', fmt(gv))
+      outlive(u.bytes, LEASE)
+      return redis.error_reply('NEED ' .. PAYER .. ' ' .. OWNER .. ' ' .. fmt(total + u.delta + SLACK) .. ' '
+        .. fmt(total + u.delta) .. ' ' .. fmt(gv))
+    end
     return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
       .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- On a cluster, once an owner's charges changed or were read: a grant far above what it holds is
+-- lowered here at once (LOWER tells the payer, whose entry only takes a newer version), and the
+-- payer's entry for it kept alive while the owner lives (RENEW, optimistically noted here).
+local function settle(bytes, now)
+  local g = redis.call('HMGET', bytes, 'total', 'grant', 'gv', 'gx', 'rn')
+  local total, grant = tonumber(g[1]) or 0, tonumber(g[2]) or 0
+  if grant - total > 2 * SLACK then
+    local gv = (tonumber(g[3]) or now * 1000) + 1
+    grant = total + SLACK
+    redis.call('HSET', bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'lv', fmt(gv))
+    hint('LOWER', PAYER, OWNER, fmt(grant), fmt(gv))
+  end
+  local gx, rn = tonumber(g[4]) or 0, tonumber(g[5]) or 0
+  if grant > 0 and gx - now < LEASE * 0.75 and now - rn > LEASE / 8 then
+    redis.call('HSET', bytes, 'gx', fmt(now + LEASE), 'rn', fmt(now))
+    hint('RENEW', PAYER, OWNER)
   end
 end
 -- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
@@ -799,6 +1124,7 @@ local function commit(u)
   outlive(u.set, longest)
   outlive(u.bytes, longest)
   usage_kept = true
+  if CLUSTER then settle(u.bytes, u.now) end
 end
 local function uncharge(set, member)
   local bytes = set .. ':bytes'
@@ -807,6 +1133,10 @@ local function uncharge(set, member)
     redis.call('HDEL', bytes, member)
     redis.call('ZREM', set, member)
     redis.call('HINCRBY', bytes, 'total', -had)
+    if CLUSTER then
+      local t = redis.call('TIME')
+      settle(bytes, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    end
   end
 end
 
@@ -819,6 +1149,7 @@ if set then
   local refused = over(u)
   if refused then return refused end
   redis.call('HSET', KEYS[1], 'u', set)
+  if CLUSTER then redis.call('HSET', KEYS[1], 'p', PAYER) end
 end
 redis.call('HSET', KEYS[1], 'holder', ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
@@ -826,7 +1157,8 @@ if u then commit(u) end
 return ARGV[1]
 
 end}
-redis.register_function{function_name='mcp_ha_e212601d50dc_release', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_b88e8101e442_release', callback=function(KEYS, ARGV)
+local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
 local function key_bytes(name) return KEY_BYTES + 3 * #name end
@@ -834,8 +1166,17 @@ local function entry_bytes(name, length)
   if length == 0 then return 0 end
   return #name + length + ENTRY_BYTES
 end
--- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
-local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+local function fmt(n) return string.format('%.0f', n) end
+local function hint(...) HINTS[#HINTS + 1] = {...} end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions');
+-- on a cluster, the owner's own ledger.
+local function usage_set(index, payer)
+  if CLUSTER then
+    PAYER = payer
+    return OWNER .. ':usage'
+  end
+  return string.sub(index, 1, -9) .. 'usage:' .. payer
+end
 -- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
 -- digest, the `.owner` entry without its JSON quotes. False for nobody.
 local function payer_of(hash)
@@ -849,7 +1190,7 @@ local function outlive(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
 end
 local function grouped(n)
-  local text, k = string.format('%.0f', n), 1
+  local text, k = fmt(n), 1
   while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
   return text
 end
@@ -871,6 +1212,22 @@ local function usage(set, quota)
     end
   end
   if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  if CLUSTER then
+    -- The quota here is the owner's grant: raised by what a NEED brought back, if it is the answer to
+    -- one asked since the owner last lowered it (a late answer to an older one may only raise it too).
+    local g = redis.call('HMGET', u.bytes, 'grant', 'gv', 'lv', 'gx')
+    local grant, gv, lv, gx = tonumber(g[1]) or 0, tonumber(g[2]), tonumber(g[3]) or 0, tonumber(g[4]) or 0
+    local changed = false
+    if GRANT[4] ~= '' and (not gv or tonumber(GRANT[4]) > gv) then gv, changed = tonumber(GRANT[4]), true end
+    if GRANT[1] ~= '' and gv and tonumber(GRANT[2]) > lv and tonumber(GRANT[2]) <= gv then
+      grant, gx, changed = math.max(grant, tonumber(GRANT[1])), math.max(gx, tonumber(GRANT[3])), true
+    end
+    if changed then
+      redis.call('HSET', u.bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'gx', fmt(gx))
+      outlive(u.bytes, LEASE)
+    end
+    u.quota, u.gv = grant, gv
+  end
   return u
 end
 -- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
@@ -898,8 +1255,34 @@ local function over(u)
     u.delta = u.delta + change.bytes - old
   end
   if u.delta > 0 and total + u.delta > u.quota then
+    if CLUSTER then
+      -- A new ledger's versions start at the server's time in microseconds, above any earlier one's.
+      local gv = (u.gv or u.now * 1000) + 1
+      redis.call('HSET', u.bytes, 'gv', fmt(gv))
+      outlive(u.bytes, LEASE)
+      return redis.error_reply('NEED ' .. PAYER .. ' ' .. OWNER .. ' ' .. fmt(total + u.delta + SLACK) .. ' '
+        .. fmt(total + u.delta) .. ' ' .. fmt(gv))
+    end
     return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
       .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- On a cluster, once an owner's charges changed or were read: a grant far above what it holds is
+-- lowered here at once (LOWER tells the payer, whose entry only takes a newer version), and the
+-- payer's entry for it kept alive while the owner lives (RENEW, optimistically noted here).
+local function settle(bytes, now)
+  local g = redis.call('HMGET', bytes, 'total', 'grant', 'gv', 'gx', 'rn')
+  local total, grant = tonumber(g[1]) or 0, tonumber(g[2]) or 0
+  if grant - total > 2 * SLACK then
+    local gv = (tonumber(g[3]) or now * 1000) + 1
+    grant = total + SLACK
+    redis.call('HSET', bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'lv', fmt(gv))
+    hint('LOWER', PAYER, OWNER, fmt(grant), fmt(gv))
+  end
+  local gx, rn = tonumber(g[4]) or 0, tonumber(g[5]) or 0
+  if grant > 0 and gx - now < LEASE * 0.75 and now - rn > LEASE / 8 then
+    redis.call('HSET', bytes, 'gx', fmt(now + LEASE), 'rn', fmt(now))
+    hint('RENEW', PAYER, OWNER)
   end
 end
 -- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
@@ -917,6 +1300,7 @@ local function commit(u)
   outlive(u.set, longest)
   outlive(u.bytes, longest)
   usage_kept = true
+  if CLUSTER then settle(u.bytes, u.now) end
 end
 local function uncharge(set, member)
   local bytes = set .. ':bytes'
@@ -925,15 +1309,21 @@ local function uncharge(set, member)
     redis.call('HDEL', bytes, member)
     redis.call('ZREM', set, member)
     redis.call('HINCRBY', bytes, 'total', -had)
+    if CLUSTER then
+      local t = redis.call('TIME')
+      settle(bytes, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    end
   end
 end
 
 local set = redis.call('HGET', KEYS[1], 'u')
-redis.call('HDEL', KEYS[1], 'holder', 'u')
+if CLUSTER then PAYER = redis.call('HGET', KEYS[1], 'p') end
+redis.call('HDEL', KEYS[1], 'holder', 'u', 'p')
 if set then uncharge(set, 'c' .. KEYS[1]) end
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_e212601d50dc_open', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_b88e8101e442_open', callback=function(KEYS, ARGV)
+local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
 local function key_bytes(name) return KEY_BYTES + 3 * #name end
@@ -941,8 +1331,17 @@ local function entry_bytes(name, length)
   if length == 0 then return 0 end
   return #name + length + ENTRY_BYTES
 end
--- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
-local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+local function fmt(n) return string.format('%.0f', n) end
+local function hint(...) HINTS[#HINTS + 1] = {...} end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions');
+-- on a cluster, the owner's own ledger.
+local function usage_set(index, payer)
+  if CLUSTER then
+    PAYER = payer
+    return OWNER .. ':usage'
+  end
+  return string.sub(index, 1, -9) .. 'usage:' .. payer
+end
 -- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
 -- digest, the `.owner` entry without its JSON quotes. False for nobody.
 local function payer_of(hash)
@@ -956,7 +1355,7 @@ local function outlive(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
 end
 local function grouped(n)
-  local text, k = string.format('%.0f', n), 1
+  local text, k = fmt(n), 1
   while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
   return text
 end
@@ -978,6 +1377,22 @@ local function usage(set, quota)
     end
   end
   if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  if CLUSTER then
+    -- The quota here is the owner's grant: raised by what a NEED brought back, if it is the answer to
+    -- one asked since the owner last lowered it (a late answer to an older one may only raise it too).
+    local g = redis.call('HMGET', u.bytes, 'grant', 'gv', 'lv', 'gx')
+    local grant, gv, lv, gx = tonumber(g[1]) or 0, tonumber(g[2]), tonumber(g[3]) or 0, tonumber(g[4]) or 0
+    local changed = false
+    if GRANT[4] ~= '' and (not gv or tonumber(GRANT[4]) > gv) then gv, changed = tonumber(GRANT[4]), true end
+    if GRANT[1] ~= '' and gv and tonumber(GRANT[2]) > lv and tonumber(GRANT[2]) <= gv then
+      grant, gx, changed = math.max(grant, tonumber(GRANT[1])), math.max(gx, tonumber(GRANT[3])), true
+    end
+    if changed then
+      redis.call('HSET', u.bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'gx', fmt(gx))
+      outlive(u.bytes, LEASE)
+    end
+    u.quota, u.gv = grant, gv
+  end
   return u
 end
 -- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
@@ -1005,8 +1420,34 @@ local function over(u)
     u.delta = u.delta + change.bytes - old
   end
   if u.delta > 0 and total + u.delta > u.quota then
+    if CLUSTER then
+      -- A new ledger's versions start at the server's time in microseconds, above any earlier one's.
+      local gv = (u.gv or u.now * 1000) + 1
+      redis.call('HSET', u.bytes, 'gv', fmt(gv))
+      outlive(u.bytes, LEASE)
+      return redis.error_reply('NEED ' .. PAYER .. ' ' .. OWNER .. ' ' .. fmt(total + u.delta + SLACK) .. ' '
+        .. fmt(total + u.delta) .. ' ' .. fmt(gv))
+    end
     return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
       .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- On a cluster, once an owner's charges changed or were read: a grant far above what it holds is
+-- lowered here at once (LOWER tells the payer, whose entry only takes a newer version), and the
+-- payer's entry for it kept alive while the owner lives (RENEW, optimistically noted here).
+local function settle(bytes, now)
+  local g = redis.call('HMGET', bytes, 'total', 'grant', 'gv', 'gx', 'rn')
+  local total, grant = tonumber(g[1]) or 0, tonumber(g[2]) or 0
+  if grant - total > 2 * SLACK then
+    local gv = (tonumber(g[3]) or now * 1000) + 1
+    grant = total + SLACK
+    redis.call('HSET', bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'lv', fmt(gv))
+    hint('LOWER', PAYER, OWNER, fmt(grant), fmt(gv))
+  end
+  local gx, rn = tonumber(g[4]) or 0, tonumber(g[5]) or 0
+  if grant > 0 and gx - now < LEASE * 0.75 and now - rn > LEASE / 8 then
+    redis.call('HSET', bytes, 'gx', fmt(now + LEASE), 'rn', fmt(now))
+    hint('RENEW', PAYER, OWNER)
   end
 end
 -- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
@@ -1024,6 +1465,7 @@ local function commit(u)
   outlive(u.set, longest)
   outlive(u.bytes, longest)
   usage_kept = true
+  if CLUSTER then settle(u.bytes, u.now) end
 end
 local function uncharge(set, member)
   local bytes = set .. ':bytes'
@@ -1032,31 +1474,47 @@ local function uncharge(set, member)
     redis.call('HDEL', bytes, member)
     redis.call('ZREM', set, member)
     redis.call('HINCRBY', bytes, 'total', -had)
+    if CLUSTER then
+      local t = redis.call('TIME')
+      settle(bytes, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    end
   end
 end
 
 local function touch()
   local now = redis.call('TIME')[1]
   redis.call('EXPIRE', KEYS[1], ARGV[2])
-  redis.call('ZADD', KEYS[2], now, ARGV[1])
-  redis.call('EXPIRE', KEYS[2], ARGV[2])
+  if CLUSTER then
+    -- The index is in other slots: asked to note the session (INDEX) at most every min(60, ttl/10) s,
+    -- by the server's clock, so the fleet asks once; an unknown id at every call, as one Redis indexes it.
+    local seen = redis.call('HGET', KEYS[1], '..ix')
+    if not seen or now - tonumber(seen) > math.min(60, tonumber(ARGV[2]) / 10) then
+      if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], '..ix', now) end
+      hint('INDEX', ARGV[1])
+    end
+  else
+    redis.call('ZADD', KEYS[2], now, ARGV[1])
+    redis.call('EXPIRE', KEYS[2], ARGV[2])
+  end
   local payer = not usage_kept and payer_of(KEYS[1])
   if payer then
     local set = usage_set(KEYS[2], payer)
     outlive(set, ARGV[2] * 1000)
     outlive(set .. ':bytes', ARGV[2] * 1000)
+    if CLUSTER then settle(set .. ':bytes', tonumber(now) * 1000) end
   end
 end
 
 local now = tonumber(redis.call('TIME')[1])
 local horizon = now - tonumber(ARGV[2])
-if redis.call('EXISTS', KEYS[1]) == 0 then
+-- On a cluster the index and the holder's sessions are in other slots: checked before (redis_cluster.py).
+if redis.call('EXISTS', KEYS[1]) == 0 and not CLUSTER then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', horizon)
   if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then
     return redis.error_reply('LIMIT this server holds ' .. ARGV[3] .. ' sessions, the most it may')
   end
 end
-if ARGV[5] ~= '' then
+if ARGV[5] ~= '' and not CLUSTER then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', horizon)
   if redis.call('ZSCORE', KEYS[3], ARGV[1]) == false and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[4]) then
     return redis.error_reply('LIMIT you hold ' .. ARGV[4] .. ' open sessions, the most you may; end some first')
@@ -1075,7 +1533,7 @@ if payer then
   local refused = over(u)
   if refused then return refused end
 end
-if ARGV[5] ~= '' then
+if ARGV[5] ~= '' and not CLUSTER then
   redis.call('ZADD', KEYS[3], now, ARGV[1])
   redis.call('EXPIRE', KEYS[3], ARGV[2])
 end
@@ -1088,7 +1546,8 @@ touch()
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_e212601d50dc_read_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_b88e8101e442_read_record', callback=function(KEYS, ARGV)
+local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local function record_fields()
   local names = {}
@@ -1114,14 +1573,16 @@ if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return nil end
 return record()
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_e212601d50dc_update_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_b88e8101e442_update_record', callback=function(KEYS, ARGV)
+local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_e212601d50dc_adopt', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_b88e8101e442_adopt', callback=function(KEYS, ARGV)
+local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
 local function key_bytes(name) return KEY_BYTES + 3 * #name end
@@ -1129,8 +1590,17 @@ local function entry_bytes(name, length)
   if length == 0 then return 0 end
   return #name + length + ENTRY_BYTES
 end
--- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
-local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+local function fmt(n) return string.format('%.0f', n) end
+local function hint(...) HINTS[#HINTS + 1] = {...} end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions');
+-- on a cluster, the owner's own ledger.
+local function usage_set(index, payer)
+  if CLUSTER then
+    PAYER = payer
+    return OWNER .. ':usage'
+  end
+  return string.sub(index, 1, -9) .. 'usage:' .. payer
+end
 -- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
 -- digest, the `.owner` entry without its JSON quotes. False for nobody.
 local function payer_of(hash)
@@ -1144,7 +1614,7 @@ local function outlive(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
 end
 local function grouped(n)
-  local text, k = string.format('%.0f', n), 1
+  local text, k = fmt(n), 1
   while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
   return text
 end
@@ -1166,6 +1636,22 @@ local function usage(set, quota)
     end
   end
   if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  if CLUSTER then
+    -- The quota here is the owner's grant: raised by what a NEED brought back, if it is the answer to
+    -- one asked since the owner last lowered it (a late answer to an older one may only raise it too).
+    local g = redis.call('HMGET', u.bytes, 'grant', 'gv', 'lv', 'gx')
+    local grant, gv, lv, gx = tonumber(g[1]) or 0, tonumber(g[2]), tonumber(g[3]) or 0, tonumber(g[4]) or 0
+    local changed = false
+    if GRANT[4] ~= '' and (not gv or tonumber(GRANT[4]) > gv) then gv, changed = tonumber(GRANT[4]), true end
+    if GRANT[1] ~= '' and gv and tonumber(GRANT[2]) > lv and tonumber(GRANT[2]) <= gv then
+      grant, gx, changed = math.max(grant, tonumber(GRANT[1])), math.max(gx, tonumber(GRANT[3])), true
+    end
+    if changed then
+      redis.call('HSET', u.bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'gx', fmt(gx))
+      outlive(u.bytes, LEASE)
+    end
+    u.quota, u.gv = grant, gv
+  end
   return u
 end
 -- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
@@ -1193,8 +1679,34 @@ local function over(u)
     u.delta = u.delta + change.bytes - old
   end
   if u.delta > 0 and total + u.delta > u.quota then
+    if CLUSTER then
+      -- A new ledger's versions start at the server's time in microseconds, above any earlier one's.
+      local gv = (u.gv or u.now * 1000) + 1
+      redis.call('HSET', u.bytes, 'gv', fmt(gv))
+      outlive(u.bytes, LEASE)
+      return redis.error_reply('NEED ' .. PAYER .. ' ' .. OWNER .. ' ' .. fmt(total + u.delta + SLACK) .. ' '
+        .. fmt(total + u.delta) .. ' ' .. fmt(gv))
+    end
     return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
       .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- On a cluster, once an owner's charges changed or were read: a grant far above what it holds is
+-- lowered here at once (LOWER tells the payer, whose entry only takes a newer version), and the
+-- payer's entry for it kept alive while the owner lives (RENEW, optimistically noted here).
+local function settle(bytes, now)
+  local g = redis.call('HMGET', bytes, 'total', 'grant', 'gv', 'gx', 'rn')
+  local total, grant = tonumber(g[1]) or 0, tonumber(g[2]) or 0
+  if grant - total > 2 * SLACK then
+    local gv = (tonumber(g[3]) or now * 1000) + 1
+    grant = total + SLACK
+    redis.call('HSET', bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'lv', fmt(gv))
+    hint('LOWER', PAYER, OWNER, fmt(grant), fmt(gv))
+  end
+  local gx, rn = tonumber(g[4]) or 0, tonumber(g[5]) or 0
+  if grant > 0 and gx - now < LEASE * 0.75 and now - rn > LEASE / 8 then
+    redis.call('HSET', bytes, 'gx', fmt(now + LEASE), 'rn', fmt(now))
+    hint('RENEW', PAYER, OWNER)
   end
 end
 -- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
@@ -1212,6 +1724,7 @@ local function commit(u)
   outlive(u.set, longest)
   outlive(u.bytes, longest)
   usage_kept = true
+  if CLUSTER then settle(u.bytes, u.now) end
 end
 local function uncharge(set, member)
   local bytes = set .. ':bytes'
@@ -1220,19 +1733,34 @@ local function uncharge(set, member)
     redis.call('HDEL', bytes, member)
     redis.call('ZREM', set, member)
     redis.call('HINCRBY', bytes, 'total', -had)
+    if CLUSTER then
+      local t = redis.call('TIME')
+      settle(bytes, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    end
   end
 end
 
 local function touch()
   local now = redis.call('TIME')[1]
   redis.call('EXPIRE', KEYS[1], ARGV[2])
-  redis.call('ZADD', KEYS[2], now, ARGV[1])
-  redis.call('EXPIRE', KEYS[2], ARGV[2])
+  if CLUSTER then
+    -- The index is in other slots: asked to note the session (INDEX) at most every min(60, ttl/10) s,
+    -- by the server's clock, so the fleet asks once; an unknown id at every call, as one Redis indexes it.
+    local seen = redis.call('HGET', KEYS[1], '..ix')
+    if not seen or now - tonumber(seen) > math.min(60, tonumber(ARGV[2]) / 10) then
+      if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], '..ix', now) end
+      hint('INDEX', ARGV[1])
+    end
+  else
+    redis.call('ZADD', KEYS[2], now, ARGV[1])
+    redis.call('EXPIRE', KEYS[2], ARGV[2])
+  end
   local payer = not usage_kept and payer_of(KEYS[1])
   if payer then
     local set = usage_set(KEYS[2], payer)
     outlive(set, ARGV[2] * 1000)
     outlive(set .. ':bytes', ARGV[2] * 1000)
+    if CLUSTER then settle(set .. ':bytes', tonumber(now) * 1000) end
   end
 end
 
@@ -1262,7 +1790,8 @@ touch()
 return {epoch, record()}
 
 end}
-redis.register_function{function_name='mcp_ha_e212601d50dc_end', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_b88e8101e442_end', callback=function(KEYS, ARGV)
+local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
 local function key_bytes(name) return KEY_BYTES + 3 * #name end
@@ -1270,8 +1799,17 @@ local function entry_bytes(name, length)
   if length == 0 then return 0 end
   return #name + length + ENTRY_BYTES
 end
--- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
-local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+local function fmt(n) return string.format('%.0f', n) end
+local function hint(...) HINTS[#HINTS + 1] = {...} end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions');
+-- on a cluster, the owner's own ledger.
+local function usage_set(index, payer)
+  if CLUSTER then
+    PAYER = payer
+    return OWNER .. ':usage'
+  end
+  return string.sub(index, 1, -9) .. 'usage:' .. payer
+end
 -- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
 -- digest, the `.owner` entry without its JSON quotes. False for nobody.
 local function payer_of(hash)
@@ -1285,7 +1823,7 @@ local function outlive(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
 end
 local function grouped(n)
-  local text, k = string.format('%.0f', n), 1
+  local text, k = fmt(n), 1
   while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
   return text
 end
@@ -1307,6 +1845,22 @@ local function usage(set, quota)
     end
   end
   if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  if CLUSTER then
+    -- The quota here is the owner's grant: raised by what a NEED brought back, if it is the answer to
+    -- one asked since the owner last lowered it (a late answer to an older one may only raise it too).
+    local g = redis.call('HMGET', u.bytes, 'grant', 'gv', 'lv', 'gx')
+    local grant, gv, lv, gx = tonumber(g[1]) or 0, tonumber(g[2]), tonumber(g[3]) or 0, tonumber(g[4]) or 0
+    local changed = false
+    if GRANT[4] ~= '' and (not gv or tonumber(GRANT[4]) > gv) then gv, changed = tonumber(GRANT[4]), true end
+    if GRANT[1] ~= '' and gv and tonumber(GRANT[2]) > lv and tonumber(GRANT[2]) <= gv then
+      grant, gx, changed = math.max(grant, tonumber(GRANT[1])), math.max(gx, tonumber(GRANT[3])), true
+    end
+    if changed then
+      redis.call('HSET', u.bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'gx', fmt(gx))
+      outlive(u.bytes, LEASE)
+    end
+    u.quota, u.gv = grant, gv
+  end
   return u
 end
 -- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
@@ -1334,8 +1888,34 @@ local function over(u)
     u.delta = u.delta + change.bytes - old
   end
   if u.delta > 0 and total + u.delta > u.quota then
+    if CLUSTER then
+      -- A new ledger's versions start at the server's time in microseconds, above any earlier one's.
+      local gv = (u.gv or u.now * 1000) + 1
+      redis.call('HSET', u.bytes, 'gv', fmt(gv))
+      outlive(u.bytes, LEASE)
+      return redis.error_reply('NEED ' .. PAYER .. ' ' .. OWNER .. ' ' .. fmt(total + u.delta + SLACK) .. ' '
+        .. fmt(total + u.delta) .. ' ' .. fmt(gv))
+    end
     return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
       .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- On a cluster, once an owner's charges changed or were read: a grant far above what it holds is
+-- lowered here at once (LOWER tells the payer, whose entry only takes a newer version), and the
+-- payer's entry for it kept alive while the owner lives (RENEW, optimistically noted here).
+local function settle(bytes, now)
+  local g = redis.call('HMGET', bytes, 'total', 'grant', 'gv', 'gx', 'rn')
+  local total, grant = tonumber(g[1]) or 0, tonumber(g[2]) or 0
+  if grant - total > 2 * SLACK then
+    local gv = (tonumber(g[3]) or now * 1000) + 1
+    grant = total + SLACK
+    redis.call('HSET', bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'lv', fmt(gv))
+    hint('LOWER', PAYER, OWNER, fmt(grant), fmt(gv))
+  end
+  local gx, rn = tonumber(g[4]) or 0, tonumber(g[5]) or 0
+  if grant > 0 and gx - now < LEASE * 0.75 and now - rn > LEASE / 8 then
+    redis.call('HSET', bytes, 'gx', fmt(now + LEASE), 'rn', fmt(now))
+    hint('RENEW', PAYER, OWNER)
   end
 end
 -- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
@@ -1353,6 +1933,7 @@ local function commit(u)
   outlive(u.set, longest)
   outlive(u.bytes, longest)
   usage_kept = true
+  if CLUSTER then settle(u.bytes, u.now) end
 end
 local function uncharge(set, member)
   local bytes = set .. ':bytes'
@@ -1361,6 +1942,10 @@ local function uncharge(set, member)
     redis.call('HDEL', bytes, member)
     redis.call('ZREM', set, member)
     redis.call('HINCRBY', bytes, 'total', -had)
+    if CLUSTER then
+      local t = redis.call('TIME')
+      settle(bytes, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    end
   end
 end
 
@@ -1384,7 +1969,7 @@ local function record()
   return flat
 end
 
-redis.call('ZREM', KEYS[2], ARGV[1])
+if not CLUSTER then redis.call('ZREM', KEYS[2], ARGV[1]) end
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
 local names = {'.epoch'}
 for _, name in ipairs(record_fields()) do
@@ -1403,7 +1988,8 @@ end
 return 1
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_e212601d50dc_add_event', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_b88e8101e442_add_event', callback=function(KEYS, ARGV)
+local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
 local function key_bytes(name) return KEY_BYTES + 3 * #name end
@@ -1411,8 +1997,17 @@ local function entry_bytes(name, length)
   if length == 0 then return 0 end
   return #name + length + ENTRY_BYTES
 end
--- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions').
-local function usage_set(index, payer) return string.sub(index, 1, -9) .. 'usage:' .. payer end
+local function fmt(n) return string.format('%.0f', n) end
+local function hint(...) HINTS[#HINTS + 1] = {...} end
+-- A payer's usage set, named beside the session index (KEYS[2] of the session scripts: '<prefix>:sessions');
+-- on a cluster, the owner's own ledger.
+local function usage_set(index, payer)
+  if CLUSTER then
+    PAYER = payer
+    return OWNER .. ':usage'
+  end
+  return string.sub(index, 1, -9) .. 'usage:' .. payer
+end
 -- Whom a session is charged to: '..h', else (an authenticated session, which keeps no '..h') its owner's
 -- digest, the `.owner` entry without its JSON quotes. False for nobody.
 local function payer_of(hash)
@@ -1426,7 +2021,7 @@ local function outlive(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('EXPIRE', key, math.ceil(ms / 1000) + 1) end
 end
 local function grouped(n)
-  local text, k = string.format('%.0f', n), 1
+  local text, k = fmt(n), 1
   while k > 0 do text, k = string.gsub(text, '^(%d+)(%d%d%d)', '%1,%2') end
   return text
 end
@@ -1448,6 +2043,22 @@ local function usage(set, quota)
     end
   end
   if freed > 0 then redis.call('HINCRBY', u.bytes, 'total', -freed) end
+  if CLUSTER then
+    -- The quota here is the owner's grant: raised by what a NEED brought back, if it is the answer to
+    -- one asked since the owner last lowered it (a late answer to an older one may only raise it too).
+    local g = redis.call('HMGET', u.bytes, 'grant', 'gv', 'lv', 'gx')
+    local grant, gv, lv, gx = tonumber(g[1]) or 0, tonumber(g[2]), tonumber(g[3]) or 0, tonumber(g[4]) or 0
+    local changed = false
+    if GRANT[4] ~= '' and (not gv or tonumber(GRANT[4]) > gv) then gv, changed = tonumber(GRANT[4]), true end
+    if GRANT[1] ~= '' and gv and tonumber(GRANT[2]) > lv and tonumber(GRANT[2]) <= gv then
+      grant, gx, changed = math.max(grant, tonumber(GRANT[1])), math.max(gx, tonumber(GRANT[3])), true
+    end
+    if changed then
+      redis.call('HSET', u.bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'gx', fmt(gx))
+      outlive(u.bytes, LEASE)
+    end
+    u.quota, u.gv = grant, gv
+  end
   return u
 end
 -- Notes `member`'s charge from now on, for `ttl` seconds: `bytes`; or, with `grow`, what it is
@@ -1475,8 +2086,34 @@ local function over(u)
     u.delta = u.delta + change.bytes - old
   end
   if u.delta > 0 and total + u.delta > u.quota then
+    if CLUSTER then
+      -- A new ledger's versions start at the server's time in microseconds, above any earlier one's.
+      local gv = (u.gv or u.now * 1000) + 1
+      redis.call('HSET', u.bytes, 'gv', fmt(gv))
+      outlive(u.bytes, LEASE)
+      return redis.error_reply('NEED ' .. PAYER .. ' ' .. OWNER .. ' ' .. fmt(total + u.delta + SLACK) .. ' '
+        .. fmt(total + u.delta) .. ' ' .. fmt(gv))
+    end
     return redis.error_reply("LIMIT this client's stored data would take " .. grouped(total + u.delta)
       .. ' bytes; the store keeps at most ' .. grouped(u.quota) .. ' per client (MAX_CLIENT_BYTES)')
+  end
+end
+-- On a cluster, once an owner's charges changed or were read: a grant far above what it holds is
+-- lowered here at once (LOWER tells the payer, whose entry only takes a newer version), and the
+-- payer's entry for it kept alive while the owner lives (RENEW, optimistically noted here).
+local function settle(bytes, now)
+  local g = redis.call('HMGET', bytes, 'total', 'grant', 'gv', 'gx', 'rn')
+  local total, grant = tonumber(g[1]) or 0, tonumber(g[2]) or 0
+  if grant - total > 2 * SLACK then
+    local gv = (tonumber(g[3]) or now * 1000) + 1
+    grant = total + SLACK
+    redis.call('HSET', bytes, 'grant', fmt(grant), 'gv', fmt(gv), 'lv', fmt(gv))
+    hint('LOWER', PAYER, OWNER, fmt(grant), fmt(gv))
+  end
+  local gx, rn = tonumber(g[4]) or 0, tonumber(g[5]) or 0
+  if grant > 0 and gx - now < LEASE * 0.75 and now - rn > LEASE / 8 then
+    redis.call('HSET', bytes, 'gx', fmt(now + LEASE), 'rn', fmt(now))
+    hint('RENEW', PAYER, OWNER)
   end
 end
 -- Whether this script has kept a payer's usage keys as long as what it charged them (commit).
@@ -1494,6 +2131,7 @@ local function commit(u)
   outlive(u.set, longest)
   outlive(u.bytes, longest)
   usage_kept = true
+  if CLUSTER then settle(u.bytes, u.now) end
 end
 local function uncharge(set, member)
   local bytes = set .. ':bytes'
@@ -1502,6 +2140,10 @@ local function uncharge(set, member)
     redis.call('HDEL', bytes, member)
     redis.call('ZREM', set, member)
     redis.call('HINCRBY', bytes, 'total', -had)
+    if CLUSTER then
+      local t = redis.call('TIME')
+      settle(bytes, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    end
   end
 end
 
@@ -1538,7 +2180,8 @@ redis.call('PUBLISH', KEYS[3], ARGV[6] .. ' ' .. ARGV[3])
 return position
 
 end}
-redis.register_function{function_name='mcp_ha_e212601d50dc_events_after', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_b88e8101e442_events_after', callback=function(KEYS, ARGV)
+local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local found, events = nil, {}
 for _, entry in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
@@ -1558,7 +2201,8 @@ if not found then return false end
 return {found, events}
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_e212601d50dc_stream_since', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_b88e8101e442_stream_since', callback=function(KEYS, ARGV)
+local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local want_ms, want_n = string.match(ARGV[1], '^(%d+)-(%d+)$')
 want_ms, want_n = tonumber(want_ms), tonumber(want_n)

@@ -1648,6 +1648,9 @@ class RedisSessionStore(SessionStore):
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:] != ["--functions"]:
-        sys.exit("usage: python -m stores.redis_store --functions   (prints the library for FUNCTION LOAD REPLACE)")
-    sys.stdout.write(functions_library())
+    if sys.argv[1:] not in (["--functions"], ["--functions", "--cluster"]):
+        sys.exit(
+            "usage: python -m stores.redis_store --functions [--cluster]   (prints the library for FUNCTION LOAD "
+            "REPLACE; with --cluster, the one each primary of a Redis Cluster loads)"
+        )
+    sys.stdout.write(functions_library(cluster="--cluster" in sys.argv))
