@@ -1597,6 +1597,9 @@ class RedisSessionStore(SessionStore):
         pinger: asyncio.Task[None] | None = None
         try:
             try:
+                if self._cluster is not None:
+                    # A cluster's pub/sub connection goes to the node its channel's slot names: the map first.
+                    await self._cluster.redis.initialize()
                 await pubsub.subscribe(self._events if events else self._changes)
             except RETRYABLE as exc:
                 raise StoreUnavailable(f"redis: {exc}") from exc
