@@ -1403,11 +1403,19 @@ async def test_a_records_entries_can_be_updated_but_not_its_owner(store: Session
 # -- bounds: nothing one client sends can take what every client shares -----------------
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "cluster"])
 async def bounded_store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
     limits = {"max_state_bytes": 200, "max_log_bytes": 300, "max_sessions": 6, "max_sessions_per_holder": 2}
     if request.param == "memory":
         yield InMemorySessionStore(**limits)  # type: ignore[arg-type]
+        return
+    if request.param == "cluster":
+        cluster: Stack = request.getfixturevalue("redis_cluster")
+        s = RedisSessionStore(
+            cluster_nodes=nodes_of(cluster), **cluster.config.redis_auth, prefix=f"mcp:t{new_id()[:8]}", **limits
+        )
+        yield s
+        await s.aclose()
         return
     redis_stack: Stack = request.getfixturevalue("redis_stack")
     s = RedisSessionStore(
@@ -1501,7 +1509,7 @@ QUOTA_REFUSAL = (
 )
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "cluster"])
 async def quota_store(request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., SessionStore]]:
     """Stores with a 20,000-byte quota per holder (and any other limits a test gives)."""
     made: list[SessionStore] = []
@@ -1510,6 +1518,12 @@ async def quota_store(request: pytest.FixtureRequest) -> AsyncIterator[Callable[
         limits = {"max_bytes_per_holder": QUOTA, **limits}
         if request.param == "memory":
             made.append(InMemorySessionStore(**limits))
+        elif request.param == "cluster":
+            cluster: Stack = request.getfixturevalue("redis_cluster")
+            prefix = f"mcp:t{new_id()[:8]}"
+            made.append(
+                RedisSessionStore(cluster_nodes=nodes_of(cluster), **cluster.config.redis_auth, prefix=prefix, **limits)
+            )
         else:
             redis_stack: Stack = request.getfixturevalue("redis_stack")
             config = redis_stack.config
