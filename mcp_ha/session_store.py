@@ -250,6 +250,11 @@ class StoreLimits(TypedDict, total=False):
     on_replay: Callable[[Op], None] | None
 
 
+# What a watch yields after it may have missed messages and hears again (SessionStore.watch): no
+# message is empty.
+RESYNC = ""
+
+
 class SessionStore(ABC):
     """Where session state lives. Values are anything JSON can hold."""
 
@@ -495,7 +500,9 @@ class SessionStore(ABC):
 
         Entering returns only once watching has begun, so nothing sent after it is missed. The
         iterator raises StoreUnavailable when the store's connection is lost: what was sent
-        meanwhile is gone, and whoever relies on it should start again and read afresh.
+        meanwhile is gone, and whoever relies on it should start again and read afresh. A store
+        that may miss some messages while going on (Redis Cluster, while a slot moves) yields
+        RESYNC once it hears them again: whoever follows particular sessions should read afresh.
         """
 
     async def ping(self) -> bool:

@@ -117,13 +117,13 @@ REDIS_SENTINEL_ACL = (
 # A replica's connection to its primary (`masteruser`): replication only.
 REDIS_REPLICATION_USER = "replication"
 REDIS_REPLICATION_ACL = "resetkeys resetchannels -@all +psync +replconf +ping"
-# On Redis Cluster the kit's user also learns the slot map and follows a slot being moved, and redis-py
-# asks COMMAND when it connects (redis_cluster.py).
+# On Redis Cluster the kit's user also learns the slot map and follows a slot being moved, redis-py
+# asks COMMAND when it connects, and the feeds are sharded pub/sub (redis_cluster.py).
 # Docket names its keys and channels {mcp:tasks}:... there (one slot), outside ~mcp:*: its selector allows
 # what the kit's own commands do there too, and EVAL (its pipelines send their Lua whole) and PEXPIREAT.
 REDIS_KIT_CLUSTER_ACL = (
     f"resetkeys ~mcp:* resetchannels &mcp:* -@all +ping +info +fcall +wait {_KIT_COMMANDS} "
-    "+cluster|slots +command +asking "
+    "+cluster|slots +command +asking +spublish +ssubscribe +sunsubscribe "
     f"(~{{mcp:tasks}}:* &{{mcp:tasks}}:* &{{mcp:tasks}}:cancel:* {_KIT_COMMANDS} {_TASKS_COMMANDS} +eval +pexpireat)"
 )
 # How many Redis servers `--redis cluster` runs: three primaries, each with a replica.

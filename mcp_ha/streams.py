@@ -115,7 +115,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ._sdk import STREAM_SCOPE_KEY
 from .idempotency import IDEMPOTENCY_KEY
 from .principals import client_of, owner, refused_by_auth
-from .session_store import LimitExceeded, SessionStore, StoreUnavailable, is_event_id, is_session_id
+from .session_store import RESYNC, LimitExceeded, SessionStore, StoreUnavailable, is_event_id, is_session_id
 
 log = logging.getLogger(__name__)
 
@@ -329,6 +329,9 @@ class EventFeed:
                     # Whatever was added before the subscription began is read by the replays woken here.
                     self._wake_all()
                     async for message in added:
+                        if message == RESYNC:  # some events may have been missed: every replay reads
+                            self._wake_all()
+                            continue
                         session_id, _, stream_id = message.partition(" ")
                         for woken in self._waiting.get((session_id, stream_id), ()):
                             woken.set()

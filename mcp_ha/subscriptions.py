@@ -70,7 +70,7 @@ from mcp_types import (
 )
 
 from .principals import client_of, owner
-from .session_store import SessionStore, StoreUnavailable, is_session_id
+from .session_store import RESYNC, SessionStore, StoreUnavailable, is_session_id
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +189,11 @@ class StoreBus:
             await asyncio.sleep(REWATCH_SECONDS)
 
     def _deliver(self, message: str) -> None:
+        if message == RESYNC:
+            # A change missed while a slot moved (Redis Cluster) names no session to announce; a
+            # resource's next change is announced as ever.
+            log.info("change feed resynchronized after a slot moved; a change made meanwhile was not announced")
+            return
         if is_session_id(message):
             events: list[ServerEvent] = [
                 ResourceUpdated(template.replace("{session_id}", message)) for template in self.session_templates

@@ -144,6 +144,36 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         s.down()
 
 
+def slot_owner(cluster: Stack, slot: int) -> str:
+    """The primary serving `slot`, as it says itself."""
+    for name in cluster.cluster_primaries():
+        nodes = str(cluster.redis_command(name, "CLUSTER", "NODES"))
+        served = next(line for line in nodes.splitlines() if "myself" in line).split()[8:]
+        if any(int(r.split("-")[0]) <= slot <= int(r.split("-")[-1]) for r in served if not r.startswith("[")):
+            return name
+    raise AssertionError(f"no primary serves slot {slot}")
+
+
+def move_slot(cluster: Stack, slot: int, source: str, target: str) -> None:
+    """Move one slot, keys and all, from primary `source` to `target`: the admin's commands, in the order
+    redis-cli --cluster reshard sends them."""
+    ids = {name: str(cluster.redis_command(name, "CLUSTER", "MYID")) for name in (source, target)}
+    assert cluster.redis_command(target, "CLUSTER", "SETSLOT", str(slot), "IMPORTING", ids[source]) == "OK"
+    assert cluster.redis_command(source, "CLUSTER", "SETSLOT", str(slot), "MIGRATING", ids[target]) == "OK"
+    port, password = str(cluster.service(target).port), cluster.config.redis_admin_password
+    for _ in range(100):  # bounded: 100 keys a round
+        keys = cluster.redis_command(source, "CLUSTER", "GETKEYSINSLOT", str(slot), "100")
+        assert isinstance(keys, list), keys
+        if not keys:
+            break
+        moved = cluster.redis_command(
+            source, "MIGRATE", cluster.config.host, port, "", "0", "5000", "AUTH2", "default", password, "KEYS", *keys
+        )
+        assert moved == "OK", moved
+    for name in (target, source):
+        assert cluster.redis_command(name, "CLUSTER", "SETSLOT", str(slot), "NODE", ids[target]) == "OK"
+
+
 class ReplicaEnvStack(Stack):
     """A Stack whose replicas get `replica_env` on top of what stack.py gives them: bounds set low for a test."""
 

@@ -61,3 +61,14 @@ def test_sessions_and_index_shards_spread_over_every_primary_of_three() -> None:
     assert all(sessions.count(i) > 60 for i in range(3)), [sessions.count(i) for i in range(3)]
     # Every session's shard is one of the 16.
     assert {LAYOUT.shard(uuid.uuid4().hex) for _ in range(500)} == set(shards)
+
+
+def test_each_session_publishes_to_its_slots_own_feed_channel_and_a_watch_can_name_every_one() -> None:
+    """A session script may SPUBLISH only to a channel in its own slot; a watch subscribes to all of them."""
+    feeds = LAYOUT.feeds("changes")
+    assert len(feeds) == len(set(feeds)) == 16384
+    assert sorted(slot(channel) for channel in feeds) == list(range(16384))
+    for session_id in (str(uuid.uuid4()) for _ in range(200)):
+        for key in (LAYOUT.session(session_id), LAYOUT.events(session_id)):
+            channel = LAYOUT.feed("events", key)
+            assert slot(channel) == slot(key) and channel in LAYOUT.feeds("events")

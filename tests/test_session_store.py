@@ -17,10 +17,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from conftest import free_ports
+from conftest import free_ports, move_slot, slot_owner
+from redis.crc import key_slot
 
 from mcp_ha.session_store import (
     OWNER,
+    RESYNC,
     Conflict,
     Fenced,
     LimitExceeded,
@@ -1354,6 +1356,48 @@ async def test_a_watcher_hears_each_change_and_each_message_in_order(store: Sess
         await store.copy(sid, other)
         heard = [await asyncio.wait_for(anext(messages), 5) for _ in range(7)]
     assert heard == [sid, "hello", other, sid, sid, sid, other]
+
+
+async def test_a_watch_on_a_cluster_follows_a_session_whose_slot_moves(redis_cluster: Stack) -> None:
+    """The feeds are sharded (a session's channel is its slot's): a node that loses a slot drops its
+    channel's subscribers, and the watch subscribes again at the slot's new owner."""
+    store = RedisSessionStore(
+        cluster_nodes=nodes_of(redis_cluster), prefix=f"mcp:t{new_id()[:8]}", **redis_cluster.config.redis_auth
+    )
+    sid = new_id()
+    await store.set(sid, "n", 0)
+    slot = key_slot(f"{{{sid}}}".encode())
+    source = slot_owner(redis_cluster, slot)
+    target = next(name for name in redis_cluster.cluster_primaries() if name != source)
+    heard: asyncio.Queue[str] = asyncio.Queue()
+
+    async def hear(messages: AsyncIterator[str]) -> None:
+        async for message in messages:
+            heard.put_nowait(message)
+
+    try:
+        async with store.watch() as messages:
+            listening = asyncio.get_running_loop().create_task(hear(messages))
+            await store.set(sid, "n", 1)
+            assert await asyncio.wait_for(heard.get(), 5) == sid
+            move_slot(redis_cluster, slot, source, target)
+            assert slot_owner(redis_cluster, slot) == target
+            # What the session publishes in the moment before the watch subscribes at the new owner is
+            # missed: the watch says so (RESYNC) once it hears the slot again, and hears every change after.
+            await store.set(sid, "n", 2)
+            heard_now = [await asyncio.wait_for(heard.get(), 5)]
+            if heard_now[0] == sid:
+                heard_now.append(await asyncio.wait_for(heard.get(), 5))
+            assert heard_now[-1] == RESYNC, heard_now
+            for n in range(3, 6):
+                await store.set(sid, "n", n)
+                assert await asyncio.wait_for(heard.get(), 5) == sid
+            assert not listening.done(), listening
+            listening.cancel()
+        assert await store.get(sid, "n") == 5
+    finally:
+        move_slot(redis_cluster, slot, target, source)
+        await store.aclose()
 
 
 async def test_what_changes_nothing_is_not_announced(store: SessionStore) -> None:

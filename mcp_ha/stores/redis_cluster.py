@@ -30,17 +30,26 @@ when full instead of queueing).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hashlib
+import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
+import redis.asyncio as redis
+from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from ..session_store import LimitExceeded, StoreUnavailable, over_quota, payer_of
+from ..session_store import RESYNC, LimitExceeded, StoreUnavailable, over_quota, payer_of
+
+log = logging.getLogger(__name__)
 
 INDEX_SHARDS = 16
 # Rounds of NEED and grant before a change gives up: one is the rule, more only under a race.
@@ -162,6 +171,22 @@ end
 """
 
 
+@functools.cache
+def slot_tags() -> tuple[str, ...]:
+    """For each slot of a cluster, a short hash tag in it. A session's feed channel is named by its slot's
+    tag: in its slot, so its script may SPUBLISH to it, and one of 16384 a watcher can name in advance."""
+    tags: list[str | None] = [None] * REDIS_CLUSTER_HASH_SLOTS
+    left, n = REDIS_CLUSTER_HASH_SLOTS, 0
+    while left:
+        tag = format(n, "x")
+        slot = key_slot(tag.encode())
+        if tags[slot] is None:
+            tags[slot] = tag
+            left -= 1
+        n += 1
+    return tuple(t for t in tags if t is not None)
+
+
 def _tag(text: str) -> str:
     """A hash tag no key name can end early: `}` cannot occur in what it wraps."""
     return "{" + text.replace("}", "%7D") + "}"
@@ -199,6 +224,14 @@ class Layout:
         ledger = f"{self.prefix}:usage:{_tag('p:' + payer)}"
         return ledger, ledger + ":z"
 
+    def feed(self, base: str, key: str) -> str:
+        """The channel of feed `base` (changes, events) that the owner of `key` publishes to: its slot's."""
+        return f"{self.prefix}:{base}:{{{slot_tags()[key_slot(key.encode())]}}}"
+
+    def feeds(self, base: str) -> list[str]:
+        """Every channel of feed `base`: one per slot."""
+        return [f"{self.prefix}:{base}:{{{tag}}}" for tag in slot_tags()]
+
     def claim(self, name: str) -> str:
         return f"{self.prefix}:claim:{_tag(hashlib.sha256(name.encode()).hexdigest())}"
 
@@ -226,19 +259,23 @@ class Cluster:
         self.slack = max(1, min(MAX_SLACK, quota // 64))
         # A payer's entry for an owner lives this long unless renewed (RENEW, at three quarters of it).
         self.lease_ms = 2 * ttl_seconds * 1000
+        # A feed's connection to one node (FeedWatch) is made with the same options.
+        self.node_options: dict[str, Any] = {
+            "decode_responses": True,
+            "socket_timeout": timeout_seconds,
+            "socket_connect_timeout": timeout_seconds,
+            "retry": Retry(NoBackoff(), 0),
+            **options,
+        }
         self.redis = RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in nodes],
-            decode_responses=True,
-            socket_timeout=timeout_seconds,
-            socket_connect_timeout=timeout_seconds,
-            retry=Retry(NoBackoff(), 0),
             # Room above the calls in flight (below) for pub/sub connections, which share a node's pool.
             max_connections=max_connections + 8,
             require_full_coverage=False,
             # A MOVED only patches the slot it names: rebuilding the whole map on the fifth one closes
             # connections other calls are using (seen under a slot move).
             reinitialize_steps=0,
-            **options,
+            **self.node_options,
         )
         self._in_flight = asyncio.Semaphore(max_connections)
 
@@ -330,6 +367,11 @@ class Cluster:
             except (RedisConnectionError, ResponseError, StoreUnavailable):
                 continue
 
+    async def spublish(self, channel: str, message: str) -> None:
+        await self.redis.initialize()
+        node = self.redis.get_node_from_key(channel)
+        await self._bounded(self.redis.execute_command("SPUBLISH", channel, message, target_nodes=node))
+
     async def count(self, keys: Sequence[str], horizon: int) -> int:
         counts = await asyncio.gather(*(self.fcall("count", [key], [horizon]) for key in keys))
         return sum(int(c) for c in counts)
@@ -351,3 +393,204 @@ class Cluster:
 
     async def aclose(self) -> None:
         await self.redis.aclose()
+
+
+class FeedLost(Exception):
+    """A feed's connection to a node failed, fell silent, or could not keep up: messages may be lost."""
+
+
+class FeedWatch:
+    """One watch of a sharded feed (SSUBSCRIBE): a connection to each primary, subscribed to the channels
+    of the slots it owns and read by a task of its own, into one bounded queue. A message goes to the
+    primary owning its slot and that primary's replicas only, so its cost does not grow with the
+    cluster. A channel its node drops because its slot moved away is subscribed again at the new owner.
+
+    The watch keeps a slot map of its own (CLUSTER SLOTS): rebuilding the client's would close
+    connections the store's calls are using. Per session, messages keep their order (one slot, one node
+    at a time). What a session publishes while its slot moves, between its new owner taking it and the
+    watch subscribing there, is missed: the watch yields RESYNC once subscribed there.
+    """
+
+    # Messages read but not yet taken; past it the watch is lost (its reader is far behind).
+    BOUND = 10_000
+    SUBSCRIBE_BATCH = 512
+    # A moved channel is subscribed again at most this many times, this far apart, before the watch is lost.
+    MOVE_ATTEMPTS = 100
+    MOVE_RETRY_SECONDS = 0.1
+
+    def __init__(self, cluster: Cluster, base: str, *, ping_seconds: float, silence_seconds: float) -> None:
+        self.cluster = cluster
+        self.base = f"{cluster.layout.prefix}:{base}"
+        self.ping_seconds = ping_seconds
+        self.silence_seconds = silence_seconds
+        self._queue: asyncio.Queue[str | FeedLost] = asyncio.Queue()
+        self._moved: asyncio.Queue[int] = asyncio.Queue()
+        self._clients: dict[tuple[str, int], tuple[redis.Redis, PubSub]] = {}
+        self._held: dict[int, tuple[str, int]] = {}  # slot -> the node subscribed to its channel
+        self._attempts: dict[int, int] = {}
+        self._moving: set[int] = set()  # slots subscribed again after a move, not yet confirmed
+        self._heard: dict[tuple[str, int], float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._lost = False
+
+    def _channel(self, slot: int) -> str:
+        return f"{self.base}:{{{slot_tags()[slot]}}}"
+
+    async def _owners(self) -> list[tuple[str, int] | None]:
+        """Each slot's primary, as a node of the cluster answers now."""
+        owners: list[tuple[str, int] | None] = [None] * REDIS_CLUSTER_HASH_SLOTS
+        answer = await self.cluster.redis.execute_command("CLUSTER SLOTS")
+        for (start, end), shard in answer.items():
+            host, port = shard["primary"]
+            owners[start : end + 1] = [(host, int(port))] * (end + 1 - start)
+        return owners
+
+    async def start(self) -> None:
+        owners = await self._owners()
+        by_node: dict[tuple[str, int], list[int]] = {}
+        for slot, node in enumerate(owners):
+            if node is None:
+                raise FeedLost(f"slot {slot} has no primary")
+            by_node.setdefault(node, []).append(slot)
+        for node, slots in by_node.items():
+            await self._subscribe(node, slots)
+        self._spawn(self._move())
+        self._spawn(self._keep_alive())
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _subscribe(self, node: tuple[str, int], slots: Sequence[int]) -> None:
+        if node not in self._clients:
+            client = redis.Redis(host=node[0], port=node[1], **self.cluster.node_options)
+            pubsub = client.pubsub()
+            self._clients[node] = (client, pubsub)
+            await pubsub.connect()
+            self._heard[node] = time.monotonic()
+            self._spawn(self._read(node, pubsub))
+        connection = self._clients[node][1].connection
+        assert connection is not None
+        # One channel a command (SSUBSCRIBE refuses channels of two slots), sent in batches, unanswered:
+        # the confirmations arrive among the messages, which the reader skips.
+        for start in range(0, len(slots), self.SUBSCRIBE_BATCH):
+            batch = slots[start : start + self.SUBSCRIBE_BATCH]
+            for slot in batch:
+                self._held[slot] = node
+            await connection.send_packed_command(
+                connection.pack_commands([("SSUBSCRIBE", self._channel(slot)) for slot in batch])
+            )
+
+    def _lose(self, why: str) -> None:
+        if not self._lost:
+            self._lost = True
+            self._queue.put_nowait(FeedLost(why))
+
+    def _dropped(self, slot: int, node: tuple[str, int]) -> None:
+        if self._held.get(slot) == node:
+            del self._held[slot]
+            self._moving.add(slot)
+            self._moved.put_nowait(slot)
+
+    async def _read(self, node: tuple[str, int], pubsub: PubSub) -> None:
+        try:
+            while True:
+                try:
+                    response = await pubsub.parse_response(block=True)
+                except ResponseError as exc:
+                    # An SSUBSCRIBE at a node that does not own the slot (any more): MOVED <slot> <node>.
+                    words = str(exc).split()
+                    if words[:1] != ["MOVED"]:
+                        raise
+                    self._dropped(int(words[1]), node)
+                    continue
+                self._heard[node] = time.monotonic()
+                if not isinstance(response, list) or not response:
+                    continue  # a PONG
+                kind = response[0]
+                if kind == "smessage":
+                    if self._queue.qsize() >= self.BOUND:
+                        self._lose(f"{self.BOUND} messages unread")
+                        return
+                    self._queue.put_nowait(response[2])
+                elif kind == "ssubscribe":
+                    slot = key_slot(str(response[1]).encode())
+                    self._attempts.pop(slot, None)
+                    if slot in self._moving:
+                        # Heard again at the slot's new owner: what it published before is missed.
+                        self._moving.discard(slot)
+                        self._queue.put_nowait(RESYNC)
+                elif kind == "sunsubscribe":
+                    # Never asked for: the node lost the channel's slot.
+                    self._dropped(key_slot(str(response[1]).encode()), node)
+        except Exception as exc:  # the connection failed: whatever it carried next is lost
+            self._lose(f"{node[0]}:{node[1]}: {exc!r}")
+
+    async def _move(self) -> None:
+        while True:
+            slots = {await self._moved.get()}
+            while not self._moved.empty():
+                slots.add(self._moved.get_nowait())
+            if any(self._attempts.get(slot, 0) for slot in slots):
+                await asyncio.sleep(self.MOVE_RETRY_SECONDS)
+            for slot in slots:
+                self._attempts[slot] = self._attempts.get(slot, 0) + 1
+                if self._attempts[slot] > self.MOVE_ATTEMPTS:
+                    self._lose(f"slot {slot}'s channel found no new owner in {self.MOVE_ATTEMPTS} attempts")
+                    return
+            try:
+                owners = await self._owners()
+            except Exception as exc:  # asked again, within MOVE_ATTEMPTS
+                log.debug("no slot map: %r", exc)
+                owners = [None] * REDIS_CLUSTER_HASH_SLOTS
+            by_node: dict[tuple[str, int], list[int]] = {}
+            for slot in slots:
+                node = owners[slot]
+                if node is None:
+                    self._moved.put_nowait(slot)
+                else:
+                    by_node.setdefault(node, []).append(slot)
+            for node, moved in by_node.items():
+                try:
+                    await self._subscribe(node, moved)
+                except Exception:  # not reachable yet: again, within MOVE_ATTEMPTS
+                    for slot in moved:
+                        self._held.pop(slot, None)
+                        self._moved.put_nowait(slot)
+
+    async def _keep_alive(self) -> None:
+        # A quiet node is pinged (its PONG counts as heard), so one that vanished without closing the
+        # connection is noticed within silence_seconds, not never.
+        while True:
+            await asyncio.sleep(self.ping_seconds)
+            now = time.monotonic()
+            holding = set(self._held.values())
+            for node, (_, pubsub) in list(self._clients.items()):
+                if node not in holding:
+                    continue  # it holds nothing now (its slots moved away)
+                if now - self._heard.get(node, now) > self.silence_seconds:
+                    self._lose(f"{node[0]}:{node[1]} silent for {self.silence_seconds:g} s")
+                    return
+                with contextlib.suppress(Exception):
+                    await pubsub.ping()
+
+    async def messages(self) -> Any:
+        while True:
+            item = await self._queue.get()
+            if isinstance(item, FeedLost):
+                raise item
+            yield item
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        for client, pubsub in self._clients.values():
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+            with contextlib.suppress(Exception):
+                await client.aclose()
+        self._clients.clear()

@@ -127,7 +127,7 @@ from ..session_store import (
     mint_event_id,
     payer_of,
 )
-from .redis_cluster import PAYER_FUNCTIONS, PAYER_HELPERS, Cluster, Layout
+from .redis_cluster import PAYER_FUNCTIONS, PAYER_HELPERS, Cluster, FeedLost, FeedWatch, Layout
 
 T = TypeVar("T")
 
@@ -635,7 +635,7 @@ if ARGV[5] ~= '' then
 end
 if u then commit(u) end
 touch()
-redis.call('PUBLISH', KEYS[5], ARGV[1])
+redis.call(CLUSTER and 'SPUBLISH' or 'PUBLISH', KEYS[5], ARGV[1])
 return {result, 0}
 """
 )
@@ -856,7 +856,7 @@ if trimmed > 0 then redis.call('LPOP', KEYS[1], trimmed) end
 redis.call('SET', KEYS[2], size, 'EX', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 if u then commit(u) end
-redis.call('PUBLISH', KEYS[3], ARGV[6] .. ' ' .. ARGV[3])
+redis.call(CLUSTER and 'SPUBLISH' or 'PUBLISH', KEYS[3], ARGV[6] .. ' ' .. ARGV[3])
 return position
 """
 )
@@ -952,7 +952,12 @@ _GRANTED = ("get", "items", "touch", "write", "claim", "release", "open", "adopt
 _OWNER_AT = {"add_event": 4}
 _CHANNEL_AT = {"write": 5, "add_event": 3}
 _SINGLE_HEAD = "local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false\n"
-LIBRARY = "mcp_ha_" + hashlib.sha256("".join(_FUNCTIONS.values()).encode() + repr(_ALLOW_OOM).encode()).hexdigest()[:12]
+LIBRARY = (
+    "mcp_ha_"
+    + hashlib.sha256((_SINGLE_HEAD + "".join(_FUNCTIONS.values())).encode() + repr(_ALLOW_OOM).encode()).hexdigest()[
+        :12
+    ]
+)
 
 
 def _cluster_callback(name: str, body: str) -> str:
@@ -1000,7 +1005,7 @@ CLUSTER_LIBRARY = "mcp_ha_c_" + hashlib.sha256(_library("", cluster=True).encode
 
 NOT_LOADED = (
     f"the kit's Redis functions ({LIBRARY}) are not loaded, and this Redis user may not load them: "
-    "load them as an admin with `python -m stores.redis_store --functions | redis-cli -x FUNCTION LOAD REPLACE` "
+    "load them as an admin with `python -m mcp_ha.stores.redis_store --functions | redis-cli -x FUNCTION LOAD REPLACE` "
     "(stack.py, docker compose and the Kubernetes manifests do)"
 )
 
@@ -1021,7 +1026,9 @@ class _Function:
             wait = (store._wait_replicas, store._wait_timeout_ms) if durable and store._wait_replicas else None
             if self.short not in _GRANTED:
                 return await cluster.fcall(self.short, keys, args, wait=wait)
-            channel = {"write": store._changes, "add_event": store._events}.get(self.short, "")
+            # The session's own channel of the feed: in its slot, so its script may SPUBLISH to it.
+            base = {"write": "changes", "add_event": "events"}.get(self.short)
+            channel = "" if base is None else cluster.layout.feed(base, keys[0])
             return await cluster.call(self.short, keys, args, channel=channel, payer=payer, wait=wait)
         try:
             return await self.store._redis.fcall(self.name, len(keys), *keys, *args)
@@ -1573,10 +1580,19 @@ class RedisSessionStore(SessionStore):
         return None if held is None else held.decode() if isinstance(held, bytes) else str(held)
 
     async def publish(self, message: str) -> None:
+        if self._cluster is not None:
+            # Any channel of the feed reaches every watch: the first slot's.
+            channel = self._cluster.layout.feeds("changes")[0]
+            await self._call(lambda: self._cluster.spublish(channel, message))  # type: ignore[union-attr]
+            return
         await self._call(lambda: self._redis.publish(self._changes, message))
 
     @asynccontextmanager
     async def watch(self, *, events: bool = False) -> AsyncIterator[AsyncIterator[str]]:
+        if self._cluster is not None:
+            async with self._watch_cluster("events" if events else "changes") as messages:
+                yield messages
+            return
         # A connection of its own for as long as the watch lasts (pub/sub holds it).
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         heard = [time.monotonic()]
@@ -1597,9 +1613,6 @@ class RedisSessionStore(SessionStore):
         pinger: asyncio.Task[None] | None = None
         try:
             try:
-                if self._cluster is not None:
-                    # A cluster's pub/sub connection goes to the node its channel's slot names: the map first.
-                    await self._cluster.redis.initialize()
                 await pubsub.subscribe(self._events if events else self._changes)
             except RETRYABLE as exc:
                 raise StoreUnavailable(f"redis: {exc}") from exc
@@ -1610,6 +1623,27 @@ class RedisSessionStore(SessionStore):
                 pinger.cancel()
             with contextlib.suppress(*RETRYABLE):
                 await pubsub.aclose()
+
+    @asynccontextmanager
+    async def _watch_cluster(self, base: str) -> AsyncIterator[AsyncIterator[str]]:
+        assert self._cluster is not None
+        feed = FeedWatch(self._cluster, base, ping_seconds=WATCH_PING_SECONDS, silence_seconds=WATCH_SILENCE_SECONDS)
+        try:
+            try:
+                await feed.start()
+            except (*RETRYABLE, FeedLost) as exc:
+                raise StoreUnavailable(f"redis: {exc}") from exc
+            yield self._feed_messages(feed)
+        finally:
+            await feed.aclose()
+
+    @staticmethod
+    async def _feed_messages(feed: FeedWatch) -> AsyncIterator[str]:
+        try:
+            async for message in feed.messages():
+                yield message
+        except FeedLost as exc:
+            raise StoreUnavailable(f"redis: feed lost: {exc}") from exc
 
     @staticmethod
     async def _messages(pubsub: PubSub, heard: list[float]) -> AsyncIterator[str]:
@@ -1653,7 +1687,7 @@ if __name__ == "__main__":
 
     if sys.argv[1:] not in (["--functions"], ["--functions", "--cluster"]):
         sys.exit(
-            "usage: python -m stores.redis_store --functions [--cluster]   (prints the library for FUNCTION LOAD "
-            "REPLACE; with --cluster, the one each primary of a Redis Cluster loads)"
+            "usage: python -m mcp_ha.stores.redis_store --functions [--cluster]   (prints the library for "
+            "FUNCTION LOAD REPLACE; with --cluster, the one each primary of a Redis Cluster loads)"
         )
     sys.stdout.write(functions_library(cluster="--cluster" in sys.argv))

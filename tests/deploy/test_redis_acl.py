@@ -269,11 +269,14 @@ def test_every_other_printable_character_works_in_every_password_through_a_senti
         stack.down()
 
 
-def test_the_functions_file_the_deployments_load_is_the_stores_own() -> None:
-    """compose and Kubernetes load deploy/redis/functions.lua: it must be the library the store calls."""
-    shipped = (ROOT / "deploy" / "redis" / "functions.lua").read_text()
-    assert shipped == functions_library(), (
-        "deploy/redis/functions.lua is stale: python -m stores.redis_store --functions > deploy/redis/functions.lua"
+@pytest.mark.parametrize("cluster", [False, True], ids=["one redis", "cluster"])
+def test_the_functions_file_the_deployments_load_is_the_stores_own(cluster: bool) -> None:
+    """compose and Kubernetes load deploy/redis/functions*.lua: each must be the library the store calls."""
+    name = "functions-cluster.lua" if cluster else "functions.lua"
+    shipped = (ROOT / "deploy" / "redis" / name).read_text()
+    flag = " --cluster" if cluster else ""
+    assert shipped == functions_library(cluster=cluster), (
+        f"deploy/redis/{name} is stale: python -m mcp_ha.stores.redis_store --functions{flag} > deploy/redis/{name}"
     )
 
 

@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Iterator
 import httpx2
 import pytest
 import uvicorn
-from conftest import Replica, free_ports, two_replicas
+from conftest import Replica, free_ports, move_slot, slot_owner, two_replicas
+from redis.crc import key_slot
 from starlette.responses import PlainTextResponse
 
 from mcp_ha._sdk import InlineClient
@@ -474,18 +475,21 @@ async def test_a_sessionless_post_that_is_no_request_is_answered_as_without_the_
 NOTE = json.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}})
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "cluster"])
 async def events_store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
     if request.param == "memory":
         yield InMemorySessionStore(max_events=8)
         return
-    redis_stack: Stack = request.getfixturevalue("redis_stack")
-    store = RedisSessionStore(
-        redis_stack.config.redis_url,
-        **redis_stack.config.redis_auth,
-        prefix=f"mcp:t{uuid.uuid4().hex[:8]}",
-        max_events=8,
-    )
+    prefix = f"mcp:t{uuid.uuid4().hex[:8]}"
+    if request.param == "cluster":
+        cluster: Stack = request.getfixturevalue("redis_cluster")
+        nodes = [(cluster.config.host, port) for port in cluster.config.cluster_ports]
+        store = RedisSessionStore(cluster_nodes=nodes, **cluster.config.redis_auth, prefix=prefix, max_events=8)
+    else:
+        redis_stack: Stack = request.getfixturevalue("redis_stack")
+        store = RedisSessionStore(
+            redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=prefix, max_events=8
+        )
     try:
         yield store
     finally:
@@ -540,6 +544,33 @@ async def test_a_waiting_replay_is_woken_by_its_own_stream_only(events_store: Se
     finally:
         feed.forget(sid, "a", a)
         feed.forget(sid, "b", b)
+
+
+@pytest.mark.timeout(60)
+async def test_a_replay_waiting_on_a_cluster_is_woken_when_its_sessions_slot_moves(redis_cluster: Stack) -> None:
+    """An event added while the session's slot moves may go unheard (redis_cluster.FeedWatch): the feed
+    says so once it hears the slot again, and every waiting replay reads afresh."""
+    nodes = [(redis_cluster.config.host, port) for port in redis_cluster.config.cluster_ports]
+    store = RedisSessionStore(
+        cluster_nodes=nodes, **redis_cluster.config.redis_auth, prefix="mcp:t" + uuid.uuid4().hex[:8]
+    )
+    sid = uuid.uuid4().hex
+    slot = key_slot(f"{{{sid}}}".encode())
+    source = slot_owner(redis_cluster, slot)
+    target = next(name for name in redis_cluster.cluster_primaries() if name != source)
+    feed = EventFeed(store)
+    woken = feed.register(sid, "a")
+    try:
+        async with asyncio.timeout(5):
+            await woken.wait()  # the feed's subscription began
+        woken.clear()
+        move_slot(redis_cluster, slot, source, target)
+        async with asyncio.timeout(5):
+            await woken.wait()
+    finally:
+        feed.forget(sid, "a", woken)
+        move_slot(redis_cluster, slot, target, source)
+        await store.aclose()
 
 
 def commandstats(stack: Stack) -> dict[str, tuple[int, int]]:
