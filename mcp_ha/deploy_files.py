@@ -18,9 +18,18 @@ _PACKAGE = Path(__file__).resolve().parent
 _INSTALLED = (_PACKAGE / "deploy").is_dir()
 
 _HAPROXY = ("haproxy/haproxy.cfg", "haproxy/refuse_body.lua")
-_REDIS_FUNCTIONS = "deploy/redis/functions.lua"
+_REDIS_FUNCTIONS = ("deploy/redis/functions.lua", "deploy/redis/functions-cluster.lua")
+# Redis Cluster's node and creation scripts, which the compose file mounts too.
+_CLUSTER_SCRIPTS = ("deploy/kubernetes-cluster/node.sh", "deploy/kubernetes-cluster/create.sh")
 FILES = {
-    "compose": ("docker-compose.yaml", "docker-compose.sentinel.yaml", *_HAPROXY, _REDIS_FUNCTIONS),
+    "compose": (
+        "docker-compose.yaml",
+        "docker-compose.sentinel.yaml",
+        "docker-compose.cluster.yaml",
+        *_HAPROXY,
+        *_REDIS_FUNCTIONS,
+        *_CLUSTER_SCRIPTS,
+    ),
     "kubernetes": (
         *(
             f"deploy/kubernetes/{name}"
@@ -38,8 +47,13 @@ FILES = {
                 "sentinel.sh",
             )
         ),
+        *(
+            f"deploy/kubernetes-cluster/{name}"
+            for name in ("kustomization.yaml", "redis.yaml", "mcp-server.yaml", "create.yaml")
+        ),
+        *_CLUSTER_SCRIPTS,
         "deploy/redis/kustomization.yaml",
-        _REDIS_FUNCTIONS,
+        *_REDIS_FUNCTIONS,
         "haproxy/kustomization.yaml",
         *_HAPROXY,
     ),

@@ -40,7 +40,7 @@ from mcp_ha.session_store import (
 )
 from mcp_ha.stack import Stack
 from mcp_ha.stores.memory_store import InMemorySessionStore
-from mcp_ha.stores.redis_store import LIBRARY, RedisSessionStore
+from mcp_ha.stores.redis_store import CLUSTER_LIBRARY, LIBRARY, RedisSessionStore
 
 
 def new_id() -> str:
@@ -1797,5 +1797,26 @@ async def test_the_kits_user_calls_functions_an_admin_loaded_and_says_so_when_no
         assert await kit.get(sid, "a") == 1
     finally:
         redis_stack.load_functions("redis")
+        await kit.aclose()
+        await admin.aclose()
+
+
+async def test_on_a_cluster_a_primary_without_the_library_is_said_so_or_loaded(redis_cluster: Stack) -> None:
+    """A primary missing the kit's functions (one added by hand, say): the kit's user gets the same clear
+    StoreUnavailable as on one Redis; a user allowed to load them loads them on every primary."""
+    nodes = nodes_of(redis_cluster)
+    prefix = f"mcp:t{new_id()[:8]}"
+    kit = RedisSessionStore(cluster_nodes=nodes, **redis_cluster.config.redis_auth, prefix=prefix)
+    admin = RedisSessionStore(cluster_nodes=nodes, password=redis_cluster.config.redis_admin_password, prefix=prefix)
+    sid = new_id()
+    primary = slot_owner(redis_cluster, key_slot(f"{{{sid}}}".encode()))
+    try:
+        assert redis_cluster.redis_command(primary, "FUNCTION", "DELETE", CLUSTER_LIBRARY) == "OK"
+        with pytest.raises(StoreUnavailable, match="FUNCTION LOAD"):
+            await kit.set(sid, "a", 1)
+        await admin.set(sid, "a", 1)  # loads the library, then writes
+        assert await kit.get(sid, "a") == 1
+    finally:
+        redis_cluster.load_functions(primary)
         await kit.aclose()
         await admin.aclose()

@@ -1,5 +1,5 @@
-#!lua name=mcp_ha_c_6e35ca5741ed
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_get', callback=function(K, A)
+#!lua name=mcp_ha_c_0034c6fa9207
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_get', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -194,7 +194,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_items', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_items', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -389,7 +389,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_touch', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_touch', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -583,7 +583,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_write', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_write', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -998,7 +998,7 @@ if ARGV[5] ~= '' then
 end
 if u then commit(u) end
 touch()
-redis.call('PUBLISH', KEYS[5], ARGV[1])
+redis.call(CLUSTER and 'SPUBLISH' or 'PUBLISH', KEYS[5], ARGV[1])
 return {result, 0}
 
 end)()
@@ -1006,7 +1006,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_count', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_count', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 local horizon = tonumber(redis.call('TIME')[1]) - tonumber(ARGV[1])
@@ -1014,7 +1014,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', horizon)
 return redis.call('ZCARD', KEYS[1])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_claim', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_claim', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -1198,7 +1198,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_release', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_release', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -1371,7 +1371,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_open', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_open', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -1603,7 +1603,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_read_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_read_record', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 local function record_fields()
@@ -1630,7 +1630,7 @@ if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return nil end
 return record()
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_update_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_update_record', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
@@ -1638,7 +1638,7 @@ redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_adopt', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_adopt', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -1855,7 +1855,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_end', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_end', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -2061,7 +2061,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_add_event', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_add_event', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[4], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -2254,7 +2254,7 @@ if trimmed > 0 then redis.call('LPOP', KEYS[1], trimmed) end
 redis.call('SET', KEYS[2], size, 'EX', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 if u then commit(u) end
-redis.call('PUBLISH', KEYS[3], ARGV[6] .. ' ' .. ARGV[3])
+redis.call(CLUSTER and 'SPUBLISH' or 'PUBLISH', KEYS[3], ARGV[6] .. ' ' .. ARGV[3])
 return position
 
 end)()
@@ -2262,7 +2262,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_events_after', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_events_after', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 local found, events = nil, {}
@@ -2283,7 +2283,7 @@ if not found then return false end
 return {found, events}
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_stream_since', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_stream_since', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 local want_ms, want_n = string.match(ARGV[1], '^(%d+)-(%d+)$')
@@ -2318,7 +2318,7 @@ local latest = later[1] and string.match(later[1], '^(%S+) ') or ARGV[1]
 return {latest, events}
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_grant', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_grant', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2375,7 +2375,7 @@ keep(H, Z)
 return {'OK', fmt(new), fmt(gx)}
 
 end}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_lower', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_lower', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2419,7 +2419,7 @@ if bytes ~= b then redis.call('HINCRBY', H, 'total', bytes - b) end
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_renew', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_renew', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2465,7 +2465,7 @@ keep(H, Z)
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_admit', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_admit', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2509,7 +2509,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_leave', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_leave', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2546,7 +2546,7 @@ end
 return redis.call('ZREM', KEYS[1], ARGV[1])
 
 end}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_index', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_index', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2585,7 +2585,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_6e35ca5741ed_stash', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_0034c6fa9207_stash', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()

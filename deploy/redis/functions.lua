@@ -1,5 +1,5 @@
-#!lua name=mcp_ha_901944fce357
-redis.register_function{function_name='mcp_ha_901944fce357_get', callback=function(KEYS, ARGV)
+#!lua name=mcp_ha_ec74d2cf5e4a
+redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_get', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -186,7 +186,7 @@ touch()
 return redis.call('HGET', KEYS[1], ARGV[3])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_901944fce357_items', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_items', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -373,7 +373,7 @@ touch()
 return redis.call('HGETALL', KEYS[1])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_901944fce357_touch', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_touch', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -559,7 +559,7 @@ end
 touch()
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_901944fce357_write', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_write', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -969,11 +969,11 @@ if ARGV[5] ~= '' then
 end
 if u then commit(u) end
 touch()
-redis.call('PUBLISH', KEYS[5], ARGV[1])
+redis.call(CLUSTER and 'SPUBLISH' or 'PUBLISH', KEYS[5], ARGV[1])
 return {result, 0}
 
 end}
-redis.register_function{function_name='mcp_ha_901944fce357_count', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_count', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local horizon = tonumber(redis.call('TIME')[1]) - tonumber(ARGV[1])
@@ -981,7 +981,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', horizon)
 return redis.call('ZCARD', KEYS[1])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_901944fce357_claim', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_claim', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1157,7 +1157,7 @@ if u then commit(u) end
 return ARGV[1]
 
 end}
-redis.register_function{function_name='mcp_ha_901944fce357_release', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_release', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1322,7 +1322,7 @@ redis.call('HDEL', KEYS[1], 'holder', 'u', 'p')
 if set then uncharge(set, 'c' .. KEYS[1]) end
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_901944fce357_open', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_open', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1546,7 +1546,7 @@ touch()
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_901944fce357_read_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_read_record', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local function record_fields()
@@ -1573,7 +1573,7 @@ if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return nil end
 return record()
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_901944fce357_update_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_update_record', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
@@ -1581,7 +1581,7 @@ redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_901944fce357_adopt', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_adopt', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1790,7 +1790,7 @@ touch()
 return {epoch, record()}
 
 end}
-redis.register_function{function_name='mcp_ha_901944fce357_end', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_end', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1988,7 +1988,7 @@ end
 return 1
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_901944fce357_add_event', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_add_event', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -2176,11 +2176,11 @@ if trimmed > 0 then redis.call('LPOP', KEYS[1], trimmed) end
 redis.call('SET', KEYS[2], size, 'EX', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 if u then commit(u) end
-redis.call('PUBLISH', KEYS[3], ARGV[6] .. ' ' .. ARGV[3])
+redis.call(CLUSTER and 'SPUBLISH' or 'PUBLISH', KEYS[3], ARGV[6] .. ' ' .. ARGV[3])
 return position
 
 end}
-redis.register_function{function_name='mcp_ha_901944fce357_events_after', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_events_after', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local found, events = nil, {}
@@ -2201,7 +2201,7 @@ if not found then return false end
 return {found, events}
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_901944fce357_stream_since', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_stream_since', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local want_ms, want_n = string.match(ARGV[1], '^(%d+)-(%d+)$')

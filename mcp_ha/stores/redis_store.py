@@ -1024,12 +1024,23 @@ class _Function:
         if (cluster := self.store._cluster) is not None:
             store = self.store
             wait = (store._wait_replicas, store._wait_timeout_ms) if durable and store._wait_replicas else None
-            if self.short not in _GRANTED:
-                return await cluster.fcall(self.short, keys, args, wait=wait)
             # The session's own channel of the feed: in its slot, so its script may SPUBLISH to it.
             base = {"write": "changes", "add_event": "events"}.get(self.short)
             channel = "" if base is None else cluster.layout.feed(base, keys[0])
-            return await cluster.call(self.short, keys, args, channel=channel, payer=payer, wait=wait)
+
+            def run() -> Awaitable[Any]:
+                if self.short not in _GRANTED:
+                    return cluster.fcall(self.short, keys, args, wait=wait)
+                return cluster.call(self.short, keys, args, channel=channel, payer=payer, wait=wait)
+
+            try:
+                return await run()
+            except ResponseError as exc:
+                if not _missing(exc):
+                    raise
+            # A primary without the library (one added by hand): loaded if this user may, else NOT_LOADED.
+            await self.store.load_functions()
+            return await run()
         try:
             return await self.store._redis.fcall(self.name, len(keys), *keys, *args)
         except ResponseError as exc:

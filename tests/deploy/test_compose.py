@@ -826,3 +826,45 @@ def test_the_deploy_command_leaves_a_changed_file_alone_unless_forced(tmp_path):
     assert cfg.read_text() == "# mine\n"
     assert "unchanged" in deploy("compose", str(tmp_path), "--force").output
     assert cfg.read_bytes() == (ROOT / "haproxy" / "haproxy.cfg").read_bytes()
+
+
+# -- docker-compose.cluster.yaml ---------------------------------------------------------------------
+
+CLUSTER_NODES = ["redis", "redis-2", "redis-3", "redis-4", "redis-5", "redis-6"]
+
+
+@pytest.fixture(scope="module")
+def cluster_file() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.cluster.yaml").read_text())
+
+
+@pytest.mark.quick
+def test_the_cluster_file_runs_six_nodes_made_one_cluster_before_the_replicas_start(
+    compose: dict, cluster_file: dict
+) -> None:
+    """The nodes and the one-shot service that makes them a cluster run deploy/kubernetes-cluster's
+    scripts, which tests/deploy/test_kubernetes_cluster.py runs live."""
+    from mcp_ha.stack import CLUSTER_NODES as STACK_NODES
+
+    services = cluster_file["services"]
+    assert len(CLUSTER_NODES) == STACK_NODES
+    servers = [f"{name}:6379" for name in CLUSTER_NODES]
+    for name in CLUSTER_NODES:
+        svc = services[name]
+        assert svc["command"] == ["sh", "/scripts/node.sh"] and svc["working_dir"] == "/data"
+        env = environment(svc)
+        assert env["POD_NAME"] == name and env["REDIS_SERVERS"].split(",") == servers
+        assert all(requires(svc, v) for v in ("REDIS_ADMIN_PASSWORD", "REDIS_PASSWORD", "REDIS_REPLICATION_PASSWORD"))
+        mounts = bind_mounts(svc)
+        assert mounts["/scripts/node.sh"] == ("./deploy/kubernetes-cluster/node.sh", True)
+        assert mounts["/functions/functions-cluster.lua"] == ("./deploy/redis/functions-cluster.lua", True)
+    init = services["redis-cluster"]
+    assert init["command"] == ["sh", "/scripts/create.sh"]
+    assert bind_mounts(init)["/scripts/create.sh"] == ("./deploy/kubernetes-cluster/create.sh", True)
+    assert set(init["depends_on"]) == set(CLUSTER_NODES)
+    assert environment(init)["REDIS_SERVERS"].split(",") == servers
+    for name in REPLICAS:
+        env = {**environment(service(compose, name)), **environment(services[name])}
+        assert env["REDIS_URL"] == "" and env["REDIS_CLUSTER_NODES"].split(",") == servers
+        assert services[name]["depends_on"]["redis-cluster"]["condition"] == "service_completed_successfully"
+        assert Settings.from_env(env).redis_cluster_nodes  # a setting the replicas accept

@@ -36,7 +36,11 @@ from mcp_ha.stack import http_status
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "deploy" / "kubernetes"
 # Both ways to apply the kit: with one Redis, and with Redis Sentinel (an overlay of the first).
-KUSTOMIZATIONS = {"single": MANIFESTS, "sentinel": ROOT / "deploy" / "kubernetes-sentinel"}
+KUSTOMIZATIONS = {
+    "single": MANIFESTS,
+    "sentinel": ROOT / "deploy" / "kubernetes-sentinel",
+    "cluster": ROOT / "deploy" / "kubernetes-cluster",
+}
 # kustomization.yaml's secretGenerator reads this file, which the user writes and git ignores.
 SECRETS_ENV = MANIFESTS / "secrets.env"
 # Dummy values, as a user would write them: none may appear anywhere but in the Secret. The last
@@ -359,7 +363,15 @@ def test_the_deploy_command_writes_every_file_the_kustomizations_read(tmp_path):
     from mcp_ha.deploy_files import FILES
 
     shipped = subprocess.run(
-        ["git", "ls-files", "deploy/kubernetes", "deploy/kubernetes-sentinel", "deploy/redis", "haproxy"],
+        [
+            "git",
+            "ls-files",
+            "deploy/kubernetes",
+            "deploy/kubernetes-sentinel",
+            "deploy/kubernetes-cluster",
+            "deploy/redis",
+            "haproxy",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
