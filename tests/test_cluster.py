@@ -8,14 +8,19 @@ a primary is killed (its replica is promoted) and while slots move between prima
 from __future__ import annotations
 
 import asyncio
+import re
+import subprocess
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx2
 import pytest
-from conftest import running_stack
+from conftest import free_ports, running_stack
 
 from mcp_ha.check.wire import RawSession
-from mcp_ha.stack import Stack
+from mcp_ha.stack import Stack, redis_command
+from mcp_ha.stores.redis_store import CLUSTER_LIBRARY
 from tools import failover_bench as bench
 
 SESSIONS = 5
@@ -68,3 +73,75 @@ async def test_moving_slots_under_load_fails_no_call(cluster_stack: Stack) -> No
     assert bench.check_targets(report) == []
     for c in report.clients:
         assert (c.failed, c.lost, c.duplicated) == (0, 0, 0), (c.kind, c.errors)
+
+
+def start_like_redis_1(stack: Stack, directory: Path) -> tuple[subprocess.Popen, int]:
+    """A new cluster node, configured as redis-1 is (its users, cluster mode) on free ports, in
+    `directory`: a node the cluster does not know yet."""
+    port, bus = free_ports(2)
+    _, text = stack.service("redis-1").config_file  # type: ignore[misc]
+    text = re.sub(r"(?m)^port \d+$", f"port {port}", text)
+    text = re.sub(r"(?m)^cluster-port \d+$", f"cluster-port {bus}", text)
+    text = re.sub(r"(?m)^dir .*$", f"dir {directory}", text)
+    (directory / "redis.conf").write_text(text)
+    node = subprocess.Popen(
+        ["redis-server", str(directory / "redis.conf")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    return node, port
+
+
+@pytest.mark.timeout(300)
+async def test_a_primary_added_later_serves_sessions_without_a_replica_restart(
+    cluster_stack: Stack, tmp_path: Path
+) -> None:
+    """A seventh node, added the standard way (redis-cli --cluster add-node, which copies the kit's
+    functions to it) and given a share of the slots with their keys: the replicas follow the slot map
+    as they run, and every session's state is whole, on the new primary too."""
+    c = cluster_stack.config
+    pids = {name: cluster_stack.pid(name) for name in c.replica_names()}
+    node, port = await asyncio.to_thread(start_like_redis_1, cluster_stack, tmp_path)
+    first = f"{c.host}:{c.cluster_ports[0]}"
+
+    def cli(*words: str) -> str:
+        done = subprocess.run(
+            ["redis-cli", "--cluster", *words], env=c.redis_cli_env, capture_output=True, text=True, timeout=240
+        )
+        assert done.returncode == 0, (done.stdout + done.stderr)[-1000:]
+        return done.stdout
+
+    def ask(*words: str) -> object:
+        return redis_command(c.host, port, *words, password=c.redis_admin_password)
+
+    try:
+        wait = time.monotonic() + 10
+        while ask("PING") != "PONG":
+            assert time.monotonic() < wait, "the new node never answered"
+            await asyncio.sleep(0.1)
+        async with httpx2.AsyncClient(timeout=10) as http:
+            sessions = [RawSession(http, c.mcp_url) for _ in range(64)]
+            for session in sessions:
+                await session.initialize()
+                assert (await session.call("increment_counter"))["counter"] == 1
+            await asyncio.to_thread(cli, "add-node", f"{c.host}:{port}", first)
+            assert CLUSTER_LIBRARY in str(ask("FUNCTION", "LIST")), "the kit's functions were not copied"
+            new_id = str(ask("CLUSTER", "MYID"))
+            await asyncio.to_thread(
+                cli,
+                "reshard",
+                first,
+                "--cluster-from",
+                "all",
+                "--cluster-to",
+                new_id,
+                "--cluster-slots",
+                "2048",
+                "--cluster-yes",
+            )
+            for session in sessions:
+                assert (await session.call("increment_counter"))["counter"] == 2
+            held = ask("KEYS", "mcp:session:*")
+            assert isinstance(held, list) and held, "no session's state moved to the new primary"
+        assert {name: cluster_stack.pid(name) for name in c.replica_names()} == pids, "a replica restarted"
+    finally:
+        node.kill()
+        node.wait(timeout=10)
