@@ -172,6 +172,8 @@ MARKDOWN_MARKERS = "bench"
 REFERENCE_MARKERS = "reference"
 # ... and, when FILE has them, the capacity section between <!-- capacity:start --> and <!-- capacity:end -->.
 CAPACITY_MARKERS = "capacity"
+# The capacity section on a Redis Cluster (--redis cluster) goes into a block of its own.
+CLUSTER_CAPACITY_MARKERS = "capacity-cluster"
 # The sections, in the order they run (`--sections`); the bench markers' block needs all but capacity.
 SECTIONS = ("throughput", "proxy_hop", "memory", "capacity", "scale", "durability")
 BENCH_SECTIONS = frozenset(SECTIONS) - {"capacity"}
@@ -539,10 +541,13 @@ async def interleave(
 # -- Redis, through redis-cli (only stores/redis_store.py imports redis) ------------------
 
 
-def redis_cli(redis: StackConfig, *args: str, stdin: str | None = None, timeout: float = 120) -> str:
-    """As the admin: the benchmark fills, measures and empties Redis beside the kit's own user."""
+def redis_cli(
+    redis: StackConfig, *args: str, stdin: str | None = None, timeout: float = 120, port: int | None = None
+) -> str:
+    """As the admin: the benchmark fills, measures and empties Redis beside the kit's own user (the stack's
+    Redis, or the server on `port`: a cluster's primary)."""
     result = subprocess.run(
-        ["redis-cli", "-p", str(redis.redis_port), *args],
+        ["redis-cli", "-p", str(port or redis.redis_port), *args],
         input=stdin,
         capture_output=True,
         text=True,
@@ -656,15 +661,22 @@ class Tally:
 class RedisWatch:
     """The stack's Redis's `INFO cpu commandstats` (as the admin), sampled right before and after each measured
     round of one setup (run_round): the rounds of the setups interleaved with it, some on the same Redis
-    (direct, the floor), fall outside. An idle window first gives what Redis runs with no calls at all."""
+    (direct, the floor), fall outside. An idle window first gives what Redis runs with no calls at all. On a
+    cluster, `ports` are its primaries': their counters summed, what the cluster ran for the calls."""
 
     redis: StackConfig
     rounds: Tally = field(default_factory=Tally)
     idle: Tally = field(default_factory=Tally)
+    ports: tuple[int, ...] = ()
 
     async def sample(self) -> Reading:
-        text = await asyncio.to_thread(redis_cli, self.redis, "INFO", "cpu", "commandstats")
-        return Reading(parse_commandstats(text), parse_cpu(text))
+        commands: Counter[str] = Counter()
+        cpu = 0.0
+        for port in self.ports or (self.redis.redis_port,):
+            text = await asyncio.to_thread(redis_cli, self.redis, "INFO", "cpu", "commandstats", port=port)
+            commands.update(parse_commandstats(text))
+            cpu += parse_cpu(text)
+        return Reading(commands, cpu)
 
     async def measure_idle(self, seconds: float) -> None:
         """No calls for `seconds`, sampled like a round: each replica's lease renewals, the health checks
@@ -674,6 +686,13 @@ class RedisWatch:
         await asyncio.sleep(seconds)
         elapsed = time.perf_counter() - started
         self.idle.add(before, await self.sample(), elapsed)
+
+
+def redis_watch(stack: Stack) -> RedisWatch:
+    """The watch of the stack's Redis: on a cluster, of the primaries serving slots now."""
+    if stack.config.redis_mode != "cluster":
+        return RedisWatch(stack.config)
+    return RedisWatch(stack.config, ports=tuple(stack.service(n).port for n in stack.cluster_primaries()))
 
 
 def redis_per_call(rounds: Tally, idle: Tally) -> dict:
@@ -913,7 +932,7 @@ async def section_throughput(
             setups.append(await open_setup("reference", reference_url, SessionClient, plan.sessions))
             await probe_tools(setups[-1], plan.mix)
         # Redis per call: only the kit's own rounds through HAProxy are counted, less Redis at rest.
-        watch = setups[0].redis = RedisWatch(stack.config)
+        watch = setups[0].redis = redis_watch(stack)
         progress.update(task, description="throughput: Redis with no calls, for one round's length")
         await watch.measure_idle(plan.round_seconds)
         progress.advance(task, plan.round_seconds)
@@ -1156,7 +1175,7 @@ async def measure_shape(
         await probe_tools(setup, tools)
         # One call each first, outside the window: a session's first write makes what later ones reuse.
         await run_round(setup, tools, CALL_TIMEOUT, measure=False, calls=1)
-        watch = setup.redis = RedisWatch(stack.config)
+        watch = setup.redis = redis_watch(stack)
         before = shape_evidence(setup)
         calls = -(-plan.capacity_calls(shape) // sessions)  # per client, rounded up
         await run_round(setup, tools, calls * CALL_TIMEOUT, calls=calls)
@@ -1176,14 +1195,14 @@ def shape_figures(stats: dict, rounds: Tally, idle: Tally) -> dict:
     return {**stats, **figures, "calls_per_s_per_primary": per_primary}
 
 
-async def section_capacity(stack: Stack, plan: Plan, at_rest_bytes: float, progress: Progress, task) -> dict:
+async def section_capacity(stack: Stack, plan: Plan, at_rest_bytes: float | None, progress: Progress, task) -> dict:
     """Redis CPU and commands per call of each call shape, and what they and a session's bytes make of 1, 3
     and 9 primaries. Redis at rest is measured half before the shapes' batches and half after."""
     try:  # The replicas' settings: they start from the environment recorded with the stack, not the bench's.
         settings = Settings.from_env(stack.config.env)
     except SettingsError as exc:
         raise BenchError(f"capacity: the stack's settings cannot be read: {exc}") from None
-    watch = RedisWatch(stack.config)
+    watch = redis_watch(stack)
     half = plan.capacity_idle_seconds / 2
     progress.update(task, description="capacity: Redis with no calls")
     await watch.measure_idle(half)
@@ -1197,7 +1216,10 @@ async def section_capacity(stack: Stack, plan: Plan, at_rest_bytes: float, progr
     await watch.measure_idle(half)
     progress.advance(task, plan.capacity_idle_seconds)
     shapes = {shape: shape_figures(stats, rounds, watch.idle) for shape, (stats, rounds) in measured.items()}
-    return capacity_figures(shapes, at_rest_bytes, settings, round(plan.primary_memory_gib * 1024**3))
+    figures = capacity_figures(shapes, at_rest_bytes, settings, round(plan.primary_memory_gib * 1024**3))
+    if stack.config.redis_mode == "cluster":
+        figures["cluster_primaries"] = len(watch.ports)
+    return figures
 
 
 def session_bounds(settings: Settings) -> dict[str, int]:
@@ -1214,18 +1236,21 @@ def session_bounds(settings: Settings) -> dict[str, int]:
     }
 
 
-def capacity_figures(shapes: dict[str, dict], at_rest: float, settings: Settings, primary_memory: int) -> dict:
+def capacity_figures(shapes: dict[str, dict], at_rest: float | None, settings: Settings, primary_memory: int) -> dict:
     """Per primary and for 1, 3 and 9: sessions held (memory / bytes per session) and calls/s served
-    (primaries x 1 / CPU seconds per call), with sessions, and so calls, spread evenly over the primaries."""
+    (primaries x 1 / CPU seconds per call), with sessions, and so calls, spread evenly over the primaries.
+    `at_rest` None (no memory section: a cluster's run): calls/s alone."""
     bounds = session_bounds(settings)
-    at_bounds = round(at_rest + sum(bounds.values()))
+    at_bounds = None if at_rest is None else round(at_rest + sum(bounds.values()))
     # A noisy memory section can measure nothing at rest: then no figure is made of it.
-    held_at_rest = int(primary_memory // at_rest) if at_rest > 0 else None
-    held_at_bounds = primary_memory // at_bounds
+    held_at_rest = int(primary_memory // at_rest) if at_rest else None
+    held_at_bounds = None if at_bounds is None else primary_memory // at_bounds
     serve = {shape: figures["calls_per_s_per_primary"] for shape, figures in shapes.items()}
     return {
         "shapes": shapes,
-        "bytes_per_session": {"at_rest": at_rest, "at_bounds": at_bounds, "bounds_added": bounds},
+        "bytes_per_session": None
+        if at_rest is None
+        else {"at_rest": at_rest, "at_bounds": at_bounds, "bounds_added": bounds},
         "primary_memory_bytes": primary_memory,
         "max_sessions": settings.max_sessions,
         "primaries": [
@@ -1233,7 +1258,7 @@ def capacity_figures(shapes: dict[str, dict], at_rest: float, settings: Settings
                 "primaries": n,
                 "memory_bytes": n * primary_memory,
                 "sessions_at_rest": None if held_at_rest is None else n * held_at_rest,
-                "sessions_at_bounds": n * held_at_bounds,
+                "sessions_at_bounds": None if held_at_bounds is None else n * held_at_bounds,
                 "calls_per_s": {shape: None if v is None else n * v for shape, v in serve.items()},
             }
             for n in PRIMARIES
@@ -1530,8 +1555,11 @@ def capacity_tables(capacity: dict) -> list[Section]:
     ]
     d = next(iter(shapes.values()))["redis_per_call"]
     idle_rate = d["idle_cpu_seconds"] / d["idle_seconds"] * 1e3 if d["idle_seconds"] else 0.0
+    primaries = capacity.get("cluster_primaries")
+    on = "" if primaries is None else f", on a Redis Cluster of {primaries} primaries"
+    summed = "" if primaries is None else f" Summed over the {primaries} primaries, so per call, whichever serves it."
     per_call = Section(
-        "Capacity: Redis per call of each shape, through HAProxy",
+        f"Capacity: Redis per call of each shape, through HAProxy{on}",
         [
             "shape",
             "sessions at a time",
@@ -1545,11 +1573,13 @@ def capacity_tables(capacity: dict) -> list[Section]:
         rows,
         "Measured: Redis's INFO cpu (its main thread: used_cpu_sys_main_thread + used_cpu_user_main_thread) "
         "and INFO commandstats right before and after each shape's batch, less Redis at rest at its rate "
-        f"({d['idle_seconds']:.1f} s with no calls: {idle_rate:.2f} ms of CPU a second), per call.\n"
+        f"({d['idle_seconds']:.1f} s with no calls: {idle_rate:.2f} ms of CPU a second), per call.{summed}\n"
         "Computed, not measured: calls/s per primary = 1 / (CPU seconds per call), one Redis primary's main "
         "thread busy with nothing but such calls, however many replicas are in front of it.",
         left=("shape",),
     )
+    if capacity["bytes_per_session"] is None:
+        return [per_call, primaries_table(capacity)]
     return [per_call, bytes_table(capacity), primaries_table(capacity)]
 
 
@@ -1585,6 +1615,15 @@ def primaries_table(capacity: dict) -> Section:
         ]
         for p in capacity["primaries"]
     ]
+    if capacity["bytes_per_session"] is None:
+        return Section(
+            "Capacity: what 1, 3 and 9 Redis primaries of a cluster serve (computed)",
+            ["primaries", *(f"{s} calls/s" for s in shapes)],
+            [[row[0], *row[4:]] for row in rows],
+            "Computed, not measured, from the CPU per call measured on the cluster above: calls/s = primaries x "
+            "1 / (CPU seconds per call), each primary's main thread fully busy, sessions (and so calls) spread "
+            "evenly over the primaries by their hash tags. A session's bytes are the single Redis's table's.",
+        )
     return Section(
         f"Capacity: what 1, 3 and 9 Redis primaries hold and serve, {_gib(capacity['primary_memory_bytes'])} "
         "per primary (computed)",
@@ -1825,7 +1864,7 @@ def markdown_capacity(report: dict) -> str:
     return "\n\n".join([provenance("tools.bench"), *(md_table(s) for s in capacity_tables(report["capacity"]))])
 
 
-def markdown_blocks(path: Path, sections: frozenset[str], *, reference: bool) -> list[str]:
+def markdown_blocks(path: Path, sections: frozenset[str], *, reference: bool, cluster: bool = False) -> list[str]:
     """The blocks a run of `sections` writes into `path`: bench's when every section but capacity runs,
     reference's with --reference (its markers required), capacity's when it runs and `path` has its markers.
     MarkdownError when that is none of them, or when markers are not each once and in order."""
@@ -1833,10 +1872,11 @@ def markdown_blocks(path: Path, sections: frozenset[str], *, reference: bool) ->
     if reference:
         check_markers(path, REFERENCE_MARKERS)
         names.append(REFERENCE_MARKERS)
-    start, end = markers(CAPACITY_MARKERS)
+    capacity = CLUSTER_CAPACITY_MARKERS if cluster else CAPACITY_MARKERS
+    start, end = markers(capacity)
     if "capacity" in sections and any(marker in _read(path) for marker in (start, end)):
-        check_markers(path, CAPACITY_MARKERS)
-        names.append(CAPACITY_MARKERS)
+        check_markers(path, capacity)
+        names.append(capacity)
     if not names:
         raise MarkdownError(
             f"{path}: these sections write nothing into it (the bench markers' block takes every section but "
@@ -1975,7 +2015,7 @@ async def later_sections(stack: Stack, plan: Plan, state_dir: Path, report: dict
     if "memory" in plan.sections:
         report["memory"] = await section_memory(stack, plan, progress, task)
     if "capacity" in plan.sections:
-        at_rest = report["memory"]["used_memory_at_rest_per_session"]
+        at_rest = report["memory"]["used_memory_at_rest_per_session"] if "memory" in report else None
         report["capacity"] = await section_capacity(stack, plan, at_rest, progress, task)
     if "scale" in plan.sections:
         report["scale"] = await section_scale(stack, plan, progress, task)
@@ -1994,16 +2034,21 @@ def parse_sections(text: str) -> frozenset[str]:
     return frozenset(names | ({"memory"} if "capacity" in names else set()))
 
 
-def check_sections(sections: frozenset[str], markdown_path: Path | None, *, reference: bool, chart: bool) -> list[str]:
+def check_sections(
+    sections: frozenset[str], markdown_path: Path | None, *, reference: bool, chart: bool, cluster: bool = False
+) -> list[str]:
     """Before anything starts: the options that need a section get it, and the `--markdown` blocks this run
     writes (markdown_blocks)."""
     if (reference or chart) and "throughput" not in sections:
         option = "--reference" if reference else "--chart"
         raise click.BadParameter(f"{option} needs the throughput section", param_hint="'--sections'")
+    if cluster and sections - {"memory"} != {"capacity"}:
+        # The other sections, memory's included, read and fill one Redis's keys by name.
+        raise click.BadParameter("on a Redis Cluster, only the capacity section runs", param_hint="'--sections'")
     if markdown_path is None:
         return []
     try:
-        return markdown_blocks(markdown_path, sections, reference=reference)
+        return markdown_blocks(markdown_path, sections, reference=reference, cluster=cluster)
     except MarkdownError as exc:
         raise click.BadParameter(str(exc), param_hint="'--markdown'") from None
 
@@ -2068,6 +2113,15 @@ def check_sections(sections: frozenset[str], markdown_path: Path | None, *, refe
 )
 @click.option("--quick", is_flag=True, help="Short rounds and fewer sessions made: under a minute, for CI.")
 @click.option("--own-stack", is_flag=True, help="Start a stack of its own on free loopback ports, stop it at the end.")
+@click.option(
+    "--redis",
+    "redis_mode",
+    type=click.Choice(["single", "cluster"]),
+    default="single",
+    show_default=True,
+    help="The stack's Redis: one server, or a Redis Cluster (with --own-stack, one of three primaries, a "
+    "replica each; the capacity section only, its figures in the capacity-cluster block).",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the results here.")
 @click.option(
     "--chart",
@@ -2088,6 +2142,7 @@ def main(
     primary_memory_gib: float,
     quick: bool,
     own_stack: bool,
+    redis_mode: str,
     json_path: Path | None,
     chart_path: Path | None,
     markdown_path: Path | None,
@@ -2107,7 +2162,12 @@ def main(
             checkout = Checkout.at(reference_path)
         except ReferenceKitError as exc:
             raise click.BadParameter(str(exc), param_hint="'--reference'") from None
-    blocks = check_sections(section_names, markdown_path, reference=checkout is not None, chart=chart_path is not None)
+    cluster = redis_mode == "cluster"
+    blocks = check_sections(
+        section_names, markdown_path, reference=checkout is not None, chart=chart_path is not None, cluster=cluster
+    )
+    if cluster:
+        section_names = frozenset({"capacity"})  # without memory's bytes per session: one Redis's
     plan = Plan(parse_mix(mix), sessions, duration, generation, quick, compare, section_names, primary_memory_gib)
     stack: Stack | None = None
     reference: ReferenceKit | None = None
@@ -2124,11 +2184,16 @@ def main(
             with console.status("the reference kit's venv, from its uv.lock (made once, outside this repository)"):
                 reference = ReferenceKit(checkout, ensure_venv(checkout))
         if own_stack:
-            stack = Stack(StackConfig.on_free_ports(state_dir / "stack"))
+            stack = Stack(StackConfig.on_free_ports(state_dir / "stack", redis_mode=redis_mode))
             with console.status(f"starting a stack of its own in {state_dir}"):
                 stack.up()
         else:
             stack = running_stack()
+            if (stack.config.redis_mode == "cluster") != cluster:
+                raise BenchError(
+                    f"the running stack's Redis is {stack.config.redis_mode}: give --redis "
+                    f"{'cluster' if stack.config.redis_mode == 'cluster' else 'single'}"
+                )
         report = asyncio.run(run(stack, plan, state_dir / "floor-logs", state_dir / "durability", reference))
     except (BenchError, StackError, ReferenceKitError) as exc:
         click.echo(f"error: {exc}", err=True)
@@ -2157,6 +2222,7 @@ def main(
         "generation": generation,
         "quick": quick,
         "own_stack": own_stack,
+        "redis": redis_mode,
         "compare": compare,
         "reference": None if checkout is None else str(checkout.path),
         "sections": [name for name in SECTIONS if name in plan.sections],
@@ -2213,6 +2279,7 @@ def main(
             MARKDOWN_MARKERS: markdown_report,
             REFERENCE_MARKERS: lambda report: markdown_reference(report["reference"]),
             CAPACITY_MARKERS: markdown_capacity,
+            CLUSTER_CAPACITY_MARKERS: markdown_capacity,
         }
         try:
             write_blocks(markdown_path, {name: render[name](report) for name in blocks})

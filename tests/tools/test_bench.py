@@ -14,6 +14,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import click
 import pytest
 from conftest import ROOT
 
@@ -245,6 +246,30 @@ def test_capacity_is_computed_from_the_cost_per_call_and_the_settings_bounds(tmp
     assert any(line.startswith("| plain | 8 | 100 | 0 | 1.00 | 1.0 | 250.0 | 4,000 |") for line in lines), lines
     assert any(line.startswith("At its bounds = at rest (800) + MAX_SESSION_STATE_BYTES (262,144)") for line in lines)
     assert any(line.startswith("Computed, not measured") for line in lines)
+
+
+@pytest.mark.quick
+def test_capacity_on_a_cluster_is_calls_per_s_from_its_own_cost_and_goes_into_a_block_of_its_own(
+    tmp_path: Path,
+) -> None:
+    from mcp_ha.settings import Settings
+    from tools.bench import capacity_figures, check_sections, markdown_capacity
+
+    made_up = made_up_capacity()
+    capacity = capacity_figures(made_up["shapes"], None, Settings(), 8 * 1024**3) | {"cluster_primaries": 3}
+    assert capacity["bytes_per_session"] is None
+    assert capacity["primaries"][1]["calls_per_s"] == {"plain": 12_000, "streamed": 1_500}
+    lines = markdown_capacity({"capacity": capacity}).split("\n")
+    assert "**Capacity: Redis per call of each shape, through HAProxy, on a Redis Cluster of 3 primaries**" in lines
+    assert "| 3 | 12,000 | 1,500 |" in lines, lines
+    assert not any("bytes per session" in line.lower() and line.startswith("**") for line in lines)
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"{CAP_START}\n{CAP_END}\n<!-- capacity-cluster:start -->\n<!-- capacity-cluster:end -->\n")
+    both = frozenset({"capacity", "memory"})
+    assert check_sections(both, doc, reference=False, chart=False, cluster=True) == ["capacity-cluster"]
+    assert check_sections(both, doc, reference=False, chart=False) == ["capacity"]
+    with pytest.raises(click.BadParameter, match="only the capacity section"):
+        check_sections(both | {"scale"}, doc, reference=False, chart=False, cluster=True)
 
 
 @pytest.mark.quick
