@@ -106,7 +106,7 @@ async def test_a_primary_added_later_serves_sessions_without_a_replica_restart(
         done = subprocess.run(
             ["redis-cli", "--cluster", *words], env=c.redis_cli_env, capture_output=True, text=True, timeout=240
         )
-        assert done.returncode == 0, (done.stdout + done.stderr)[-1000:]
+        assert done.returncode == 0, (done.stdout[-1500:], done.stderr[-1500:])
         return done.stdout
 
     def ask(*words: str) -> object:
@@ -125,6 +125,16 @@ async def test_a_primary_added_later_serves_sessions_without_a_replica_restart(
             await asyncio.to_thread(cli, "add-node", f"{c.host}:{port}", first)
             assert CLUSTER_LIBRARY in str(ask("FUNCTION", "LIST")), "the kit's functions were not copied"
             new_id = str(ask("CLUSTER", "MYID"))
+            # Known to every node by gossip, and knowing the slots served (a second or so), before slots
+            # can be given to it.
+            wait = time.monotonic() + 20
+            while "cluster_state:ok" not in str(ask("CLUSTER", "INFO")) or not all(
+                f"{new_id} " in str(cluster_stack.redis_command(name, "CLUSTER", "NODES"))
+                and "handshake" not in str(cluster_stack.redis_command(name, "CLUSTER", "NODES"))
+                for name in cluster_stack.cluster_primaries()
+            ):
+                assert time.monotonic() < wait, "the new node never became known to the cluster"
+                await asyncio.sleep(0.2)
             await asyncio.to_thread(
                 cli,
                 "reshard",
