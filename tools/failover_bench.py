@@ -946,14 +946,14 @@ def report_json(reports: list[ScenarioReport]) -> dict:
     type=click.Choice(["single", "sentinel", "cluster"]),
     default="single",
     show_default=True,
-    help="With --own-stack: one Redis, or a primary, a replica and three sentinels.",
+    help="With --own-stack: one Redis; a primary, a replica and three sentinels; or a Redis Cluster of six nodes.",
 )
 @click.option(
     "--wait-replicas",
     type=click.IntRange(0, 1),
     default=0,
     show_default=True,
-    help="With --own-stack: the replicas' REDIS_WAIT_REPLICAS (1 needs --redis sentinel).",
+    help="With --own-stack: the replicas' REDIS_WAIT_REPLICAS (1 needs --redis sentinel or cluster).",
 )
 @markdown_option(MARKDOWN_MARKERS)
 @click.option("-v", "--verbose", is_flag=True, help="Log each phase and every client retry.")

@@ -279,7 +279,7 @@ class Cluster:
         )
         self._in_flight = asyncio.Semaphore(max_connections)
 
-    async def _bounded(self, command: Any) -> Any:
+    async def _bounded(self, command: Any, node: ClusterNode | None = None) -> Any:
         try:
             async with asyncio.timeout(self.timeout_seconds):
                 await self._in_flight.acquire()
@@ -287,6 +287,17 @@ class Cluster:
             raise RedisConnectionError(f"no connection free within {self.timeout_seconds:g} s") from None
         try:
             return await command
+        except (RuntimeError, AttributeError) as exc:
+            # A write on a connection to a node just killed: uvloop refuses it with RuntimeError ("the
+            # handler is closed"), or redis-py finds its writer gone (None), where it raises ConnectionError
+            # otherwise. The same outage, retried the same way, once the node's idle connections are
+            # dropped, so the retry does not take a dead one again.
+            if "closed" not in str(exc) and "NoneType" not in str(exc):
+                raise
+            if node is not None:
+                with contextlib.suppress(Exception):
+                    await node.disconnect_free_connections()
+            raise RedisConnectionError(f"the connection to {getattr(node, 'name', 'a node')} was closed") from exc
         finally:
             self._in_flight.release()
 
@@ -299,11 +310,11 @@ class Cluster:
         node = self.redis.get_node_from_key(keys[0])
         command = ("FCALL", f"{self.library}_{name}", len(keys), *keys, *args)
         if wait is None:
-            return await self._bounded(self.redis.execute_command(*command, target_nodes=node))
+            return await self._bounded(self.redis.execute_command(*command, target_nodes=node), node)
         pipe = self.redis.pipeline(transaction=False)
         pipe.execute_command(*command, target_nodes=node)
         pipe.execute_command("WAIT", *wait, target_nodes=node)
-        result, acknowledged = await self._bounded(pipe.execute(raise_on_error=False))
+        result, acknowledged = await self._bounded(pipe.execute(raise_on_error=False), node)
         if isinstance(result, Exception):
             raise result
         if isinstance(acknowledged, Exception):
@@ -370,7 +381,7 @@ class Cluster:
     async def spublish(self, channel: str, message: str) -> None:
         await self.redis.initialize()
         node = self.redis.get_node_from_key(channel)
-        await self._bounded(self.redis.execute_command("SPUBLISH", channel, message, target_nodes=node))
+        await self._bounded(self.redis.execute_command("SPUBLISH", channel, message, target_nodes=node), node)
 
     async def count(self, keys: Sequence[str], horizon: int) -> int:
         counts = await asyncio.gather(*(self.fcall("count", [key], [horizon]) for key in keys))
