@@ -313,8 +313,9 @@ class AdoptSessions:
                 # here, so not even the store's work tells the two apart.
                 await self.store.owner(session_id)
                 return await SESSION_NOT_FOUND(scope, receive, send)
-        except StoreUnavailable:
+        except StoreUnavailable as exc:
             # Nothing was processed, so the proxy may safely try another replica.
+            log.warning("session %s not served: the store is unavailable (%s)", session_id, exc)
             return await _error(503, "Session store unavailable")(scope, receive, send)
         await self.app(scope, receive, _marked_adopted(send) if adopted else send)
 
