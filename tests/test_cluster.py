@@ -97,12 +97,16 @@ def start_like_redis_1(stack: Stack, directory: Path) -> tuple[subprocess.Popen,
 async def test_a_primary_added_later_serves_sessions_without_a_replica_restart(
     cluster_stack: Stack, tmp_path: Path
 ) -> None:
-    """A seventh node, added the standard way (redis-cli --cluster add-node, which copies the kit's
-    functions to it) and given a share of the slots with their keys: the replicas follow the slot map
+    """A seventh node and its replica, added the standard way (redis-cli --cluster add-node, which copies
+    the kit's functions to it) and given a share of the slots with their keys: the replicas follow the slot map
     as they run, and every session's state is whole, on the new primary too."""
     c = cluster_stack.config
     pids = {name: cluster_stack.pid(name) for name in c.replica_names()}
-    node, port = await asyncio.to_thread(start_like_redis_1, cluster_stack, tmp_path)
+    (tmp_path / "primary").mkdir()
+    (tmp_path / "replica").mkdir()
+    node, port = await asyncio.to_thread(start_like_redis_1, cluster_stack, tmp_path / "primary")
+    # Its replica too: the replicas wait for one to have each write (REDIS_WAIT_REPLICAS=1).
+    second, second_port = await asyncio.to_thread(start_like_redis_1, cluster_stack, tmp_path / "replica")
     first = f"{c.host}:{c.cluster_ports[0]}"
 
     def cli(*words: str) -> str:
@@ -112,13 +116,13 @@ async def test_a_primary_added_later_serves_sessions_without_a_replica_restart(
         assert done.returncode == 0, (done.stdout[-1500:], done.stderr[-1500:])
         return done.stdout
 
-    def ask(*words: str) -> object:
-        return redis_command(c.host, port, *words, password=c.redis_admin_password)
+    def ask(*words: str, at: int = port) -> object:
+        return redis_command(c.host, at, *words, password=c.redis_admin_password)
 
     try:
         wait = time.monotonic() + 10
-        while ask("PING") != "PONG":
-            assert time.monotonic() < wait, "the new node never answered"
+        while ask("PING") != "PONG" or ask("PING", at=second_port) != "PONG":
+            assert time.monotonic() < wait, "the new nodes never answered"
             await asyncio.sleep(0.1)
         async with httpx2.AsyncClient(timeout=10) as http:
             sessions = [RawSession(http, c.mcp_url) for _ in range(64)]
@@ -139,6 +143,13 @@ async def test_a_primary_added_later_serves_sessions_without_a_replica_restart(
                 assert time.monotonic() < wait, "the new node never became known to the cluster"
                 await asyncio.sleep(0.2)
             await asyncio.to_thread(
+                cli, "add-node", f"{c.host}:{second_port}", first, "--cluster-slave", "--cluster-master-id", new_id
+            )
+            wait = time.monotonic() + 20
+            while "master_link_status:up" not in str(ask("INFO", "replication", at=second_port)):
+                assert time.monotonic() < wait, "the new primary's replica never caught up"
+                await asyncio.sleep(0.2)
+            await asyncio.to_thread(
                 cli,
                 "reshard",
                 first,
@@ -156,5 +167,6 @@ async def test_a_primary_added_later_serves_sessions_without_a_replica_restart(
             assert isinstance(held, list) and held, "no session's state moved to the new primary"
         assert {name: cluster_stack.pid(name) for name in c.replica_names()} == pids, "a replica restarted"
     finally:
-        node.kill()
-        node.wait(timeout=10)
+        for proc in (node, second):
+            proc.kill()
+            proc.wait(timeout=10)
