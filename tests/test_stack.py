@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -90,6 +91,10 @@ async def test_two_haproxys_share_the_front_door_and_either_can_die(tmp_path: Pa
                 await session.initialize()
             replicas = [(await s.call("increment_counter"))["instance"] for s in sessions]
             assert len(set(replicas)) > 1, replicas
+            # The second HAProxy to start finds the first's peer port already open, but the first tried the
+            # second's before it listened and tries again only 5 s later (HAProxy's peer reconnect): what each
+            # learnt meanwhile reaches the other then. Past that, each session is in both tables.
+            await asyncio.sleep(6)
             for name in ("haproxy", "haproxy-2"):
                 assert cli(pair, "kill", name).returncode == 0
                 # A fresh connection each: the kernel gives it to the HAProxy left.
