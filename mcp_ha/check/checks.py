@@ -567,19 +567,39 @@ async def check_under_load(ctx: Context, verb: str) -> list[CheckResult]:
         for g in groups:
             mine = list(reasons)
             calls = [c for r in g.runs for c in r.calls]
-            late = [c for c in calls if not c.ok and (g.retries or c.start > struck + window)]
+            # A client that never works again once its connection dropped (check_balancer_killed): its
+            # sessions whose call the fault caught stop there, the client's defect, said but not failed.
+            stopped = (
+                set()
+                if type(g.clients[0]).survives_dropped_connection
+                else {
+                    i
+                    for i, r in enumerate(g.runs)
+                    if any(not c.ok and c.end >= struck and c.start <= struck + window for c in r.calls)
+                }
+            )
+            runs = [r for i, r in enumerate(g.runs) if i not in stopped]
+            late = [c for r in runs for c in r.calls if not c.ok and (g.retries or c.start > struck + window)]
             if late:
                 when = "" if g.retries or not window else f" more than {window:g} s after the fault"
                 mine.append(
                     f"{len(late)} call(s) started{when} failed: {'; '.join(sorted({str(c.error) for c in late}))[:300]}"
                 )
-            silent = sum(not any(c.ok and c.end >= over for c in r.calls) for r in g.runs)
+            silent = sum(not any(c.ok and c.end >= over for c in r.calls) for r in runs)
             if silent:
                 mine.append(f"{silent} of {len(g.runs)} session(s) answered no call after the fault")
             if not any(c.ok for c in calls):
                 mine.append("no call was answered at all")
             mine += effects_reasons(g)
-            results.append(result_for(RESILIENCE, check, g, mine, f"{verb} {replica}{on_it(g, exposed)}", started))
+            note = (
+                f"; {len(stopped)} of {len(g.runs)} sessions stopped: this client never works again after a "
+                "dropped connection"
+                if stopped
+                else ""
+            )
+            results.append(
+                result_for(RESILIENCE, check, g, mine, f"{verb} {replica}{on_it(g, exposed)}{note}", started)
+            )
     finally:
         await close_sessions(groups)
     return named(results, RESILIENCE, check, started)
