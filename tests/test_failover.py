@@ -90,6 +90,9 @@ def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def pair_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The same behind two HAProxys on one port, sharing their session table: one of them is killed."""
     with running_stack(tmp_path_factory.mktemp("failover-pair"), balancers=2) as s:
+        # The first HAProxy reaches the second's peer port only on its second try, 5 s after it started
+        # (HAProxy's peer reconnect, docs/deploy.md): until then a session is in one table only.
+        time.sleep(6)
         yield s
 
 
