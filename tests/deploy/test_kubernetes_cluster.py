@@ -224,7 +224,7 @@ async def test_the_pods_make_one_cluster_and_a_session_outlives_its_primary(kit,
             # told to try again (bounded: 3 tries). Not applied twice: the counter says so.
             for attempt in range(3):
                 try:
-                    counter = (await session.call("increment_counter"))["counter"]
+                    counter = (await session.call_tool("increment_counter"))["counter"]
                     break
                 except CallFailed as exc:
                     assert "try again" in str(exc) and attempt < 2, exc
