@@ -927,9 +927,17 @@ async def test_redis_store_keeps_one_key_per_session_with_the_ttl(redis_stack: S
 
 @pytest.mark.timeout(20)  # a hang fails the test instead of stalling the suite
 @pytest.mark.quick
-async def test_redis_store_unreachable_raises_store_unavailable() -> None:
+@pytest.mark.parametrize("redis_mode", ["single", "cluster"])
+async def test_redis_store_unreachable_raises_store_unavailable(redis_mode: str) -> None:
+    """A cluster none of whose nodes answers is an outage like one Redis down (redis-py raises its own
+    RedisClusterException there, which would reach the client as an internal error)."""
     (closed_port,) = free_ports(1)
-    store = RedisSessionStore(f"redis://127.0.0.1:{closed_port}/0", timeout_seconds=0.5, retry_seconds=0.5)
+    where: dict[str, Any] = (
+        {"url": f"redis://127.0.0.1:{closed_port}/0"}
+        if redis_mode == "single"
+        else {"cluster_nodes": [("127.0.0.1", closed_port)]}
+    )
+    store = RedisSessionStore(**where, timeout_seconds=0.5, retry_seconds=0.5)
     try:
         assert await store.ping() is False
         with pytest.raises(StoreUnavailable):

@@ -35,8 +35,8 @@ import functools
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import redis.asyncio as redis
 from redis.asyncio.client import PubSub
@@ -45,7 +45,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisClusterException, ResponseError, SlotNotCoveredError
 
 from ..session_store import RESYNC, LimitExceeded, StoreUnavailable, over_quota, payer_of
 
@@ -236,6 +236,23 @@ class Layout:
         return f"{self.prefix}:claim:{_tag(hashlib.sha256(name.encode()).hexdigest())}"
 
 
+T = TypeVar("T")
+
+
+def as_outage(exc: BaseException) -> RedisConnectionError | None:
+    """The ConnectionError an outage of nodes is, where redis-py raises something else; None for any other
+    error. No node answering: its own RedisClusterException; a slot nobody serves: SlotNotCoveredError; a
+    write on a connection to a node just killed: uvloop's RuntimeError ("the handler is closed"), or
+    redis-py finding its writer gone (AttributeError on None). Retried as one Redis down is."""
+    if isinstance(exc, SlotNotCoveredError) or (
+        isinstance(exc, RedisClusterException) and "cannot be connected" in str(exc)
+    ):
+        return RedisConnectionError(f"no cluster node serves this: {exc}")
+    if isinstance(exc, RuntimeError | AttributeError) and ("closed" in str(exc) or "NoneType" in str(exc)):
+        return RedisConnectionError(f"a connection to a cluster node was closed: {exc}")
+    return None
+
+
 class Cluster:
     """The store's connection to a Redis Cluster, and the grant protocol's client side."""
 
@@ -288,16 +305,13 @@ class Cluster:
         try:
             return await command
         except (RuntimeError, AttributeError) as exc:
-            # A write on a connection to a node just killed: uvloop refuses it with RuntimeError ("the
-            # handler is closed"), or redis-py finds its writer gone (None), where it raises ConnectionError
-            # otherwise. The same outage, retried the same way, once the node's idle connections are
-            # dropped, so the retry does not take a dead one again.
-            if "closed" not in str(exc) and "NoneType" not in str(exc):
+            # The node's idle connections are dropped too, so the retry does not take a dead one again.
+            if (error := as_outage(exc)) is None:
                 raise
             if node is not None:
                 with contextlib.suppress(Exception):
                     await node.disconnect_free_connections()
-            raise RedisConnectionError(f"the connection to {getattr(node, 'name', 'a node')} was closed") from exc
+            raise error from exc
         finally:
             self._in_flight.release()
 
@@ -306,8 +320,7 @@ class Cluster:
     ) -> Any:
         """One function of the library on the node that owns `keys[0]`; with `wait` (replicas, ms), WAIT
         on the same connection, so it covers this write."""
-        await self.redis.initialize()  # a no-op unless a failure asked for a new slot map
-        node = self.redis.get_node_from_key(keys[0])
+        node = await self._node_of(keys[0])
         command = ("FCALL", f"{self.library}_{name}", len(keys), *keys, *args)
         if wait is None:
             return await self._bounded(self.redis.execute_command(*command, target_nodes=node), node)
@@ -378,9 +391,33 @@ class Cluster:
             except (RedisConnectionError, ResponseError, StoreUnavailable):
                 continue
 
+    async def _slot_map(self) -> None:
+        """The slot map, asked for again when a failure said it changed (else a no-op)."""
+        try:
+            await self.redis.initialize()
+        except RedisClusterException as exc:
+            raise as_outage(exc) or exc from exc
+
+    async def _node_of(self, key: Any) -> ClusterNode:
+        """The primary serving `key`'s slot now."""
+        await self._slot_map()
+        try:
+            node = self.redis.get_node_from_key(key)
+        except SlotNotCoveredError as exc:
+            raise as_outage(exc) or exc from exc
+        if node is None:
+            raise RedisConnectionError(f"no primary serves the slot of {key!r} now")
+        return node
+
+    async def guarded(self, call: Callable[[], Awaitable[T]]) -> T:
+        """`call` (a command on the cluster), with an outage raised as one (`as_outage`)."""
+        try:
+            return await call()
+        except (RedisClusterException, RuntimeError, AttributeError) as exc:
+            raise as_outage(exc) or exc from exc
+
     async def spublish(self, channel: str, message: str) -> None:
-        await self.redis.initialize()
-        node = self.redis.get_node_from_key(channel)
+        node = await self._node_of(channel)
         await self._bounded(self.redis.execute_command("SPUBLISH", channel, message, target_nodes=node), node)
 
     async def count(self, keys: Sequence[str], horizon: int) -> int:
@@ -388,11 +425,13 @@ class Cluster:
         return sum(int(c) for c in counts)
 
     async def ping(self) -> None:
-        await self.redis.ping(target_nodes=RedisCluster.PRIMARIES)
+        await self._slot_map()
+        await self.guarded(lambda: self.redis.ping(target_nodes=RedisCluster.PRIMARIES))
 
     async def memory(self) -> tuple[int, int]:
         """The fullest primary's used memory, and its maxmemory."""
-        info = await self.redis.info("memory", target_nodes=RedisCluster.PRIMARIES)
+        await self._slot_map()
+        info = await self.guarded(lambda: self.redis.info("memory", target_nodes=RedisCluster.PRIMARIES))
         # One answer per primary, by node name (or one answer alone, from a cluster of one).
         nodes = list(info.values()) if all(isinstance(v, dict) for v in info.values()) else [info]
         fullest = max(nodes, key=lambda i: int(i.get("used_memory", 0)) / max(int(i.get("maxmemory", 0)), 1))

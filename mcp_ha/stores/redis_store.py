@@ -1230,6 +1230,8 @@ class RedisSessionStore(SessionStore):
 
     async def _read(self, call: Callable[[], Awaitable[T]]) -> T:
         """Retried on connection errors: reads, and writes that are idempotent, are safe to repeat."""
+        if self._cluster is not None:
+            call = functools.partial(self._cluster.guarded, call)
         try:
             # The first attempt outside stamina: setting up its retry context on
             # every call cost ~6% of a replica's CPU (py-spy, increment_counter load).
