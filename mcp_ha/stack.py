@@ -829,8 +829,8 @@ class Stack:
     def _cluster_services(self) -> list[Service]:
         """redis-1..6 with cluster mode on; `up` makes them one cluster (create_cluster). A node's slots and
         role live in its own nodes.conf, beside its AOF, so a node started again rejoins as it was. A node
-        marked failed after 2 s is replaced by its replica; a slot range with no primary leaves the others
-        served."""
+        silent for 1 s (cluster-node-timeout, as Sentinel's down-after) is marked failed and replaced by its
+        replica; a slot range with no primary leaves the others served."""
         c = self.config
         services = []
         for i, (port, bus) in enumerate(zip(c.cluster_ports, c.cluster_bus_ports, strict=True), start=1):
@@ -839,7 +839,7 @@ class Stack:
                 f"bind {c.host}\nport {port}\ndir {conf.parent}\nprotected-mode yes\n"
                 'appendonly yes\nappendfsync everysec\nsave ""\nrepl-diskless-sync-delay 0\n'
                 f"cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-port {bus}\n"
-                "cluster-node-timeout 2000\ncluster-require-full-coverage no\n"
+                "cluster-node-timeout 1000\ncluster-require-full-coverage no\n"
                 f"{self._redis_users()}masteruser {REDIS_REPLICATION_USER}\n"
                 f"masterauth {c.redis_replication_password}\n"
             )

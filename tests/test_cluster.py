@@ -59,14 +59,12 @@ async def test_sessions_spread_over_every_primary(cluster_stack: Stack) -> None:
 @pytest.mark.timeout(180)
 async def test_kill_9_of_a_primary_under_load_loses_no_acknowledged_increment(cluster_stack: Stack) -> None:
     """The cluster promotes the primary's replica; every write waited for it (REDIS_WAIT_REPLICAS=1), so no
-    acknowledged increment is lost or applied twice, and a client that retries fails no call. The
-    promotion takes 3.5 to 6 s here (cluster-node-timeout 2 s, then an election): a stock client whose own
-    timeout is shorter fails its call in flight, so the bench's per-call targets are not asserted here
-    (the issue's closing note gives the runs)."""
+    acknowledged increment is lost or applied twice. The promotion takes 2.4 to 2.8 s here
+    (cluster-node-timeout 1 s, then an election), inside a plain client's own timeout (5 s): no call fails.
+    The stock SDK clients, which the bench drives with --stock, are measured in the failover benchmark."""
     report = await bench.run_scenario(cluster_stack, "redis-kill", sessions=SESSIONS, duration=DURATION)
     for c in report.clients:
-        assert (c.lost, c.duplicated, c.unreadable) == (0, 0, 0), c
-    assert report.resilient.failed == 0, report.resilient.errors
+        assert (c.failed, c.lost, c.duplicated, c.unreadable) == (0, 0, 0, 0), (c.kind, c.errors)
     await asyncio.to_thread(cluster_stack.wait_healthy, "haproxy")
 
 

@@ -34,7 +34,7 @@ masteruser replication
 masterauth "$REDIS_REPLICATION_PASSWORD"
 cluster-enabled yes
 cluster-config-file nodes.conf
-cluster-node-timeout 2000
+cluster-node-timeout 1000
 cluster-require-full-coverage no
 cluster-announce-hostname ${me%:*}
 cluster-preferred-endpoint-type hostname
