@@ -112,6 +112,7 @@ from mcp_ha.stack import Stack, StackConfig, StackError, running_stack
 from tools.bench import (
     MarkdownError,
     Section,
+    check_markers,
     markdown_option,
     markers,
     md_escape,
@@ -156,8 +157,26 @@ STOCK_TARGET_SCENARIOS = (BASELINE, "kill")
 STOCK_TARGET_LONGEST_CALL = 1.0
 STOCK_TARGET = "stock-client target"
 
-# `--markdown FILE` writes between <!-- failover:start --> and <!-- failover:end -->.
+# `--markdown FILE` writes between <!-- failover:start --> and <!-- failover:end -->; a run on Sentinel or a
+# cluster (--redis) between failover-sentinel's or failover-cluster's markers.
 MARKDOWN_MARKERS = "failover"
+# `--scenario redis`: every Redis fault the stack's Redis has.
+REDIS_GROUP = "redis"
+
+
+def markdown_markers(redis_mode: str) -> str:
+    return MARKDOWN_MARKERS if redis_mode == "single" else f"{MARKDOWN_MARKERS}-{redis_mode}"
+
+
+def scenarios_of(scenario: str, redis_mode: str) -> list[str]:
+    """What `--scenario` runs: `all` every fault (a cluster's own too), `redis` the Redis faults."""
+    cluster = list(CLUSTER_SCENARIOS) if redis_mode == "cluster" else []
+    if scenario == "all":
+        return [*SCENARIOS, *cluster]
+    if scenario == REDIS_GROUP:
+        return [*REDIS_SCENARIOS, *cluster]
+    return [scenario]
+
 
 log = logging.getLogger("failover_bench")
 
@@ -898,10 +917,10 @@ def report_json(reports: list[ScenarioReport]) -> dict:
 @click.command()
 @click.option(
     "--scenario",
-    type=click.Choice([*SCENARIOS, *CLUSTER_SCENARIOS, BASELINE, "all"]),
+    type=click.Choice([*SCENARIOS, *CLUSTER_SCENARIOS, BASELINE, REDIS_GROUP, "all"]),
     default="all",
     show_default=True,
-    help=f"Which fault to inject ({BASELINE}: the load alone; not part of all).",
+    help=f"Which fault to inject ({BASELINE}: the load alone; not part of all; {REDIS_GROUP}: every Redis fault).",
 )
 @click.option(
     "--sessions",
@@ -975,9 +994,6 @@ def main(
     logging.basicConfig(
         level=logging.INFO if verbose else logging.CRITICAL, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    scenarios = list(SCENARIOS) if scenario == "all" else [scenario]
-    if scenario == "all" and redis_mode == "cluster":
-        scenarios += CLUSTER_SCENARIOS
     if wait_replicas and redis_mode == "single":
         raise click.UsageError("--wait-replicas 1 needs --redis sentinel or cluster: a lone Redis has no replica")
     if stock and (why := node_client_missing()):
@@ -999,10 +1015,21 @@ def main(
                     balancers=2 if scenario in ("haproxy-kill", "all") else 1,
                 )
             )
-            with console.status(f"starting a stack of its own in {state_dir}"):
-                stack.up()
         else:
             stack = running_stack()
+        # A running stack's Redis is whatever it was started with.
+        redis_mode = stack.config.redis_mode
+        scenarios = scenarios_of(scenario, redis_mode)
+        if markdown_path is not None:
+            try:
+                check_markers(markdown_path, markdown_markers(redis_mode))
+            except MarkdownError as exc:
+                if state_dir is not None:
+                    shutil.rmtree(state_dir, ignore_errors=True)
+                raise click.BadParameter(str(exc), param_hint="--markdown") from None
+        if own_stack:
+            with console.status(f"starting a stack of its own in {state_dir}"):
+                stack.up()
     except StackError as exc:
         click.echo(f"error: {exc}", err=True)
         if own_stack and stack is not None:
@@ -1045,11 +1072,12 @@ def main(
             click.echo(f"not every scenario ran, so {markdown_path} is left as it was", err=True)
         else:
             try:
-                write_between_markers(markdown_path, MARKDOWN_MARKERS, markdown_report(reports))
+                write_between_markers(markdown_path, markdown_markers(redis_mode), markdown_report(reports))
             except MarkdownError as exc:
                 click.echo(f"error: {exc}", err=True)
                 sys.exit(2)
-            console.print(f"figures written into {markdown_path}, between {' and '.join(markers(MARKDOWN_MARKERS))}")
+            written = " and ".join(markers(markdown_markers(redis_mode)))
+            console.print(f"figures written into {markdown_path}, between {written}")
     if broken is not None:
         click.echo(f"error: the stack failed during the run: {broken}", err=True)
         sys.exit(2)
