@@ -63,10 +63,11 @@ from mcp_types import INVALID_REQUEST
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import _sdk
+from .errors import refusal
 from .principals import client_of, owned_by, owner, refused_by_auth
 from .session_store import LimitExceeded, SessionStore, StoreUnavailable, is_session_id
 from .streams import SessionEvents
@@ -75,7 +76,6 @@ log = logging.getLogger(__name__)
 
 # The tool error for a write fenced off because another replica adopted the
 # session meanwhile. Nothing was applied, so clients may safely call again.
-SESSION_MOVED = "This session moved to another replica; call again."
 # On the answer to a request this replica took its session over for: the load balancer (haproxy.cfg)
 # learns the session's new replica from it, and removes it.
 ADOPTED_HEADER = b"x-mcp-ha-adopted"
@@ -211,15 +211,9 @@ class RecordSessions(Middleware):
         return result
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse(
-        {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}, status_code=status
-    )
-
-
 # Byte for byte the SDK's answer to an id it does not hold, so an unknown, a
 # malformed and another principal's session id all read alike.
-SESSION_NOT_FOUND = _error(404, "Session not found")
+SESSION_NOT_FOUND = refusal(404, "Session not found")
 
 
 def _marked_adopted(send: Send) -> Send:
@@ -290,7 +284,7 @@ class AdoptSessions:
         if self.transports is not None:
             self.transports.used(session_id)
         if not await _sdk.ended_here(manager, session_id, seconds=ENDING_SECONDS):
-            return await _error(503, "Session is being closed on this replica; retry")(scope, receive, send)
+            return await refusal(503, "Session is being closed on this replica; retry")(scope, receive, send)
         adopted = False
         try:
             if scope["method"] == "DELETE":
@@ -316,7 +310,7 @@ class AdoptSessions:
         except StoreUnavailable as exc:
             # Nothing was processed, so the proxy may safely try another replica.
             log.warning("session %s not served: the store is unavailable (%s)", session_id, exc)
-            return await _error(503, "Session store unavailable")(scope, receive, send)
+            return await refusal(503, "Session store unavailable")(scope, receive, send)
         await self.app(scope, receive, _marked_adopted(send) if adopted else send)
 
     async def _adopt(self, manager: Any, session_id: str, scope: Scope, *, take_over: bool) -> bool:

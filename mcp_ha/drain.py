@@ -47,8 +47,9 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .errors import refusal
 
 log = logging.getLogger(__name__)
 
@@ -149,11 +150,7 @@ class Drain:
         log.info("drained in %.1f s", time.monotonic() - started)
 
 
-REFUSED = JSONResponse(
-    {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": "Replica draining; try another"}},
-    status_code=503,
-    headers={"retry-after": "1"},
-)
+REFUSED = refusal(503, "Replica draining; try another", code=-32000, retry_after=1)
 
 
 def hand_on(sig: int, previous: Any) -> None:

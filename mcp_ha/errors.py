@@ -18,18 +18,23 @@ What a tool's write can meet, each with what the client is told:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastmcp.exceptions import ToolError
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS
+from mcp_types import INVALID_PARAMS, INVALID_REQUEST
+from starlette.responses import JSONResponse
 
-from .adoption import SESSION_MOVED, Ownership
-from .idempotency import KEY_REUSED
 from .session_store import STORE_UNAVAILABLE, Conflict, Fenced, LimitExceeded, OpReused, StoreFull, StoreUnavailable
 
 log = logging.getLogger(__name__)
+
+# Told when another replica adopted the session while the call ran: nothing was applied.
+SESSION_MOVED = "This session moved to another replica; call again."
+# Told when an idempotency key comes back with a different call (`idempotency.py`).
+KEY_REUSED = "This idempotency key was already used for a different call"
 
 # Told when Redis refuses a write past its maxmemory: it evicts nothing live, so nothing is lost either.
 STORE_FULL = "Session store is full; nothing was applied. Try again later."
@@ -39,9 +44,21 @@ SESSION_BUSY = "This session changed while the call ran, again and again; nothin
 ANSWERED = (StoreUnavailable, Fenced, OpReused, Conflict, LimitExceeded)
 
 
+def refusal(
+    status: int, message: str, *, code: int = INVALID_REQUEST, id: Any = None, retry_after: int | None = None
+) -> JSONResponse:
+    """The kit's every HTTP refusal: a JSON-RPC error answering `id` (None: no request read), with an HTTP
+    status, and Retry-After for what frees up."""
+    headers = None if retry_after is None else {"Retry-After": str(retry_after)}
+    body = {"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
 class StoreErrors(Middleware):
-    def __init__(self, ownership: Ownership) -> None:
-        self.ownership = ownership
+    """`on_fenced(session_id)`: a write of that session was fenced off (`adoption.Ownership.lost`)."""
+
+    def __init__(self, *, on_fenced: Callable[[str], None]) -> None:
+        self.on_fenced = on_fenced
 
     async def on_call_tool(self, context: MiddlewareContext, call_next: CallNext) -> Any:
         try:
@@ -58,7 +75,7 @@ class StoreErrors(Middleware):
             if isinstance(cause, Fenced):
                 log.info("write fenced off during %s: the session has a newer owner", context.message.name)
                 if context.fastmcp_context is not None and context.fastmcp_context.session_id:
-                    self.ownership.lost(context.fastmcp_context.session_id)
+                    self.on_fenced(context.fastmcp_context.session_id)
                 raise ToolError(SESSION_MOVED) from cause
             if isinstance(cause, OpReused):
                 raise MCPError(INVALID_PARAMS, KEY_REUSED) from cause

@@ -36,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from .drain import BALANCER_CHECK_HEADER, Drain
+from .errors import refusal
 from .session_store import STORE_UNAVAILABLE, SessionStore
 
 # Under HAProxy's 800 ms check timeout, so a hung store is answered (and
@@ -44,11 +45,7 @@ PING_SECONDS = 0.5
 # How often a health check also reads the store's memory (one INFO, not one per check).
 MEMORY_SECONDS = 5.0
 
-STORE_GONE = JSONResponse(
-    {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": STORE_UNAVAILABLE}},
-    status_code=503,
-    headers={"retry-after": "1"},
-)
+STORE_GONE = refusal(503, STORE_UNAVAILABLE, code=-32000, retry_after=1)
 
 
 class StoreHealth:

@@ -48,7 +48,6 @@ MAX_KEY_LENGTH = 200
 # The call being served, as (idempotency key, digest), for `Session` writes; None without a key.
 current_call: ContextVar[tuple[str, str] | None] = ContextVar("current_call", default=None)
 # Told to the client (JSON-RPC -32602) when a write finds its key recorded for another call (`OpReused`).
-KEY_REUSED = "This idempotency key was already used for a different call"
 
 
 def key_of(context: MiddlewareContext) -> str | None:

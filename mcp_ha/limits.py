@@ -85,18 +85,12 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .adoption import session_era
+from .errors import refusal
 from .principals import client_of, refused_by_auth
 from .session_store import SessionStore, StoreUnavailable
 
 # A client over a count waits for sessions to end or expire: a minute, not a hot loop.
 RETRY_AFTER_SECONDS = 60
-
-
-def refusal(status: int, message: str, *, code: int = -32600, id: Any = None, retry_after: int | None = None):
-    """A JSON-RPC error answering `id` with an HTTP status (and Retry-After, for a bound that frees up)."""
-    headers = None if retry_after is None else {"Retry-After": str(retry_after)}
-    body = {"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}
-    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _too_large(max_bytes: int) -> JSONResponse:

@@ -256,7 +256,7 @@ class HighAvailability:
         metrics = self._metrics
         if metrics is not None:
             mcp.add_middleware(metrics.ToolMetrics())
-        mcp.add_middleware(StoreErrors(self.ownership))
+        mcp.add_middleware(StoreErrors(on_fenced=self.ownership.lost))
         mcp.add_middleware(IdempotentCalls())
         mcp.add_middleware(AskForInput())
         mcp.add_middleware(RefuseReplays(self.store, ttl_seconds=self.settings.request_state_ttl_seconds))

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 # What the server says, copied rather than imported: the client stands alone, and
 # tests/test_resilient_client.py holds each equal to the server's own.
 IDEMPOTENCY_KEY = "io.github.mcp-ha-kit/idempotency-key"  # mcp_ha.idempotency.IDEMPOTENCY_KEY
-SESSION_MOVED = "This session moved to another replica; call again."  # mcp_ha.adoption.SESSION_MOVED
+SESSION_MOVED = "This session moved to another replica; call again."  # mcp_ha.errors.SESSION_MOVED
 STORE_UNAVAILABLE = "Session store unavailable; try again shortly."  # session_store.STORE_UNAVAILABLE
 
 RETRYABLE_STATUSES = frozenset({502, 503, 504})

@@ -113,6 +113,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._sdk import STREAM_SCOPE_KEY
+from .errors import refusal
 from .idempotency import IDEMPOTENCY_KEY
 from .principals import client_of, owner, refused_by_auth
 from .session_store import RESYNC, LimitExceeded, SessionStore, StoreUnavailable, is_event_id, is_session_id
@@ -662,15 +663,6 @@ def resumes_stream(scope: Scope) -> bool:
     return scope["method"] == "GET" and bool(Headers(scope=scope).get("last-event-id"))
 
 
-def _error(status: int, message: str, *, retry_after: int | None = None) -> JSONResponse:
-    headers = None if retry_after is None else {"Retry-After": str(retry_after)}
-    return JSONResponse(
-        {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}},
-        status_code=status,
-        headers=headers,
-    )
-
-
 def _sessionless(scope: Scope) -> bool:
     """A 2026-07-28 request: the SDK routes by this header alone (`adoption.session_era`, negated)."""
     version = Headers(scope=scope).get("mcp-protocol-version")
@@ -854,14 +846,14 @@ class CheckResumption:
 
     def _busy(self) -> JSONResponse:
         message = f"This replica is resuming {self.max_replays} streams, the most it may; try again shortly."
-        return _error(503, message, retry_after=1)
+        return refusal(503, message, retry_after=1)
 
     def _crowded(self) -> JSONResponse:
         message = (
             f"This session has {self.max_per_session} streams being resumed, the most it may; "
             "close one, or try again shortly."
         )
-        return _error(429, message, retry_after=1)
+        return refusal(429, message, retry_after=1)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
@@ -880,7 +872,7 @@ class CheckResumption:
             if is_session_id(session_id):
                 last_event_id = headers.get("last-event-id")
                 if not is_event_id(last_event_id):
-                    return await _error(400, MALFORMED)(scope, receive, send)
+                    return await refusal(400, MALFORMED)(scope, receive, send)
                 if self._total >= self.max_replays:  # before any read: a flood costs the store nothing
                     return await self._busy()(scope, receive, send)
                 try:
@@ -892,9 +884,9 @@ class CheckResumption:
                             return await self._crowded()(scope, receive, send)
                         found = await self.store.events_after(session_id, last_event_id)
                 except StoreUnavailable:
-                    return await _error(503, UNAVAILABLE)(scope, receive, send)
+                    return await refusal(503, UNAVAILABLE)(scope, receive, send)
                 if found is None:
-                    return await _error(404, UNKNOWN)(scope, receive, send)
+                    return await refusal(404, UNKNOWN)(scope, receive, send)
                 # Again: others may have started while the store answered.
                 if self._total >= self.max_replays:
                     return await self._busy()(scope, receive, send)

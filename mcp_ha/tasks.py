@@ -114,10 +114,9 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
 from . import _sdk
-from .adoption import SESSION_MOVED
 from .elicitation import InputNeeded
-from .errors import SESSION_BUSY, STORE_FULL
-from .idempotency import KEY_REUSED, current_call
+from .errors import KEY_REUSED, SESSION_BUSY, SESSION_MOVED, STORE_FULL
+from .idempotency import current_call
 from .principals import client_of
 from .session_store import (
     STORE_UNAVAILABLE,

@@ -12,7 +12,7 @@ import pytest
 from fastmcp.exceptions import ToolError
 
 from mcp_ha import resilient_client
-from mcp_ha.adoption import SESSION_MOVED
+from mcp_ha.errors import SESSION_MOVED
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
 from mcp_ha.resilient_client import ResilientClient, TransientFailure
 from mcp_ha.session_store import STORE_UNAVAILABLE
