@@ -29,10 +29,10 @@ allocated per call beyond the timestamps.
 
 from __future__ import annotations
 
+import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import stamina.instrumentation
 from fastmcp.server.middleware import Middleware, MiddlewareContext
@@ -51,7 +51,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from . import _sdk
-from .session_store import Conflict, Fenced, Op, OpReused, SessionStore, StoreUnavailable, Write
+from .session_store import Conflict, Fenced, Op, OpReused, SessionStore, StoreUnavailable
 
 # From a 1 ms read to analyze_data's and watch_counter's 30 s.
 TOOL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -228,142 +228,47 @@ async def _metered(series: _StoreSeries, operation: Callable[..., Any], *args: A
         series.seconds.observe(time.perf_counter() - start)
 
 
-class MeteredStore(SessionStore):
-    """Any `SessionStore`, its operations timed and their errors counted; otherwise the same store."""
+# What is not an operation to time: one long wait (`watch`), health's own probes, and the lifecycle.
+UNTIMED = frozenset({"watch", "ping", "memory", "aclose"})
+
+
+def timed_operations() -> frozenset[str]:
+    """Every operation of the store contract that MeteredStore times: each async one, a new one included."""
+    return frozenset(
+        name
+        for name in SessionStore.__abstractmethods__
+        if inspect.iscoroutinefunction(getattr(SessionStore, name)) and name not in UNTIMED
+    )
+
+
+class MeteredStore:
+    """Any `SessionStore`, its operations timed and their errors counted; otherwise the same store.
+
+    Every async operation of the contract is timed under its own name (`timed_operations`), each wrapped
+    once, on first use; everything else is the store's own. `metered(store)` makes one."""
 
     def __init__(self, store: SessionStore) -> None:
-        super().__init__(
-            ttl_seconds=store.ttl_seconds,
-            op_ttl_seconds=store.op_ttl_seconds,
-            event_ttl_seconds=store.event_ttl_seconds,
-            max_events=store.max_events,
-            max_log_bytes=store.max_log_bytes,
-            max_state_bytes=store.max_state_bytes,
-            max_sessions=store.max_sessions,
-            max_sessions_per_holder=store.max_sessions_per_holder,
-            max_bytes_per_holder=store.max_bytes_per_holder,
-        )
         self.store = store
-        s = _StoreSeries
-        self._get, self._set, self._incr, self._append = s("get"), s("set"), s("incr"), s("append")
-        self._items, self._copy, self._touch, self._count = s("items"), s("copy"), s("touch"), s("count_sessions")
-        self._open, self._record = s("open_session"), s("session_record")
-        self._adopt, self._end, self._owner = s("adopt_session"), s("end_session"), s("owner")
-        self._add_event, self._events_after = s("add_event"), s("events_after")
-        self._stream_since = s("stream_since")
-        self._delete, self._apply, self._recall = s("delete"), s("apply"), s("recall")
-        self._publish, self._claim, self._update = s("publish"), s("claim"), s("update_record")
-        self._claimed, self._release = s("claimed"), s("release")
+        self._timed = timed_operations()
 
-    def replayed(self, op: Op) -> None:
-        self.store.replayed(op)
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self.store, name)
+        if name not in self._timed:
+            return found
+        series = _StoreSeries(name)
 
-    async def get(self, session_id: str, key: str) -> Any | None:
-        return await _metered(self._get, self.store.get, session_id, key)
+        async def operation(*args: Any, **kwargs: Any) -> Any:
+            return await _metered(series, found, *args, **kwargs)
 
-    async def set(
-        self, session_id: str, key: str, value: Any, *, epoch: int | None = None, op: Op | None = None
-    ) -> None:
-        await _metered(self._set, self.store.set, session_id, key, value, epoch=epoch, op=op)
-
-    async def incr(
-        self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op: Op | None = None
-    ) -> int:
-        return await _metered(self._incr, self.store.incr, session_id, key, by, epoch=epoch, op=op)
-
-    async def append(
-        self,
-        session_id: str,
-        key: str,
-        value: Any,
-        *,
-        max_items: int | None = None,
-        epoch: int | None = None,
-        op: Op | None = None,
-    ) -> int:
-        return await _metered(
-            self._append, self.store.append, session_id, key, value, max_items=max_items, epoch=epoch, op=op
-        )
-
-    async def delete(self, session_id: str, key: str, *, epoch: int | None = None, op: Op | None = None) -> bool:
-        return await _metered(self._delete, self.store.delete, session_id, key, epoch=epoch, op=op)
-
-    async def apply(
-        self,
-        session_id: str,
-        writes: Sequence[Write],
-        *,
-        expect: Mapping[str, Any],
-        result: Any,
-        epoch: int | None = None,
-        op: Op | None = None,
-    ) -> Any:
-        return await _metered(
-            self._apply, self.store.apply, session_id, writes, expect=expect, result=result, epoch=epoch, op=op
-        )
-
-    async def recall(self, session_id: str, op: Op) -> tuple[bool, Any]:
-        return await _metered(self._recall, self.store.recall, session_id, op)
-
-    async def items(self, session_id: str) -> dict[str, Any]:
-        return await _metered(self._items, self.store.items, session_id)
+        # Found in the instance from now on: __getattr__ is not asked again for it.
+        setattr(self, name, operation)
+        return operation
 
     async def copy(self, source_id: str, target_id: str, *, epoch: int | None = None, op: Op | None = None) -> int:
-        copied = await _metered(self._copy, self.store.copy, source_id, target_id, epoch=epoch, op=op)
+        copied: int = await _metered(_COPY, self.store.copy, source_id, target_id, epoch=epoch, op=op)
         if copied:
             SESSIONS_RESUMED.inc()
         return copied
-
-    async def touch(self, session_id: str) -> None:
-        await _metered(self._touch, self.store.touch, session_id)
-
-    async def count_sessions(self, *, holder: str | None = None) -> int:
-        return await _metered(self._count, self.store.count_sessions, holder=holder)
-
-    async def open_session(self, session_id: str, record: dict[str, Any], *, holder: str | None = None) -> int:
-        return await _metered(self._open, self.store.open_session, session_id, record, holder=holder)
-
-    async def session_record(self, session_id: str) -> dict[str, Any] | None:
-        return await _metered(self._record, self.store.session_record, session_id)
-
-    async def update_record(self, session_id: str, entries: dict[str, Any]) -> bool:
-        return await _metered(self._update, self.store.update_record, session_id, entries)
-
-    async def adopt_session(self, session_id: str) -> tuple[dict[str, Any], int] | None:
-        return await _metered(self._adopt, self.store.adopt_session, session_id)
-
-    async def end_session(self, session_id: str, *, holder: str | None = None) -> bool:
-        return await _metered(self._end, self.store.end_session, session_id, holder=holder)
-
-    async def owner(self, session_id: str) -> str | None:
-        return await _metered(self._owner, self.store.owner, session_id)
-
-    async def add_event(self, session_id: str, stream_id: str, message: str | None) -> str:
-        return await _metered(self._add_event, self.store.add_event, session_id, stream_id, message)
-
-    async def events_after(self, session_id: str, event_id: str) -> tuple[str, list[tuple[str, str | None]]] | None:
-        return await _metered(self._events_after, self.store.events_after, session_id, event_id)
-
-    async def stream_since(
-        self, session_id: str, stream_id: str, event_id: str
-    ) -> tuple[str, list[tuple[str, str | None]]] | None:
-        return await _metered(self._stream_since, self.store.stream_since, session_id, stream_id, event_id)
-
-    async def claim(self, name: str, claimant: str, ttl_seconds: int, *, holder: str | None = None) -> bool:
-        return await _metered(self._claim, self.store.claim, name, claimant, ttl_seconds, holder=holder)
-
-    async def release(self, name: str) -> None:
-        await _metered(self._release, self.store.release, name)
-
-    async def claimed(self, name: str) -> str | None:
-        return await _metered(self._claimed, self.store.claimed, name)
-
-    async def publish(self, message: str) -> None:
-        await _metered(self._publish, self.store.publish, message)
-
-    def watch(self, *, events: bool = False) -> AbstractAsyncContextManager[AsyncIterator[str]]:
-        # One long wait, not an operation to time.
-        return self.store.watch(events=events)
 
     async def memory(self) -> tuple[int, int] | None:
         found = await self.store.memory()
@@ -372,9 +277,11 @@ class MeteredStore(SessionStore):
             STORE_MEMORY_MAX.set(found[1])
         return found
 
-    async def ping(self) -> bool:
-        # Health's own probe, every half second from HAProxy: its answer is the health check's.
-        return await self.store.ping()
 
-    async def aclose(self) -> None:
-        await self.store.aclose()
+_COPY = _StoreSeries("copy")
+
+
+def metered(store: SessionStore) -> SessionStore:
+    """`store`, its operations timed and their errors counted (`MeteredStore`): a `SessionStore` by every
+    method and attribute, though not by class."""
+    return cast(SessionStore, MeteredStore(store))

@@ -154,7 +154,7 @@ class HighAvailability:
             self._metrics = metrics
         on_replay = self._metrics.count_replay if self._metrics else None
         store = store if store is not None else make_store(settings, on_replay=on_replay)
-        self.store: SessionStore = self._metrics.MeteredStore(store) if self._metrics else store
+        self.store: SessionStore = self._metrics.metered(store) if self._metrics else store
         self.ownership = Ownership()
         self.drain = Drain()
         self.bus = StoreBus(self.store)

@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 import httpx2
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mcp_ha.check.wire import RawSession, last_jsonrpc_message
@@ -187,3 +188,30 @@ async def test_the_sample_dashboard_reads_only_metrics_the_stack_serves(stack: S
     served = replica_text + haproxy_text
     assert [name for name in sorted(names) if name not in served] == []
     assert 'state="UP"' in haproxy_text  # a label the "replicas up" panel filters on
+
+
+@pytest.mark.quick
+async def test_every_async_operation_of_the_store_contract_is_timed_and_its_errors_counted() -> None:
+    """MeteredStore forwards nothing by hand: an operation the contract gains is timed with no change here."""
+    from prometheus_client import REGISTRY
+
+    from mcp_ha.metrics import UNTIMED, metered, timed_operations
+    from mcp_ha.session_store import Op, OpReused, SessionStore
+    from mcp_ha.stores.memory_store import InMemorySessionStore
+
+    untimed = UNTIMED | {"replayed"}
+    assert timed_operations() == SessionStore.__abstractmethods__ - untimed
+
+    def count(name: str, operation: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, {"operation": operation, **labels}) or 0.0
+
+    store = metered(InMemorySessionStore())
+    sid = uuid.uuid4().hex
+    timed = count("mcp_store_operation_duration_seconds_count", "incr")
+    reused = count("mcp_store_errors_total", "incr", kind="op_reused")
+    assert await store.incr(sid, "n", op=Op("k", "one call")) == 1
+    with pytest.raises(OpReused):
+        await store.incr(sid, "n", op=Op("k", "another call"))
+    assert count("mcp_store_operation_duration_seconds_count", "incr") == timed + 2
+    assert count("mcp_store_errors_total", "incr", kind="op_reused") == reused + 1
+    assert store.ttl_seconds == InMemorySessionStore().ttl_seconds  # the rest is the store's own
