@@ -92,7 +92,9 @@ from .session_store import SessionStore, StoreUnavailable
 RETRY_AFTER_SECONDS = 60
 
 
-def refusal(status: int, message: str, *, code: int = -32600, id: Any = None, retry_after: int | None = None):
+def refusal(
+    status: int, message: str, *, code: int = -32600, id: Any = None, retry_after: int | None = None
+) -> JSONResponse:
     """A JSON-RPC error answering `id` with an HTTP status (and Retry-After, for a bound that frees up)."""
     headers = None if retry_after is None else {"Retry-After": str(retry_after)}
     body = {"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}
