@@ -118,7 +118,6 @@ from mcp.server.request_state import RequestStateBoundary
 from mcp.server.runner import serve_connection
 from mcp.server.streamable_http import (
     CONTENT_TYPE_SSE,
-    MCP_PROTOCOL_VERSION_HEADER,
     MCP_SESSION_ID_HEADER,
     REQUEST_STREAM_BUFFER_SIZE,
     EventCallback,
@@ -130,6 +129,7 @@ from mcp.server.streamable_http import (
     check_accept_headers,
 )
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp.shared.message import SessionMessage
 from mcp_types import (
@@ -492,7 +492,7 @@ def set_reported_progress(execution: Any, progress: float) -> None:
     execution._fastmcp_last_progress = int(progress)
 
 
-class InlineClient(Client):
+class InlineClient(Client[Any]):
     """FastMCP's `Client`, never asking a server to run a call as a task, whatever the process imported:
     FastMCP's internal extensions (fastmcp-tasks' client half) left out, as FastMCP's `ProxyClient` does."""
 

@@ -56,7 +56,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastmcp.server.dependencies import get_http_request
-from fastmcp.server.middleware import Middleware, MiddlewareContext
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp_types import INVALID_REQUEST
@@ -172,7 +172,7 @@ class RecordSessions(Middleware):
         self.events = events or functools.partial(SessionEvents, store)
         self.transports = transports
 
-    async def on_initialize(self, context: MiddlewareContext, call_next):
+    async def on_initialize(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
         session_id = context.fastmcp_context.session_id if context.fastmcp_context else None
         params = getattr(context.message, "params", None)
         if not is_session_id(session_id) or params is None:

@@ -53,6 +53,7 @@ from fastmcp import Context
 from fastmcp.exceptions import ToolError
 from fastmcp.server.dependencies import get_http_request
 from fastmcp.server.sessions import SessionId, current_principal, session_storage_key
+from key_value.aio.protocols import AsyncKeyValue
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from . import _sdk
@@ -169,11 +170,11 @@ class FastMCPSessions:
     """FastMCP's `session_state_store` (py-key-value's AsyncKeyValue), serving FastMCP's `get_session` from the
     kit's handles; every other key goes to `others` (module docstring)."""
 
-    def __init__(self, store: SessionStore, *, others: Any = None) -> None:
+    def __init__(self, store: SessionStore, *, others: AsyncKeyValue | None = None) -> None:
         from key_value.aio.stores.memory import MemoryStore
 
         self.store = store
-        self.others = others if others is not None else MemoryStore()
+        self.others: AsyncKeyValue = others if others is not None else MemoryStore()
 
     async def _handle(self, key: str) -> str | None:
         """The caller's own live handle `key` names, as FastMCP keys a session; None for any other key."""

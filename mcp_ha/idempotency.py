@@ -37,9 +37,10 @@ from contextvars import ContextVar
 from typing import Any
 
 from fastmcp.server.dependencies import get_http_request
-from fastmcp.server.middleware import Middleware, MiddlewareContext
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from fastmcp.tools import ToolResult
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS
+from mcp_types import INVALID_PARAMS, CallToolRequestParams
 
 IDEMPOTENCY_KEY = "io.github.mcp-ha-kit/idempotency-key"
 REQUEST_ID_HEADER = "x-request-id"
@@ -73,7 +74,11 @@ def _digest(name: str, arguments: dict[str, Any] | None) -> str:
 
 
 class IdempotentCalls(Middleware):
-    async def on_call_tool(self, context: MiddlewareContext, call_next):
+    async def on_call_tool(
+        self,
+        context: MiddlewareContext[CallToolRequestParams],
+        call_next: CallNext[CallToolRequestParams, ToolResult],
+    ) -> ToolResult:
         key = key_of(context)
         if key is None:
             return await call_next(context)

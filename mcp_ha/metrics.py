@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable
-from typing import Any, cast
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar, cast
 
 import stamina.instrumentation
-from fastmcp.server.middleware import Middleware, MiddlewareContext
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from fastmcp.tools import ToolResult
 from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolRequestParams
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -125,7 +127,7 @@ STORE_ERRORS = Counter(
 
 # A `_created` sample per series would double the page, for what Prometheus
 # already infers from a counter's resets.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
 # stamina registers its retry counter in the default registry on first use;
 # creating it now puts it on the page from the first scrape.
 stamina.instrumentation.get_prometheus_counter()
@@ -177,7 +179,11 @@ class ToolMetrics(Middleware):
         self._series = {tool.name: _ToolSeries(tool.name) for tool in tools}
         return self._series
 
-    async def on_call_tool(self, context: MiddlewareContext, call_next):
+    async def on_call_tool(
+        self,
+        context: MiddlewareContext[CallToolRequestParams],
+        call_next: CallNext[CallToolRequestParams, ToolResult],
+    ) -> ToolResult:
         by_name = self._series if self._series is not None else await self._list_tools(context)
         series = by_name.get(context.message.name, self._other)
         start = time.perf_counter()
@@ -208,7 +214,13 @@ class _StoreSeries:
         self.conflict = STORE_ERRORS.labels(operation, "conflict")
 
 
-async def _metered(series: _StoreSeries, operation: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+async def _metered(
+    series: _StoreSeries, operation: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+) -> R:
     start = time.perf_counter()
     try:
         return await operation(*args, **kwargs)

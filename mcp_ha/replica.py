@@ -280,13 +280,13 @@ class HighAvailability:
         mcp.add_middleware(RecordSessions(self.store, self.ownership, path=path, events=events, transports=transports))
 
         @mcp.tool(name="create_session")
-        async def create_session() -> dict:
+        async def create_session() -> dict[str, Any]:
             """Start a session for a sessionless (2026-07-28) client: pass the session_id it
             returns to the stateful tools. Session-era clients already have one."""
             return {"session_id": await create_handle(self.store), "instance": self.instance}
 
         @mcp.tool(name="end_session")
-        async def end_session(session_id: SessionId) -> dict:
+        async def end_session(session_id: SessionId) -> dict[str, Any]:
             """End a sessionless (2026-07-28) client's session: its handle no longer works, on any replica."""
             await end_handle(session_id, self.store)
             return {"ended": True, "instance": self.instance}

@@ -104,7 +104,7 @@ class ResilientClient:
         self.call_timeout = call_timeout
         self.total_timeout = total_timeout
         self._client_kwargs = client_kwargs
-        self._client: Client | None = None
+        self._client: Client[StreamableHttpTransport] | None = None
         self._http: _HttpTransport | None = None
         self._last_status: int | None = None
         self._protocol = DEFAULT_PROTOCOL
@@ -158,7 +158,7 @@ class ResilientClient:
             transport, mode="legacy", timeout=self.call_timeout, auto_initialize=not rejoin, **self._client_kwargs
         )
         async with asyncio.timeout(self.call_timeout):
-            await client.__aenter__()
+            await client.__aenter__()  # type: ignore[no-untyped-call]  # unannotated in FastMCP
         self._client, self._http = client, http
         if not rejoin:
             self.session_id = transport.get_session_id()
@@ -175,7 +175,7 @@ class ResilientClient:
             self._http.abandoned = True
         try:
             async with asyncio.timeout(self.call_timeout):
-                await client.__aexit__(None, None, None)
+                await client.__aexit__(None, None, None)  # type: ignore[no-untyped-call]  # unannotated in FastMCP
         except Exception as exc:  # a broken connection is being dropped anyway
             log.debug("closing the old connection failed: %r", exc)
 

@@ -68,7 +68,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, TypedDict, TypeGuard, TypeVar
+from typing import Any, TypedDict, TypeGuard, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -706,13 +706,15 @@ class Session:
             applied, recorded = await self.store.recall(self.id, op)
             if applied:
                 self.store.replayed(op)
-                return recorded
+                return cast(T, recorded)  # what `block` returned when it committed
         for _ in range(attempts):
             tx = Transaction(self)
             value = await block(tx)
             try:
-                return await self.store.apply(
-                    self.id, tx.writes, expect=tx.reads, result=value, epoch=self.epoch, op=op
+                # The store answers `value` itself, or the value a committed block recorded.
+                return cast(
+                    T,
+                    await self.store.apply(self.id, tx.writes, expect=tx.reads, result=value, epoch=self.epoch, op=op),
                 )
             except Conflict:
                 continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from typing import cast
 
 from .session_store import (
     DEFAULT_EVENT_TTL_SECONDS,
@@ -198,7 +199,7 @@ class Settings:
 
 
 def _env(name: str) -> str:
-    return next(f.metadata["env"] for f in fields(Settings) if f.name == name)
+    return next(cast(str, f.metadata["env"]) for f in fields(Settings) if f.name == name)
 
 
 def _parse(name: str, kind: object, raw: str) -> object:

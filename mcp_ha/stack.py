@@ -54,7 +54,7 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, TypedDict, Unpack
+from typing import IO, Any, TypedDict, Unpack, cast
 
 import click
 from cryptography import x509
@@ -535,14 +535,14 @@ class StackConfig:
     def replica_names(self) -> list[str]:
         return [f"mcp-server-{i}" for i in range(1, len(self.replica_ports) + 1)]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["state_dir"] = str(self.state_dir)
         data["project"] = str(self.project)
         return data
 
     @classmethod
-    def from_json(cls, data: dict) -> StackConfig:
+    def from_json(cls, data: dict[str, Any]) -> StackConfig:
         # A stack recorded before HAProxy came in pairs ran one, with no peers.
         old_stats = data.pop("stats_port", None)
         return cls(
@@ -643,7 +643,7 @@ def port_is_free(host: str, port: int) -> bool:
 def http_status(url: str, timeout: float = 1.0) -> int | None:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status
+            return cast(int, response.status)  # urlopen's response is untyped: an http.client.HTTPResponse
     except urllib.error.HTTPError as exc:
         return exc.code
     except (OSError, ValueError):
@@ -655,7 +655,7 @@ def read_stats_csv(stats_url: str, user: str, password: str, timeout: float = 1.
     token = base64.b64encode(f"{user}:{password}".encode()).decode()
     request = urllib.request.Request(f"{stats_url};csv", headers={"Authorization": f"Basic {token}"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
-        return response.read().decode()
+        return cast(bytes, response.read()).decode()  # urlopen's response is untyped: an http.client.HTTPResponse
 
 
 def redis_command(
@@ -966,12 +966,12 @@ class Stack:
 
     # -- recorded state ------------------------------------------------------------
 
-    def _read(self) -> dict:
+    def _read(self) -> dict[str, Any]:
         if self.state_file.exists():
-            return json.loads(self.state_file.read_text())
+            return cast(dict[str, Any], json.loads(self.state_file.read_text()))  # what _write wrote
         return {"config": self.config.to_json(), "processes": {}}
 
-    def _write(self, state: dict) -> None:
+    def _write(self, state: dict[str, Any]) -> None:
         self._make_state_dir()
         # It holds the stats and Redis passwords: readable by this user only.
         write_private(self.state_file, json.dumps(state, indent=2))
@@ -989,8 +989,8 @@ class Stack:
         if not path.exists():
             write_private(path, json.dumps({name: getattr(self.config, name) for name in REDIS_SECRETS}))
 
-    def _recorded(self, name: str) -> dict | None:
-        return self._read()["processes"].get(name)
+    def _recorded(self, name: str) -> dict[str, Any] | None:
+        return cast(dict[str, Any] | None, self._read()["processes"].get(name))
 
     def pid(self, name: str) -> int | None:
         """The pid of the process this stack started for `name`, if it is still that process."""
@@ -1002,7 +1002,7 @@ class Stack:
             return None
         if stat[0] in "ZX" and _reaped(record["pid"]):
             return None
-        return record["pid"]
+        return cast(int, record["pid"])
 
     def state(self, name: str) -> str:
         pid = self.pid(name)

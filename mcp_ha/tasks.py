@@ -90,7 +90,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import asynccontextmanager, suppress
 from contextvars import ContextVar
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import mcp_types
@@ -490,7 +490,7 @@ async def _task_context() -> Context | None:
 
 def _runner_key(docket: Any, task_id: str) -> str:
     """Where the latest run of a task names its replica (beside the task's Docket state)."""
-    return docket.key(f"mcp-ha:runner:{task_id}")
+    return cast(str, docket.key(f"mcp-ha:runner:{task_id}"))  # Docket.key -> str; `docket` is Any
 
 
 def _slot_records(slot: str, task_id: str) -> tuple[str, ...]:

@@ -284,12 +284,12 @@ class SessionlessClient(CheckClient):
         self.handle: str | None = None
         self._entered = False
 
-    def _client(self) -> Client:
+    def _client(self) -> Client[StreamableHttpTransport]:
         transport = StreamableHttpTransport(self.url, httpx_client_factory=self.seen.factory())
         return InlineClient(transport, timeout=self.bound)
 
     async def open(self) -> None:
-        await self.client.__aenter__()
+        await self.client.__aenter__()  # type: ignore[no-untyped-call]  # unannotated in FastMCP
         self._entered = True
         self.handle = (await self.client.call_tool("create_session", {})).data["session_id"]
 
@@ -310,7 +310,7 @@ class SessionlessClient(CheckClient):
         # A handle has no end: it expires with the session TTL, like any idle session.
         if self._entered:
             self._entered = False
-            await self.client.__aexit__(None, None, None)
+            await self.client.__aexit__(None, None, None)  # type: ignore[no-untyped-call]  # unannotated in FastMCP
 
     async def reconnect(self) -> None:
         try:
@@ -319,7 +319,7 @@ class SessionlessClient(CheckClient):
         except Exception as exc:  # a broken client re-raises its transport's error on the way out too
             log.debug("closing a broken sessionless client: %r", exc)
         self.client = self._client()
-        await self.client.__aenter__()
+        await self.client.__aenter__()  # type: ignore[no-untyped-call]  # unannotated in FastMCP
         self._entered = True
 
 
@@ -381,7 +381,7 @@ class TasksClient(SessionlessClient):
         self.seen = TaskSeen()
         self.client = self._client()
 
-    def _client(self) -> Client:
+    def _client(self) -> Client[StreamableHttpTransport]:
         return Client(StreamableHttpTransport(self.url, httpx_client_factory=self.seen.factory()), timeout=self.bound)
 
 
@@ -400,7 +400,7 @@ class FastMCPLegacyClient(CheckClient):
         self._entered = False
 
     async def open(self) -> None:
-        await self.client.__aenter__()
+        await self.client.__aenter__()  # type: ignore[no-untyped-call]  # unannotated in FastMCP
         self._entered = True
         self.session_id = self.seen.session_id
 
@@ -415,7 +415,7 @@ class FastMCPLegacyClient(CheckClient):
     async def aclose(self) -> None:
         if self._entered:
             self._entered = False
-            await self.client.__aexit__(None, None, None)
+            await self.client.__aexit__(None, None, None)  # type: ignore[no-untyped-call]  # unannotated in FastMCP
 
 
 class PythonSDKClient(CheckClient):
@@ -435,7 +435,7 @@ class PythonSDKClient(CheckClient):
         self.seen = ReplicaSeen()
         self.session: ClientSession | None = None
         self._closing = asyncio.Event()
-        self._holder: asyncio.Task | None = None
+        self._holder: asyncio.Task[None] | None = None
         # What ended the SDK's transport early: the SDK answers every later call "Connection closed",
         # which alone does not say why.
         self.ended_by: BaseException | None = None

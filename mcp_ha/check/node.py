@@ -103,7 +103,7 @@ class NodeHost:
         self.proc: asyncio.subprocess.Process | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._reader: asyncio.Task | None = None
+        self._reader: asyncio.Task[None] | None = None
         self._stderr = bytearray()
         self._lock = asyncio.Lock()
 

@@ -43,7 +43,7 @@ class Event:
     """One SSE event: its id, and its JSON-RPC message (None for a priming event, which has no data)."""
 
     id: str | None
-    message: dict | None
+    message: dict[str, Any] | None
 
 
 async def sse_lines(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -141,7 +141,7 @@ class RawSession:
             headers["Authorization"] = f"Bearer {self._token}"
         return headers
 
-    def _wire_headers(self, method: str, params: dict) -> dict[str, str]:
+    def _wire_headers(self, method: str, params: dict[str, Any]) -> dict[str, str]:
         wire = self._wire
         if wire is None:
             wire = self._wire = self.headers()
@@ -185,7 +185,7 @@ class RawSession:
         return session
 
     @contextlib.asynccontextmanager
-    async def stream(self, method: str, params: dict | None = None) -> AsyncIterator[EventStream]:
+    async def stream(self, method: str, params: dict[str, Any] | None = None) -> AsyncIterator[EventStream]:
         """Send a request and read its SSE answer as it comes; leaving the block early cuts the connection."""
         self._next_id += 1
         params = params or {}
@@ -201,11 +201,11 @@ class RawSession:
         async with self.http.stream("GET", self.url, headers=headers) as response:
             yield EventStream(response)
 
-    def _params(self, params: dict) -> dict:
+    def _params(self, params: dict[str, Any]) -> dict[str, Any]:
         return params
 
     async def post(
-        self, method: str, params: dict | None = None, *, headers: dict[str, str] | None = None
+        self, method: str, params: dict[str, Any] | None = None, *, headers: dict[str, str] | None = None
     ) -> httpx2.Response:
         """One JSON-RPC request, its answer as it came (any status); `headers` are added to this one only
         (an X-Request-Id, say). An idempotency key goes in `params["_meta"]`."""
@@ -222,14 +222,14 @@ class RawSession:
         async with asyncio.timeout(self.timeout):
             return await self.http.post(self.url, headers=wire, json=body)
 
-    async def notify(self, method: str, params: dict | None = None) -> httpx2.Response:
+    async def notify(self, method: str, params: dict[str, Any] | None = None) -> httpx2.Response:
         """A JSON-RPC notification (no id, no answer but a status)."""
         body: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
         if params is not None:
             body["params"] = params
         return await self._send(body, self._wire_headers(method, params or {}), None)
 
-    async def _send(self, body: dict, wire: dict[str, str], extra: dict[str, str] | None) -> httpx2.Response:
+    async def _send(self, body: dict[str, Any], wire: dict[str, str], extra: dict[str, str] | None) -> httpx2.Response:
         if extra:
             wire = {**wire, **extra}
         if self.timeout is None:
@@ -238,15 +238,15 @@ class RawSession:
             return await self.http.post(self.url, headers=wire, json=body)
 
     async def call_tool(
-        self, tool: str, arguments: dict | None = None, *, headers: dict[str, str] | None = None
-    ) -> dict:
+        self, tool: str, arguments: dict[str, Any] | None = None, *, headers: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         """A tool's structured result; CallFailed on an HTTP error, a JSON-RPC error or a tool error."""
         response = await self.post(
             "tools/call", {"name": tool, "arguments": {} if arguments is None else arguments}, headers=headers
         )
         return tool_result(final_message(response))
 
-    async def call(self, tool: str, arguments: dict | None = None) -> dict:
+    async def call(self, tool: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
         """A tool's structured result; fails the test on any error."""
         try:
             return await self.call_tool(tool, arguments)
@@ -291,7 +291,7 @@ class SessionlessSession(RawSession):
         # Per method, per name: the headers, built once each.
         self._by_method: dict[str, dict[str | None, dict[str, str]]] = {}
 
-    def _wire_headers(self, method: str, params: dict) -> dict[str, str]:
+    def _wire_headers(self, method: str, params: dict[str, Any]) -> dict[str, str]:
         base = self._wire
         if base is None:
             base = self._wire = self.headers()
@@ -307,7 +307,7 @@ class SessionlessSession(RawSession):
                 wire["Mcp-Name"] = name
         return wire
 
-    def _params(self, params: dict) -> dict:
+    def _params(self, params: dict[str, Any]) -> dict[str, Any]:
         meta = params.get("_meta")
         return {**params, "_meta": self.meta if meta is None else {**self.meta, **meta}}
 
@@ -340,7 +340,7 @@ def _data_field(text: str, end: int) -> tuple[int, str]:
     return -1, ""
 
 
-def jsonrpc_messages(response: httpx2.Response) -> list[dict]:
+def jsonrpc_messages(response: httpx2.Response) -> list[dict[str, Any]]:
     """Every JSON-RPC message in a response, whether JSON or an SSE stream."""
     if response.headers.get("content-type", "").startswith("application/json"):
         return [response.json()]
@@ -354,11 +354,11 @@ def jsonrpc_messages(response: httpx2.Response) -> list[dict]:
     return [json.loads(value) for value in reversed(values)]
 
 
-def last_jsonrpc_message(response: httpx2.Response) -> dict:
+def last_jsonrpc_message(response: httpx2.Response) -> dict[str, Any]:
     return jsonrpc_messages(response)[-1]
 
 
-def final_message(response: httpx2.Response) -> dict:
+def final_message(response: httpx2.Response) -> dict[str, Any]:
     """The last JSON-RPC message of a 200 answer, JSON or SSE (only that one is parsed); CallFailed for
     another status or an answer with no message in it."""
     if response.status_code != 200:
@@ -378,7 +378,7 @@ def final_message(response: httpx2.Response) -> dict:
     return message
 
 
-def tool_result(message: dict) -> dict:
+def tool_result(message: dict[str, Any]) -> dict[str, Any]:
     """A tools/call answer's structured result; CallFailed for a JSON-RPC error or a tool error."""
     result = message.get("result")
     if not isinstance(result, dict):

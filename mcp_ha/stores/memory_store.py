@@ -18,7 +18,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Unpack
+from typing import Any, TypeVar, Unpack, cast
 
 from ..session_store import (
     EVENT_BYTES,
@@ -44,6 +44,9 @@ from ..session_store import (
 # A watcher this far behind has lost messages, and is told so like one whose connection broke.
 MAX_UNREAD = 1024
 
+# What a write's `apply` returns, and so what the write answers.
+R = TypeVar("R")
+
 
 class _Watcher:
     def __init__(self) -> None:
@@ -67,7 +70,7 @@ class _EventLog:
     """One session's events as (number, stream, message), numbered without gaps."""
 
     entries: deque[tuple[int, str, str | None]]
-    numbers: itertools.count
+    numbers: itertools.count[int]
     added_at: float = 0.0
     size: int = 0
 
@@ -228,14 +231,14 @@ class InMemorySessionStore(SessionStore):
             return False, None
         return True, copy.deepcopy(done[1][op.write])
 
-    def _write(self, session_id: str, epoch: int | None, op: Op | None, apply: Callable[[dict[str, Any]], Any]) -> Any:
+    def _write(self, session_id: str, epoch: int | None, op: Op | None, apply: Callable[[dict[str, Any]], R]) -> R:
         """The one path every write takes: replay, fence, apply, record."""
         self._expire()
         if op is not None:
-            applied, result = self._recorded(session_id, op)
+            applied, recorded = self._recorded(session_id, op)
             if applied:
                 self.replayed(op)
-                return result
+                return cast(R, recorded)  # what `apply` returned when this op was first written
         if epoch is not None:
             record = self._records.get(session_id)
             if record is None or record[1] != epoch:
@@ -286,8 +289,9 @@ class InMemorySessionStore(SessionStore):
             current = data.get(key, 0)
             if not isinstance(current, int):
                 raise TypeError(f"{key!r} does not hold an integer")
-            data[key] = current + by
-            return data[key]
+            total = current + by
+            data[key] = total
+            return total
 
         return self._write(session_id, epoch, op, apply)
 

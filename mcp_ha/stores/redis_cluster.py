@@ -517,7 +517,7 @@ class FeedWatch:
             client = redis.Redis(host=node[0], port=node[1], **self.cluster.node_options)
             pubsub = client.pubsub()
             self._clients[node] = (client, pubsub)
-            await pubsub.connect()
+            await pubsub.connect()  # type: ignore[no-untyped-call]  # redis-py's PubSub.connect is unannotated
             self._heard[node] = time.monotonic()
             self._spawn(self._read(node, pubsub))
         connection = self._clients[node][1].connection
@@ -640,7 +640,7 @@ class FeedWatch:
                 await task
         for client, pubsub in self._clients.values():
             with contextlib.suppress(Exception):
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py's PubSub.aclose is unannotated
             with contextlib.suppress(Exception):
                 await client.aclose()
         self._clients.clear()

@@ -93,7 +93,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypeVar, Unpack, cast
 
 import redis.asyncio as redis
 import stamina
@@ -1166,7 +1166,9 @@ class RedisSessionStore(SessionStore):
                 "username": sentinel_username,
                 "password": sentinel_password,
             }
-            self._sentinel = sentinel = Sentinel(list(sentinels), sentinel_kwargs=sentinel_options)
+            # redis-py's Sentinel.__init__ is unannotated.
+            sentinel = Sentinel(list(sentinels), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
+            self._sentinel = sentinel
             self._redis = sentinel.master_for(master_name, connection_pool_class=_BlockingSentinelPool, **options)
         else:
             self._redis = redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(str(url), **options))
@@ -1362,7 +1364,8 @@ class RedisSessionStore(SessionStore):
     async def incr(
         self, session_id: str, key: str, by: int = 1, *, epoch: int | None = None, op: Op | None = None
     ) -> int:
-        return await self._write(session_id, "incr", check_key(key), by, epoch=epoch, op=op)
+        # _write answers the JSON the function returned: here the new count.
+        return cast(int, await self._write(session_id, "incr", check_key(key), by, epoch=epoch, op=op))
 
     async def append(
         self,
@@ -1374,12 +1377,13 @@ class RedisSessionStore(SessionStore):
         epoch: int | None = None,
         op: Op | None = None,
     ) -> int:
-        return await self._write(
+        length = await self._write(
             session_id, "append", check_key(key), _json(value), epoch=epoch, op=op, max_items=max_items
         )
+        return cast(int, length)  # the list's new length
 
     async def delete(self, session_id: str, key: str, *, epoch: int | None = None, op: Op | None = None) -> bool:
-        return await self._write(session_id, "delete", check_key(key), epoch=epoch, op=op)
+        return cast(bool, await self._write(session_id, "delete", check_key(key), epoch=epoch, op=op))
 
     async def apply(
         self,
@@ -1419,7 +1423,7 @@ class RedisSessionStore(SessionStore):
         return {flat[i]: json.loads(flat[i + 1]) for i in range(0, len(flat), 2) if not flat[i].startswith(".")}
 
     async def copy(self, source_id: str, target_id: str, *, epoch: int | None = None, op: Op | None = None) -> int:
-        return await self._write(target_id, "copy", epoch=epoch, op=op, source=source_id)
+        return cast(int, await self._write(target_id, "copy", epoch=epoch, op=op, source=source_id))  # keys copied
 
     async def touch(self, session_id: str) -> None:
         await self._read(lambda: self._touch(keys=self._keys(session_id), args=[session_id, self.ttl_seconds]))
@@ -1636,7 +1640,7 @@ class RedisSessionStore(SessionStore):
             if pinger is not None:
                 pinger.cancel()
             with contextlib.suppress(*RETRYABLE):
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py's PubSub.aclose is unannotated
 
     @asynccontextmanager
     async def _watch_cluster(self, base: str) -> AsyncIterator[AsyncIterator[str]]:
