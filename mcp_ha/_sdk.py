@@ -17,7 +17,7 @@ session is bound to the principal adopting it (whom `adoption.py`
 has checked against the session's recorded owner), or its rightful owner
 would get that 404.
 
-Resumable streams (`streams.py`) need one more: an event store per
+Resumable streams (`streams/`) need one more: an event store per
 session. The SDK takes one store for all transports (FastMCP's wraps it with
 a random prefix per transport, which no other replica can know), so the
 session's own store is set on its transport (`_event_store`) instead: at
@@ -102,10 +102,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 import anyio
 import fastmcp.server.sessions as fastmcp_sessions
@@ -219,20 +219,30 @@ def forget(manager: StreamableHTTPSessionManager, session_id: str) -> None:
         scope.cancel()
 
 
-# Set on an ASGI scope by the kit (streams.py) to re-run a call into the stream it names: the request is
-# answered over that stream, every message stored, as the call's first run would have been.
-STREAM_SCOPE_KEY = "mcp_ha.stream"
+@runtime_checkable
+class ResumableEvents(Protocol):
+    """What the kit's event store (`streams.event_store.SessionEvents`) offers a transport beyond the SDK's
+    `EventStore`: told of each response that starts streaming, and of each whose reader left; asked whether
+    a request is a re-run (`streams.reruns`), and into which stream of the log."""
+
+    async def start_stream(
+        self, stream_id: str, request: JSONRPCRequest, http: Request, *, stream: str | None = None
+    ) -> None: ...
+
+    def unread(self, stream_id: str, cancel: Callable[[str], Awaitable[None]]) -> None: ...
+
+    def rerun_into(self, stream_id: str) -> str | None: ...
 
 
 class _Unstreamed(EventStore):
     """A session's event store, except for the answers of responses that have not started: nothing
     can resume those (they go out as JSON), so they are not stored. The first other message of such a
-    response starts its stream: the event store is told (its `start_stream(stream_id, request,
-    http_request, stream=None)`, if it has one) before that message is stored, and the transport sees
-    that message first too."""
+    response starts its stream: the event store, when it is the kit's (`ResumableEvents`), is told before
+    that message is stored, and the transport sees that message first too."""
 
     def __init__(self, events: EventStore, unstreamed: dict[str, tuple[JSONRPCRequest, Request]]) -> None:
         self.events = events
+        self.kit = events if isinstance(events, ResumableEvents) else None
         self.unstreamed = unstreamed
         # The responses streaming, until their answers; and the releases of the sessions held by those
         # whose connection closed first (see JsonFirstTransport's `_left`).
@@ -241,9 +251,11 @@ class _Unstreamed(EventStore):
 
     async def start(self, stream_id: str, message: JSONRPCRequest, request: Request, stream: str | None) -> None:
         self.streaming.add(stream_id)
-        start = getattr(self.events, "start_stream", None)
-        if start is not None:
-            await start(stream_id, message, request, stream=stream)
+        if self.kit is not None:
+            await self.kit.start_stream(stream_id, message, request, stream=stream)
+
+    def rerun_into(self, stream_id: str) -> str | None:
+        return None if self.kit is None else self.kit.rerun_into(stream_id)
 
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
         if message is not None and stream_id in self.unstreamed:
@@ -293,12 +305,13 @@ class JsonFirstTransport(StreamableHTTPServerTransport):
         version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER, DEFAULT_NEGOTIATED_VERSION)
         streams = anyio.create_memory_object_stream[EventMessage](REQUEST_STREAM_BUFFER_SIZE)
         self._request_streams[request_id] = streams
-        rerun = request.scope.get(STREAM_SCOPE_KEY)
+        events = self._event_store
+        rerun = events.rerun_into(request_id) if isinstance(events, _Unstreamed) else None
         try:
             if rerun is None:
                 self._unstreamed[request_id] = (message, request)
-            elif isinstance(self._event_store, _Unstreamed):
-                await self._event_store.start(request_id, message, request, rerun)
+            elif isinstance(events, _Unstreamed):
+                await events.start(request_id, message, request, rerun)
             await writer.send(self._create_session_message(message, request, request_id, version))
             first = await streams[1].receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
@@ -347,9 +360,8 @@ class JsonFirstTransport(StreamableHTTPServerTransport):
         if not isinstance(events, _Unstreamed) or stream_id not in events.streaming or stream_id in events.held:
             return
         events.held[stream_id] = self._hold()
-        unread = getattr(events.events, "unread", None)
-        if unread is not None:
-            unread(stream_id, partial(self._cancel, request_id))
+        if events.kit is not None:
+            events.kit.unread(stream_id, partial(self._cancel, request_id))
 
     def _hold(self) -> Callable[[], None]:
         """Counts as a request in flight, as the SDK counts them, until the release returned is called."""

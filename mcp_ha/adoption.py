@@ -14,7 +14,7 @@ Here, instead:
 3. an id the store does not know still gets 404, and `DELETE` ends the session
    everywhere: its record goes, and nobody adopts it afterwards;
 4. a `GET` only reads (a resumed stream, `GET` with `Last-Event-ID`,
-   `streams.py`; or the stream of server notifications) and takes nothing
+   `streams/`; or the stream of server notifications) and takes nothing
    over: a replica that does not hold the session serves it from its record
    without advancing the epoch, so the owner's call in flight is not fenced
    off, and the resumed stream delivers its result. (A client's notification
@@ -70,7 +70,7 @@ from . import _sdk
 from .errors import refusal
 from .principals import client_of, owned_by, owner, refused_by_auth
 from .session_store import LimitExceeded, SessionStore, StoreUnavailable, is_session_id
-from .streams import SessionEvents
+from .streams.event_store import SessionEvents
 
 log = logging.getLogger(__name__)
 
@@ -160,16 +160,16 @@ class RecordSessions(Middleware):
         store: SessionStore,
         ownership: Ownership,
         *,
+        events: Callable[[str], SessionEvents],
         path: str = "/mcp",
-        events: Callable[[str], SessionEvents] | None = None,
         transports: Transports | None = None,
     ) -> None:
-        """`events(session_id)`: the session's event log (default: `SessionEvents` as it comes);
-        `transports`: the bound on each client's (default: none)."""
+        """`events(session_id)`: the session's event log; `transports`: the bound on each client's
+        (default: none)."""
         self.store = store
         self.ownership = ownership
         self.path = path
-        self.events = events or functools.partial(SessionEvents, store)
+        self.events = events
         self.transports = transports
 
     async def on_initialize(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
@@ -240,10 +240,10 @@ class AdoptSessions:
         *,
         store: SessionStore,
         ownership: Ownership,
+        events: Callable[[str], SessionEvents],
         path: str = "/mcp",
         on_adopt: Callable[[], None] | None = None,
         on_serve: Callable[[str, dict[str, Any], Any], None] | None = None,
-        events: Callable[[str], SessionEvents] | None = None,
         transports: Transports | None = None,
     ) -> None:
         """`on_serve(session_id, record, connection)`: told of each session this replica starts serving
@@ -251,7 +251,7 @@ class AdoptSessions:
         RecordSessions."""
         self.app = app
         self.transports = transports
-        self.events = events or functools.partial(SessionEvents, store)
+        self.events = events
         self.store = store
         self.ownership = ownership
         self.path = path

@@ -14,7 +14,7 @@ What is counted, and where:
 - sessions this replica holds a transport for (read from the SDK at scrape
   time, `watch_sessions`), and sessions it adopted (`adoption.py`);
 - `resume_session` calls that copied state (`Session.copy_from`), and SSE streams
-  resumed from the store (`streams.py`);
+  resumed from the store (`streams/`);
 - store operations: latency by operation, errors by kind (`MeteredStore`, a
   wrapper around any `SessionStore`, so the stores stay unaware of it);
 - writes replayed from their op record (`IDEMPOTENT_REPLAYS`), which a

@@ -70,7 +70,12 @@ from .principals import owner
 from .request_state import NoteSealedState, RefuseReplays, request_state_security
 from .session_store import Session, SessionStore, StoreLimits, is_session_id
 from .settings import Settings, SettingsError
-from .streams import CheckResumption, CutCalls, EventFeed, Runs, SessionEvents
+from .streams.cut import CutCalls
+from .streams.event_store import SessionEvents
+from .streams.feed import EventFeed
+from .streams.lease import Runs
+from .streams.reruns import Reruns
+from .streams.resumption import CheckResumption
 from .subscriptions import StoreBus, Subscriptions
 
 log = logging.getLogger(__name__)
@@ -158,7 +163,7 @@ class HighAvailability:
         self.ownership = Ownership()
         self.drain = Drain()
         self.bus = StoreBus(self.store)
-        # This replica's lease: a call it streams is run again elsewhere once the lease lapses (streams.py).
+        # This replica's lease: a call it streams is run again elsewhere once the lease lapses (streams/lease.py).
         # Unmetered: renewing it twice a second is the replica's own work, not any request's.
         self.runs = Runs(store, settings.instance_id)
         self.auth: TokenVerifier | None = None
@@ -262,6 +267,7 @@ class HighAvailability:
         mcp.add_middleware(RefuseReplays(self.store, ttl_seconds=self.settings.request_state_ttl_seconds))
         _sdk.add_outside_request_state_boundary(mcp, NoteSealedState())
         feed = EventFeed(self.store)
+        reruns = Reruns()
         in_flight = InFlight(
             max_per_session=self.settings.max_calls_per_session, max_per_client=self.settings.max_calls_per_client
         )
@@ -274,6 +280,7 @@ class HighAvailability:
             feed=feed,
             on_answer=in_flight.release,
             runs=self.runs,
+            reruns=reruns,
             call_ttl_seconds=int(self.settings.event_ttl_seconds),
             abandoned_seconds=self.settings.abandoned_call_seconds,
         )
@@ -340,12 +347,13 @@ class HighAvailability:
                 StarletteMiddleware(
                     CheckResumption,
                     store=self.store,
+                    reruns=reruns,
                     path=path,
                     on_resume=metrics.STREAMS_RESUMED.inc if metrics else None,
                     max_per_session=self.settings.max_replays_per_session,
                     max_replays=self.settings.max_replays,
                 ),
-                # A sessionless call's stream names its request, so a cut one ends at once (streams.py).
+                # A sessionless call's stream names its request, so a cut one ends at once (streams/cut.py).
                 StarletteMiddleware(CutCalls, path=path),
                 StarletteMiddleware(
                     AdoptSessions,

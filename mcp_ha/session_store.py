@@ -33,7 +33,7 @@ you got it right.
   records a result of the caller's choosing under its op; `recall` reads that
   record back, so a retry can answer without running anything again.
 - **Session events**, for SSE streams that resume on any replica
-  (`mcp_ha/streams.py`): `add_event` appends a stream's message to the
+  (`mcp_ha/streams/`): `add_event` appends a stream's message to the
   session's event log and names it; `events_after` answers a `Last-Event-ID`
   with what that stream sent since, and `stream_since` gives a replay following
   a stream only what was added after the last event it read. The log is bounded by count

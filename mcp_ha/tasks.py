@@ -129,7 +129,7 @@ from .session_store import (
     StoreUnavailable,
 )
 from .settings import Settings
-from .streams import Runs
+from .streams.lease import Runs
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ class TaskRuns:
 
     Under a leg's name (a digest of its Docket key): `<name>:run` holds the run id of the replica that ran it
     first, and `<name>:after:<run id>` the one that took it over from that run, and so on (a chain, as
-    streams.py's re-runs); `<name>:done` its outcome once it ended. A delivery runs the leg if it can claim
+    streams/reruns.py); `<name>:done` its outcome once it ended. A delivery runs the leg if it can claim
     the first link, or the link after a run whose lease lapsed; otherwise it waits for the outcome.
     """
 

@@ -31,10 +31,24 @@ from mcp_types import SubscribeRequestParams, SubscriptionsListenRequestParams
 
 from mcp_ha import _sdk as sdk_sessions
 from mcp_ha.check.wire import ACCEPT, PROTOCOL, jsonrpc_messages, last_jsonrpc_message
+from mcp_ha.session_store import SessionStore
+from mcp_ha.settings import Settings
 from mcp_ha.stores.memory_store import InMemorySessionStore
-from mcp_ha.streams import SessionEvents
+from mcp_ha.streams.event_store import SessionEvents
 
 WRITTEN_FOR = "2.3.0"
+
+
+def session_events(store: SessionStore, session_id: str) -> SessionEvents:
+    """A session's event store with the settings' defaults, as a replica makes one."""
+    s = Settings()
+    return SessionEvents(
+        store,
+        session_id,
+        max_event_bytes=s.max_event_bytes,
+        abandoned_seconds=s.abandoned_call_seconds,
+        call_ttl_seconds=int(s.event_ttl_seconds),
+    )
 
 
 @pytest.mark.quick
@@ -92,7 +106,7 @@ def test_the_private_parts_adoption_uses_are_still_there() -> None:
         "idle_timeout",
     ):
         assert name in transport_args, f"StreamableHTTPServerTransport no longer takes {name}"
-    events = SessionEvents(InMemorySessionStore(), uuid.uuid4().hex)
+    events = session_events(InMemorySessionStore(), uuid.uuid4().hex)
     assert StreamableHTTPServerTransport(mcp_session_id=None, event_store=events)._event_store is events, (
         "StreamableHTTPServerTransport no longer keeps its event store in _event_store (bind_event_store sets it)"
     )
@@ -152,7 +166,7 @@ async def test_a_session_adopted_under_a_foreign_id_is_served_initialized(probe_
         session_id,
         client_params=client_params,
         protocol_version=PROTOCOL,
-        event_store=SessionEvents(store, session_id),
+        event_store=session_events(store, session_id),
     )
     assert sdk_sessions.holds(manager, session_id)
     assert sdk_sessions.held_count(manager) == held_before + 1, "held_count no longer counts the SDK's transports"
@@ -324,7 +338,7 @@ async def session_bound_to(
     }
     session_id = (await http.post(url, headers=headers, json=initialize)).headers["mcp-session-id"]
     manager = sdk_sessions.session_manager(app, "/mcp")
-    sdk_sessions.bind_event_store(manager, session_id, SessionEvents(store, session_id))
+    sdk_sessions.bind_event_store(manager, session_id, session_events(store, session_id))
     return session_id, {**headers, "mcp-session-id": session_id}
 
 

@@ -29,20 +29,11 @@ from mcp_ha.session_store import SessionStore, mint_event_id
 from mcp_ha.stack import REDIS_KIT_ACL, Stack
 from mcp_ha.stores.memory_store import InMemorySessionStore
 from mcp_ha.stores.redis_store import RedisSessionStore
-from mcp_ha.streams import (
-    CUT_KEYED,
-    CUT_MARK,
-    CUT_RETRY_MS,
-    MALFORMED,
-    MAX_RERUN_REQUEST_BYTES,
-    UNAVAILABLE,
-    UNKNOWN,
-    CheckResumption,
-    EventFeed,
-    cut_call_named,
-    cut_error,
-    cut_event_id,
-)
+from mcp_ha.streams.cut import CUT_KEYED, CUT_MARK, CUT_RETRY_MS, cut_call_named, cut_error, cut_event_id
+from mcp_ha.streams.event_store import MAX_RERUN_REQUEST_BYTES
+from mcp_ha.streams.feed import EventFeed
+from mcp_ha.streams.reruns import Rerun, Reruns
+from mcp_ha.streams.resumption import MALFORMED, UNAVAILABLE, UNKNOWN, CheckResumption
 
 ITEMS = 30
 ANALYSIS = {"name": "analyze_data", "arguments": {"num_items": ITEMS}, "_meta": {"progressToken": "analysis"}}
@@ -262,7 +253,9 @@ async def unreachable_store_app() -> AsyncIterator[str]:
     """CheckResumption in front of an app that answers 200, with Redis on a port nobody listens on."""
     closed_port, port = free_ports(2)
     store = RedisSessionStore(f"redis://127.0.0.1:{closed_port}/0", timeout_seconds=0.3, retry_seconds=0.3)
-    app = CheckResumption(PlainTextResponse("resumed"), store=store, path="/mcp")
+    app = CheckResumption(
+        PlainTextResponse("resumed"), store=store, reruns=Reruns(), max_per_session=8, max_replays=256, path="/mcp"
+    )
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
     while not server.started:  # noqa: ASYNC110  uvicorn sets a flag, not an event, once listening
@@ -327,17 +320,31 @@ async def test_a_2026_client_whose_streaming_call_loses_its_replica_is_told_at_o
 
 async def test_a_re_run_the_replica_refuses_is_reported_with_its_answer() -> None:
     """A re-run answered other than 200 (the session ended meanwhile, the store out) is told to the replay,
-    which ends the call's stream with an error saying a retry is safe, instead of waiting for it."""
-    app = CheckResumption(PlainTextResponse("gone", status_code=404), store=InMemorySessionStore(), path="/mcp")
+    which ends the call's stream with an error saying a retry is safe, instead of waiting for it. A re-run
+    runs only for a session whose replay is served here, and its stream is expected only until it ends."""
+    reruns = Reruns()
     told: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    posted: list[dict] = []
+
+    async def gone(scope: dict, receive: object, send: object) -> None:
+        posted.append(scope)
+        assert reruns.take("s", "5") == "5~0123456789ab"  # what its transport asks, once
+        assert reruns.take("s", "5") is None
+        await PlainTextResponse("gone", status_code=404)(scope, receive, send)  # type: ignore[arg-type]
 
     async def refused(why: str) -> None:
         told.set_result(why)
 
     scope = {"type": "http", "method": "GET", "path": "/mcp", "headers": [(b"last-event-id", b"1-0.x")]}
     request = json.dumps({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "t", "arguments": {}}})
-    await app._rerun(scope, "5~0123456789ab", request, "a-key", refused)
+    rerun = Rerun("s", "5~0123456789ab", "5", request, "a-key", refused)
+    assert reruns.start(rerun) is False  # no replay of "s" served here
+    with reruns.replaying("s", scope, gone):
+        assert reruns.start(rerun) is True
     assert "answered 404" in await asyncio.wait_for(told, 5)
+    (post,) = posted
+    assert post["method"] == "POST" and (b"x-request-id", b"a-key") in post["headers"]
+    assert not any(name == b"last-event-id" for name, _ in post["headers"])
 
 
 # -- a 2026-07-28 call whose stream is cut: told at once, by any replica (issue 26) -----------------------------

@@ -29,7 +29,7 @@ from mcp_ha.session_store import SessionStore
 from mcp_ha.settings import Settings, SettingsError
 from mcp_ha.stack import Stack
 from mcp_ha.stores.memory_store import InMemorySessionStore
-from mcp_ha.streams import Runs
+from mcp_ha.streams.lease import Runs
 from mcp_ha.tasks import DOCKET_NAME, RUNNER_META, TaskRuns, docket_url
 
 assert fastmcp_tasks.__version__
