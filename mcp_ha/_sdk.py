@@ -59,7 +59,7 @@ holds its deadline at infinity while a request is in flight, and cancelling
 it is what the timeout does.
 
 FastMCP's `get_session` reads a session from its `session_state_store` as
-one value whose layout is FastMCP's own (`handles.FastMCPSessions` serves it
+one value whose layout is FastMCP's own (`fastmcp_store.FastMCPSessions` serves it
 from the kit's store): a creation mark and the state under
 `fastmcp.server.sessions._MARKER_KEY` and `._STATE_KEY`.
 

@@ -61,7 +61,8 @@ from .adoption import AdoptSessions, Ownership, RecordSessions, Transports
 from .drain import Drain, drain_on_sigterm
 from .elicitation import Answer, AskForInput
 from .errors import ANSWERED, StoreErrors
-from .handles import FastMCPSessions, create_handle, end_handle, session_id_for
+from .fastmcp_store import FastMCPSessions
+from .handles import create_handle, end_handle, session_id_for
 from .health import StoreHealth, health_endpoint
 from .idempotency import IdempotentCalls, current_call
 from .limits import BodyLimit, CallsInFlight, CallsRunning, InFlight, SessionLimits
