@@ -132,7 +132,7 @@ from mcp_ha.check.wire import CallFailed, RawSession, SessionlessSession, final_
 from mcp_ha.session_store import DEFAULT_MAX_EVENTS, EVENT_BYTES, Op, StoreUnavailable, key_bytes
 from mcp_ha.settings import Settings, SettingsError
 from mcp_ha.stack import (
-    HAPROXY_DIR,
+    HAPROXY_ARGV,
     Stack,
     StackConfig,
     StackError,
@@ -752,7 +752,7 @@ class Floor:
     def __init__(self, stack: Stack, replicas: int, log_dir: Path) -> None:
         self.stack = stack
         self.host = stack.config.host
-        self.http_port, self.stats_port, *self.ports = free_ports(2 + replicas)
+        self.http_port, self.https_port, self.stats_port, *self.ports = free_ports(3 + replicas)
         self.log_dir = log_dir
         self.procs: list[subprocess.Popen] = []
 
@@ -796,28 +796,18 @@ class Floor:
             )
         # The same HAProxy settings as the stack's, so the floor pays for the same rules.
         env = {
-            "HAPROXY_BIND": f"{self.host}:{self.http_port}",
+            **c.haproxy_env(self.http_port, self.https_port, self.ports),
             "HAPROXY_STATS_BIND": f"{self.host}:{self.stats_port}",
-            "SESSION_TTL_SECONDS": str(c.session_ttl_seconds),
-            "HAPROXY_STATS_USER": c.stats_user,
-            "HAPROXY_STATS_PASSWORD": c.stats_password,
-            "HAPROXY_RATE_LIMIT": str(c.rate_limit),
-            "HAPROXY_MAX_CONN_PER_SOURCE": str(c.max_conn_per_source),
-            "HAPROXY_MAX_BODY_BYTES": str(c.max_body_bytes),
-            "HAPROXY_ALLOWED_ORIGINS": c.allowed_origins,
             # The floor's endpoint is not the MCP one: HAProxy passes on only the paths listed.
             "HAPROXY_ALLOWED_PATHS": "/incr /health",
-            "HAPROXY_LUA_DIR": str(HAPROXY_DIR),
         }
-        for i, port in enumerate(self.ports, start=1):
-            env[f"MCP_SERVER_{i}"] = f"{self.host}:{port}"
         deadline = time.monotonic() + 30
         for port in self.ports:
             while http_status(f"http://{self.host}:{port}/health") != 200:
                 if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
                     raise BenchError(f"the floor's processes did not come up; see {self.log_dir}")
                 time.sleep(0.1)
-        self._spawn("floor-haproxy", ["haproxy", "-db", "-f", str(HAPROXY_DIR / "haproxy.cfg")], env)
+        self._spawn("floor-haproxy", list(HAPROXY_ARGV), env)
         # HAProxy starts its servers UP only after `rise` checks; wait for a real answer through it.
         while http_status(f"http://{self.host}:{self.http_port}/health") != 200 or not self._all_up():
             if time.monotonic() > deadline or self.procs[-1].poll() is not None:
