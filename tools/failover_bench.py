@@ -102,10 +102,20 @@ from mcp_ha.check.clients import (
     RESILIENT_SETTINGS,
     STOCK_CALL_BOUND,
     STOCK_KINDS,
+    CheckClient,
     ClientFactory,
     SessionlessClient,
 )
-from mcp_ha.check.load import SessionRun, close_all, drive, figures, read_final
+from mcp_ha.check.load import (
+    TAIL_SECONDS,
+    LoadSpan,
+    SessionRun,
+    close_all,
+    figures,
+    load_with_fault,
+    open_and_read,
+    read_final,
+)
 from mcp_ha.check.node import node_clients_missing
 from mcp_ha.check.shape import Call, Shape
 from mcp_ha.stack import Stack, StackConfig, StackError, running_stack
@@ -136,13 +146,13 @@ REDIS_FAULTS = REDIS_SCENARIOS + CLUSTER_SCENARIOS
 BASELINE = "none"
 
 # The clients' timeouts and bounds (PLAIN_CALL_TIMEOUT, STOCK_CALL_BOUND, RESILIENT_SETTINGS,
-# GUARD_SLACK_SECONDS) and the load's think time are the HA check's: mcp_ha/check/clients.py and load.py.
+# GUARD_SLACK_SECONDS) and the load's think time and tail (TAIL_SECONDS) are the HA check's:
+# mcp_ha/check/clients.py and load.py.
 
 KILL_DOWN_SECONDS = 3.0
 PAUSE_SECONDS = 4.0
 REDIS_OUTAGE_SECONDS = 10.0
 PROMOTION_TIMEOUT_SECONDS = 30.0
-TAIL_SECONDS = 1.5
 # However a scenario goes, its load stops this long after it was due to.
 OVERRUN_CAP_SECONDS = 60.0
 STATUS_POLL_SECONDS = 0.05
@@ -339,40 +349,55 @@ def _promoted(stack: Stack, old: str) -> bool:
 
 async def _inject(stack: Stack, scenario: str, replica: str, status: RunStatus) -> float:
     """Apply the fault and undo it; the monotonic time the fault struck."""
-    replicas = stack.config.replica_names()
     struck = time.monotonic()
+    if scenario in REDIS_FAULTS:
+        await _inject_redis(stack, scenario, replica, status)
+    else:
+        await _inject_service(stack, scenario, replica, status)
+    status.set_phase("waiting for HAProxy to see every replica UP")
+    await asyncio.to_thread(stack.wait_healthy, "haproxy")
+    return struck
+
+
+async def _inject_redis(stack: Stack, scenario: str, primary: str, status: RunStatus) -> None:
+    """A Redis fault (REDIS_FAULTS) of `primary`, and its undoing."""
     if scenario == "redis-kill":
-        status.set_phase(f"SIGKILL {replica}")
-        stack.signal(replica, signal.SIGKILL)
+        status.set_phase(f"SIGKILL {primary}")
+        stack.signal(primary, signal.SIGKILL)
         if stack.config.redis_mode in ("sentinel", "cluster"):
             status.set_phase("waiting for a replica to be promoted")
-            if not await asyncio.to_thread(_promoted, stack, replica):
+            if not await asyncio.to_thread(_promoted, stack, primary):
                 raise StackError(
-                    f"no replica was promoted within {PROMOTION_TIMEOUT_SECONDS:.0f} s of killing {replica}"
+                    f"no replica was promoted within {PROMOTION_TIMEOUT_SECONDS:.0f} s of killing {primary}"
                 )
         else:
             await asyncio.sleep(KILL_DOWN_SECONDS)
-        status.set_phase(f"starting {replica}")
-        await asyncio.to_thread(stack.start, replica)
+        status.set_phase(f"starting {primary}")
+        await asyncio.to_thread(stack.start, primary)
     elif scenario == "redis-move":
         if stack.config.redis_mode != "cluster":
             raise StackError("redis-move moves slots between a cluster's primaries: --redis cluster")
-        target = next(n for n in stack.cluster_primaries() if n != replica)
-        status.set_phase(f"moving {MOVED_SLOTS} slots from {replica} to {target}")
-        await asyncio.to_thread(stack.move_slots, replica, target, MOVED_SLOTS)
+        target = next(n for n in stack.cluster_primaries() if n != primary)
+        status.set_phase(f"moving {MOVED_SLOTS} slots from {primary} to {target}")
+        await asyncio.to_thread(stack.move_slots, primary, target, MOVED_SLOTS)
     elif scenario == "redis-restart":
-        status.set_phase(f"restarting {replica}")
-        await asyncio.to_thread(stack.restart, replica)
-    elif scenario == "redis-outage":
+        status.set_phase(f"restarting {primary}")
+        await asyncio.to_thread(stack.restart, primary)
+    else:  # redis-outage
         servers = [n for n in stack.config.redis_names() if not n.startswith("sentinel-")]
         status.set_phase(f"stopping {', '.join(servers)} for {REDIS_OUTAGE_SECONDS:.0f} s")
         await asyncio.to_thread(stack.stop, *servers)
         await asyncio.sleep(REDIS_OUTAGE_SECONDS)
         status.set_phase(f"starting {', '.join(servers)}")
         # The primary first (the one the sentinels still name), so the other finds it.
-        for name in sorted(servers, key=lambda n: n != replica):
+        for name in sorted(servers, key=lambda n: n != primary):
             await asyncio.to_thread(stack.start, name)
-    elif scenario in ("kill", "haproxy-kill"):  # a replica, or an HAProxy (run_scenario picked which)
+
+
+async def _inject_service(stack: Stack, scenario: str, replica: str, status: RunStatus) -> None:
+    """A fault of the replicas or of an HAProxy, and its undoing; none for the baseline."""
+    replicas = stack.config.replica_names()
+    if scenario in ("kill", "haproxy-kill"):  # a replica, or an HAProxy (run_scenario picked which)
         status.set_phase(f"SIGKILL {replica}")
         stack.signal(replica, signal.SIGKILL)
         await asyncio.sleep(KILL_DOWN_SECONDS)
@@ -399,9 +424,6 @@ async def _inject(stack: Stack, scenario: str, replica: str, status: RunStatus) 
         status.set_phase("no fault")
     else:
         raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
-    status.set_phase("waiting for HAProxy to see every replica UP")
-    await asyncio.to_thread(stack.wait_healthy, "haproxy")
-    return struck
 
 
 # -- reading the results ----------------------------------------------------------------
@@ -468,6 +490,16 @@ def _first(
     return None
 
 
+@dataclass
+class Strike:
+    """The fault as it struck: what it faulted, when, and the plain calls it caught in flight."""
+
+    replica: str = ""
+    struck: float = 0.0
+    in_flight: int = 0  # on any replica
+    in_flight_on_replica: int = 0  # ... of sessions `replica` was serving
+
+
 async def run_scenario(
     stack: Stack,
     scenario: str,
@@ -484,114 +516,142 @@ async def run_scenario(
     The load lasts `duration` seconds, or until the stack has been whole again
     for TAIL_SECONDS if that is later; never more than OVERRUN_CAP_SECONDS past that.
     """
-    if scenario not in (*SCENARIOS, *CLUSTER_SCENARIOS, BASELINE):
-        raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}, {BASELINE}")
-    if scenario in BALANCER_SCENARIOS and len(stack.config.balancer_names()) < 2:
-        raise StackError(f"{scenario} needs two HAProxy processes: start the stack with MCP_BALANCERS=2")
+    _check_scenario(stack, scenario)
     status = status or RunStatus()
     status.scenario = scenario
     url = stack.config.mcp_url
     kinds = KINDS if stock else BASE_KINDS
     factory = ClientFactory(url, node_clients=NODE_CLIENT_DIR)
     clients = [factory.new(kind) for kind in kinds for _ in range(sessions)]
-    runs = [SessionRun(c.kind) for c in clients]
-    pairs = list(zip(clients, runs, strict=True))
-    plain_runs = [r for r in runs if r.kind == "plain"]
-    status.runs = runs
-    stop = asyncio.Event()
-    watch_stop = asyncio.Event()
+    pairs = [(c, SessionRun(c.kind)) for c in clients]
+    status.runs = [r for _, r in pairs]
     timeline: list[tuple[float, dict[str, str]]] = []
-    tasks: list[asyncio.Task] = []
     try:
         status.set_phase("opening sessions and warming up")
-        async with asyncio.timeout(30):
-            await asyncio.gather(*(c.open() for c in clients))
-            # A replica's first tool call pays for lazy set-up (0.4 s when idle, seconds under this load):
-            # a cost of starting, not of failing over, so it stays out of the figures.
-            await asyncio.gather(*(c.call(DEMO.read) for c in clients))
-
-        load_start = status.started = time.monotonic()
-        watcher = asyncio.create_task(_watch_backends(stack, timeline, status, watch_stop))
-        tasks = [asyncio.create_task(drive(r, c, DEMO, stop)) for c, r in pairs]
-
-        status.set_phase("steady load")
-        await asyncio.sleep(fault_at)
-        struck = time.monotonic()
-        serving = Counter(r.replica_at(struck) for r in plain_runs)
-        serving.pop(None, None)
-        replicas = stack.config.replica_names()
-        replica = max(replicas, key=lambda n: (serving.get(n, 0), -replicas.index(n)))
-        if scenario in REDIS_FAULTS:
-            replica = stack.redis_primary() or stack.config.redis_names()[0]
-        elif scenario in BALANCER_SCENARIOS:
-            replica = await asyncio.to_thread(busiest_balancer, stack)
-        elif scenario == BASELINE:
-            replica = "(none)"
-        in_flight = [r for r in plain_runs if r.in_flight]
-        in_flight_on_replica = sum(r.replica_at(struck) == replica for r in in_flight)
-        try:
-            async with asyncio.timeout(OVERRUN_CAP_SECONDS):
-                struck = await _inject(stack, scenario, replica, status)
-        finally:
-            over = time.monotonic()
-            status.set_phase("load after recovery")
-            remaining = max(load_start + duration - over, TAIL_SECONDS)
-            await asyncio.sleep(remaining)
-            stop.set()
-            status.set_phase("waiting for the last calls")
-            await asyncio.wait(tasks, timeout=max(c.bound for c in clients) + GUARD_SLACK_SECONDS + 1)
-        load_end = time.monotonic()
-        watch_stop.set()
-        await watcher
-
+        await open_and_read(clients, DEMO)
+        fault, span = await _load(stack, scenario, pairs, timeline, status, duration=duration, fault_at=fault_at)
         status.set_phase("reading final counters")
         await asyncio.to_thread(stack.wait_healthy, "haproxy")
         async with asyncio.timeout(60):
             await asyncio.gather(*(read_final(c, r, url, DEMO) for c, r in pairs))
     finally:
-        stop.set()
-        watch_stop.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         status.set_phase("making sure every replica is running and UP")
         await asyncio.to_thread(heal, stack)
         status.set_phase("closing sessions")
         await close_all([c.aclose for c in clients])
         await factory.__aexit__(None, None, None)
+    report = await _scenario_report(stack, scenario, sessions, kinds, status.runs, fault, span, timeline)
+    status.set_phase("done")
+    return report
 
+
+def _check_scenario(stack: Stack, scenario: str) -> None:
+    if scenario not in (*SCENARIOS, *CLUSTER_SCENARIOS, BASELINE):
+        raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}, {BASELINE}")
+    if scenario in BALANCER_SCENARIOS and len(stack.config.balancer_names()) < 2:
+        raise StackError(f"{scenario} needs two HAProxy processes: start the stack with MCP_BALANCERS=2")
+
+
+async def _load(
+    stack: Stack,
+    scenario: str,
+    pairs: list[tuple[CheckClient, SessionRun]],
+    timeline: list[tuple[float, dict[str, str]]],
+    status: RunStatus,
+    *,
+    duration: float,
+    fault_at: float,
+) -> tuple[Strike, LoadSpan]:
+    """The HA check's load through the fault (load_with_fault), with HAProxy's view of the replicas
+    watched throughout, into `timeline`."""
+    fault = Strike()
+    plain_runs = [r for _, r in pairs if r.kind == "plain"]
+    watch_stop = asyncio.Event()
+    status.started = time.monotonic()
+    watcher = asyncio.create_task(_watch_backends(stack, timeline, status, watch_stop))
+    try:
+        span = await load_with_fault(
+            pairs,
+            DEMO,
+            partial(_strike, stack, scenario, plain_runs, status, fault),
+            fault_at=fault_at,
+            duration=duration,
+            say=status.set_phase,
+        )
+    finally:
+        watch_stop.set()
+        await watcher
+    return fault, span
+
+
+async def _faulted(stack: Stack, scenario: str, plain_runs: list[SessionRun], at: float) -> str:
+    """What `scenario` faults: Redis's primary, the HAProxy holding most connections, or the replica
+    serving most plain sessions at `at` (of a tie, the first)."""
+    if scenario in REDIS_FAULTS:
+        return stack.redis_primary() or stack.config.redis_names()[0]
+    if scenario in BALANCER_SCENARIOS:
+        return await asyncio.to_thread(busiest_balancer, stack)
+    if scenario == BASELINE:
+        return "(none)"
+    serving = Counter(r.replica_at(at) for r in plain_runs)
+    serving.pop(None, None)
+    replicas = stack.config.replica_names()
+    return max(replicas, key=lambda n: (serving.get(n, 0), -replicas.index(n)))
+
+
+async def _strike(stack: Stack, scenario: str, plain_runs: list[SessionRun], status: RunStatus, fault: Strike) -> None:
+    """Pick what to fault, note the plain calls in flight, then inject the fault and undo it, into `fault`."""
+    at = time.monotonic()
+    fault.replica = await _faulted(stack, scenario, plain_runs, at)
+    in_flight = [r for r in plain_runs if r.in_flight]
+    fault.in_flight = len(in_flight)
+    fault.in_flight_on_replica = sum(r.replica_at(at) == fault.replica for r in in_flight)
+    async with asyncio.timeout(OVERRUN_CAP_SECONDS):
+        fault.struck = await _inject(stack, scenario, fault.replica, status)
+
+
+async def _scenario_report(
+    stack: Stack,
+    scenario: str,
+    sessions: int,
+    kinds: tuple[str, ...],
+    runs: list[SessionRun],
+    fault: Strike,
+    span: LoadSpan,
+    timeline: list[tuple[float, dict[str, str]]],
+) -> ScenarioReport:
+    """What the clients saw, when HAProxy took the faulted replica out and back, and the stack after."""
     # Redis faults take no replica out on purpose: a replica rides out a failover (see server.StoreHealth).
     mark_down = (
         None
         if scenario in REDIS_FAULTS + BALANCER_SCENARIOS
-        else _first(timeline, struck, lambda s: not s.startswith("UP"), replica)
+        else _first(timeline, fault.struck, lambda s: not s.startswith("UP"), fault.replica)
     )
-    back_up = _first(timeline, mark_down, lambda s: s.startswith("UP"), replica) if mark_down else None
+    back_up = _first(timeline, mark_down, lambda s: s.startswith("UP"), fault.replica) if mark_down else None
     backends_after = await asyncio.to_thread(stack.backend_status)
     healthy = all(stack.state(svc.name) == "running" for svc in stack.services()) and backends_after == dict.fromkeys(
-        replicas, "UP"
+        stack.config.replica_names(), "UP"
     )
     client_report = partial(
         _client_report,
-        replica=replica,
-        struck=struck,
-        over=over,
-        load_start=load_start,
-        load_end=load_end,
+        replica=fault.replica,
+        struck=fault.struck,
+        over=span.over,
+        load_start=span.start,
+        load_end=span.end,
         detected=mark_down,
     )
-    status.set_phase("done")
     return ScenarioReport(
         scenario=scenario,
-        replica=replica,
+        replica=fault.replica,
         sessions=sessions,
-        load_seconds=round(load_end - load_start, 2),
-        fault_at_s=round(struck - load_start, 2),
-        fault_seconds=round(over - struck, 2),
-        mark_down_s=None if mark_down is None else round(mark_down - struck, 3),
-        back_up_s=None if back_up is None else round(back_up - struck, 3),
-        in_flight_at_fault=len(in_flight),
-        in_flight_on_replica=in_flight_on_replica,
+        load_seconds=round(span.end - span.start, 2),
+        fault_at_s=round(fault.struck - span.start, 2),
+        fault_seconds=round(span.over - fault.struck, 2),
+        mark_down_s=None if mark_down is None else round(mark_down - fault.struck, 3),
+        back_up_s=None if back_up is None else round(back_up - fault.struck, 3),
+        in_flight_at_fault=fault.in_flight,
+        in_flight_on_replica=fault.in_flight_on_replica,
         **{kind: client_report(kind, [r for r in runs if r.kind == kind]) for kind in kinds},
         healthy_after=healthy,
         backends_after=backends_after,
