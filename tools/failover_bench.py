@@ -85,7 +85,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -663,28 +663,39 @@ async def _scenario_report(
 # -- targets ----------------------------------------------------------------------------
 
 
+# Each target as (holds, what it says when it does not); check_targets keeps the sentences of those missed.
+Targets = Iterator[tuple[bool, str]]
+
+
 def check_targets(report: ScenarioReport) -> list[str]:
     """The targets `report` misses, each as a sentence; empty when all hold."""
     s = report.scenario
-    missed: list[str] = []
+    targets = itertools.chain(
+        _session_targets(report),
+        _baseline_targets(report) if s == BASELINE else (),
+        _stock_targets(report) if s in STOCK_TARGET_SCENARIOS else (),
+        _balancer_targets(report) if s in BALANCER_SCENARIOS else (),
+        _recovery_targets(report),
+    )
+    return [f"{s}: {what}" for holds, what in targets if not holds]
 
-    def need(ok: bool, what: str) -> None:
-        if not ok:
-            missed.append(f"{s}: {what}")
 
+def _session_targets(report: ScenarioReport) -> Targets:
+    """Every kind, whatever the fault: each session's counter read, none lost or doubled, every call over
+    within its bound, every session working afterwards."""
     # Killing Sentinel's primary can lose what it had not yet passed on to the replica it promotes, unless
     # every write waited for one (REDIS_WAIT_REPLICAS): then nothing acknowledged may be lost. A lone
     # Redis killed keeps everything (it writes each change to its AOF before answering), and the other
     # faults stop Redis with SIGTERM, after which it has written its AOF out.
-    loss_allowed = s == "redis-kill" and report.redis_mode != "single" and report.wait_replicas == 0
+    loss_allowed = report.scenario == "redis-kill" and report.redis_mode != "single" and report.wait_replicas == 0
     for c in report.clients:
         k = c.kind
-        need(c.unreadable == 0, f"{k}: the final counter of {c.unreadable} session(s) could not be read")
-        need(
+        yield c.unreadable == 0, f"{k}: the final counter of {c.unreadable} session(s) could not be read"
+        yield (
             c.lost == 0 or loss_allowed,
             f"{k}: {c.lost} acknowledged increment(s) lost (final {c.final}, acknowledged {c.acknowledged})",
         )
-        need(
+        yield (
             c.duplicated == 0,
             f"{k}: {c.duplicated} increment(s) applied twice (final {c.final}, "
             f"acknowledged {c.acknowledged}, failed {c.failed})",
@@ -694,96 +705,112 @@ def check_targets(report: ScenarioReport) -> list[str]:
             if k in EXTRA_KINDS
             else "their timeout"
         )
-        need(c.overran == 0, f"{k}: {c.overran} call(s) neither returned nor raised within {within}")
-        need(
+        yield c.overran == 0, f"{k}: {c.overran} call(s) neither returned nor raised within {within}"
+        yield (
             c.working_after == c.sessions,
             f"{k}: only {c.working_after} of {c.sessions} sessions worked after the fault",
         )
-        need(c.calls > 0 and c.acknowledged > 0, f"{k}: no call was answered at all")
+        yield c.calls > 0 and c.acknowledged > 0, f"{k}: no call was answered at all"
 
-    if s == BASELINE:
-        for c in report.clients:
-            if c.kind in STOCK_KINDS:
-                continue  # held to STOCK_TARGET below
-            need(c.failed == 0, f"{c.kind}: {c.failed} failed call(s) with no fault (target 0): {'; '.join(c.errors)}")
-            need(c.inexact == 0, f"{c.kind}: counters not exact with no fault: (final, acknowledged) {c.counters}")
-    if s in STOCK_TARGET_SCENARIOS:
-        for c in report.clients:
-            if c.kind not in STOCK_KINDS:
-                continue
-            k = c.kind
-            need(c.failed == 0, f"{k}: {c.failed} failed call(s) ({STOCK_TARGET} 0): {'; '.join(c.errors)}")
-            need(
-                c.longest_call_s <= STOCK_TARGET_LONGEST_CALL,
-                f"{k}: a call took {c.longest_call_s:.2f} s ({STOCK_TARGET} ≤ {STOCK_TARGET_LONGEST_CALL:g} s)",
-            )
-            need(
-                c.inexact == 0,
-                f"{k}: {c.inexact} of {c.sessions} session(s) whose counter is not the increments acknowledged "
-                f"({STOCK_TARGET} exact): (final, acknowledged) {c.counters}",
-            )
 
-    if s in BALANCER_SCENARIOS:
-        for c in report.clients:
-            if c.kind == "sessionless":
-                continue  # no session to keep: each request goes to the next replica anyway
-            need(
-                c.moved == 0,
-                f"{c.kind}: {c.moved} of {c.exposed} sessions were answered by another replica after "
-                f"{report.replica} died (target 0: the other HAProxy knows every session's replica)",
-            )
-            # One call at a time per session: a stock client may lose the one in flight on the dead HAProxy.
-            need(
-                c.failed <= c.sessions,
-                f"{c.kind}: {c.failed} failed call(s), more than its {c.sessions} session(s) had in flight",
-            )
+def _baseline_targets(report: ScenarioReport) -> Targets:
+    """With no fault, the kinds not held to STOCK_TARGET: no failed call, exact counters."""
+    for c in report.clients:
+        if c.kind in STOCK_KINDS:
+            continue  # held to STOCK_TARGET
+        yield c.failed == 0, f"{c.kind}: {c.failed} failed call(s) with no fault (target 0): {'; '.join(c.errors)}"
+        yield c.inexact == 0, f"{c.kind}: counters not exact with no fault: (final, acknowledged) {c.counters}"
 
+
+def _stock_targets(report: ScenarioReport) -> Targets:
+    """STOCK_TARGET for each stock client: no failed call, none over STOCK_TARGET_LONGEST_CALL, exact counters."""
+    for c in report.clients:
+        if c.kind not in STOCK_KINDS:
+            continue
+        k = c.kind
+        yield c.failed == 0, f"{k}: {c.failed} failed call(s) ({STOCK_TARGET} 0): {'; '.join(c.errors)}"
+        yield (
+            c.longest_call_s <= STOCK_TARGET_LONGEST_CALL,
+            f"{k}: a call took {c.longest_call_s:.2f} s ({STOCK_TARGET} ≤ {STOCK_TARGET_LONGEST_CALL:g} s)",
+        )
+        yield (
+            c.inexact == 0,
+            f"{k}: {c.inexact} of {c.sessions} session(s) whose counter is not the increments acknowledged "
+            f"({STOCK_TARGET} exact): (final, acknowledged) {c.counters}",
+        )
+
+
+def _balancer_targets(report: ScenarioReport) -> Targets:
+    """An HAProxy killed: every session stays on its replica, and loses its call in flight at most."""
+    for c in report.clients:
+        if c.kind == "sessionless":
+            continue  # no session to keep: each request goes to the next replica anyway
+        yield (
+            c.moved == 0,
+            f"{c.kind}: {c.moved} of {c.exposed} sessions were answered by another replica after "
+            f"{report.replica} died (target 0: the other HAProxy knows every session's replica)",
+        )
+        # One call at a time per session: a stock client may lose the one in flight on the dead HAProxy.
+        yield (
+            c.failed <= c.sessions,
+            f"{c.kind}: {c.failed} failed call(s), more than its {c.sessions} session(s) had in flight",
+        )
+
+
+def _recovery_targets(report: ScenarioReport) -> Targets:
+    """ResilientClient fails no call and the stack is whole afterwards; but for Redis faults, calls and
+    stalls are short, and a replica's fault is over quickly for the clients with no retries of their own."""
+    s = report.scenario
     r = report.resilient
-    need(r.failed == 0, f"resilient: {r.failed} failed call(s) (target 0): {'; '.join(r.errors)}")
-    need(report.healthy_after, f"the stack was not whole afterwards: {report.backends_after}")
+    yield r.failed == 0, f"resilient: {r.failed} failed call(s) (target 0): {'; '.join(r.errors)}"
+    yield report.healthy_after, f"the stack was not whole afterwards: {report.backends_after}"
     if s in REDIS_FAULTS:
         # Reported, not targets: how long calls wait depends on how long Redis is gone.
-        return missed
-    need(
+        return
+    yield (
         r.longest_call_s <= TARGET_LONGEST_CALL,
         f"resilient: a call took {r.longest_call_s:.2f} s (target ≤ {TARGET_LONGEST_CALL:.0f} s)",
     )
-
     p = report.plain
-    need(
+    yield (
         p.longest_stall_s < TARGET_STALL,
         f"plain: a session stalled {p.longest_stall_s:.2f} s (target < {TARGET_STALL:.0f} s)",
     )
     # The clients with no retries of their own (plain, sessionless) see what HAProxy cannot rescue for them.
     unretried = [c for c in report.clients if not ClientFactory.kind_class(c.kind).retries]
     if s in ("kill", "pause"):
-        # The calls a fault can catch in flight are those under way between the fault and the moment
-        # HAProxy knows of it (a dead replica: tens of ms; a hung one: about 2.6 s). Such a client has
-        # one call under way at a time, and one the fault catches may be followed, within that window,
-        # by the session's next call; a call sent once HAProxy has taken the replica out must not fail.
-        for c in unretried:
-            need(
-                c.failed_after_detection == 0,
-                f"{c.kind}: {c.failed_after_detection} call(s) sent after HAProxy "
-                f"took {report.replica} out failed: {'; '.join(c.errors)}",
-            )
-        need(
-            p.moved == p.exposed,
-            f"plain: {p.exposed - p.moved} of {p.exposed} sessions on {report.replica} "
-            "were not answered by another replica",
-        )
-        limit = TARGET_MARK_DOWN[s]
-        need(
-            report.mark_down_s is not None and report.mark_down_s <= limit,
-            f"HAProxy took {report.mark_down_s} s to take {report.replica} out (target ≤ {limit:.0f} s)",
-        )
+        yield from _detection_targets(report, unretried)
     elif s == "rolling":
         for c in unretried:
-            need(
+            yield (
                 c.failed == 0,
                 f"{c.kind}: {c.failed} failed call(s) in a rolling restart (target 0): {'; '.join(c.errors)}",
             )
-    return missed
+
+
+def _detection_targets(report: ScenarioReport, unretried: list[ClientReport]) -> Targets:
+    """A replica killed or hung: HAProxy takes it out in time, and nothing sent after that fails."""
+    # The calls a fault can catch in flight are those under way between the fault and the moment
+    # HAProxy knows of it (a dead replica: tens of ms; a hung one: about 2.6 s). Such a client has
+    # one call under way at a time, and one the fault catches may be followed, within that window,
+    # by the session's next call; a call sent once HAProxy has taken the replica out must not fail.
+    for c in unretried:
+        yield (
+            c.failed_after_detection == 0,
+            f"{c.kind}: {c.failed_after_detection} call(s) sent after HAProxy "
+            f"took {report.replica} out failed: {'; '.join(c.errors)}",
+        )
+    p = report.plain
+    yield (
+        p.moved == p.exposed,
+        f"plain: {p.exposed - p.moved} of {p.exposed} sessions on {report.replica} "
+        "were not answered by another replica",
+    )
+    limit = TARGET_MARK_DOWN[report.scenario]
+    yield (
+        report.mark_down_s is not None and report.mark_down_s <= limit,
+        f"HAProxy took {report.mark_down_s} s to take {report.replica} out (target ≤ {limit:.0f} s)",
+    )
 
 
 # -- command line -----------------------------------------------------------------------
