@@ -1088,41 +1088,12 @@ def main(
             f"error: the TypeScript SDK client cannot run: {why}; or leave the stock clients out: --no-stock", err=True
         )
         sys.exit(2)
-    state_dir: Path | None = None
-    stack: Stack | None = None
-    try:
-        if own_stack:
-            state_dir = Path(tempfile.mkdtemp(prefix="failover-bench-"))
-            stack = Stack(
-                StackConfig.on_free_ports(
-                    state_dir,
-                    redis_mode=redis_mode,
-                    redis_wait_replicas=wait_replicas,
-                    # Two HAProxys only for the front-door fault: see StackConfig.stats_ports.
-                    balancers=2 if scenario in ("haproxy-kill", "all") else 1,
-                )
-            )
-        else:
-            stack = running_stack()
-        # A running stack's Redis is whatever it was started with.
-        redis_mode = stack.config.redis_mode
-        scenarios = scenarios_of(scenario, redis_mode)
-        if markdown_path is not None:
-            try:
-                check_markers(markdown_path, markdown_markers(redis_mode))
-            except MarkdownError as exc:
-                if state_dir is not None:
-                    shutil.rmtree(state_dir, ignore_errors=True)
-                raise click.BadParameter(str(exc), param_hint="--markdown") from None
-        if own_stack:
-            with console.status(f"starting a stack of its own in {state_dir}"):
-                stack.up()
-    except StackError as exc:
-        click.echo(f"error: {exc}", err=True)
-        if own_stack and stack is not None:
-            stack.down()  # whatever of it did start
-        sys.exit(2)
-
+    # Two HAProxys only for the front-door fault: see StackConfig.stats_ports.
+    balancers = 2 if scenario in ("haproxy-kill", "all") else 1
+    stack, state_dir = bench_stack(own_stack, redis_mode, wait_replicas, balancers, markdown_path)
+    # A running stack's Redis is whatever it was started with.
+    redis_mode = stack.config.redis_mode
+    scenarios = scenarios_of(scenario, redis_mode)
     reports: list[ScenarioReport] = []
     broken: StackError | None = None
     try:
@@ -1141,30 +1112,79 @@ def main(
     except StackError as exc:
         broken = exc
     finally:
-        # state_dir is set exactly when the stack is the benchmark's own (own_stack).
         if state_dir is not None:
-            with console.status("stopping the benchmark's stack"):
-                stack.down()
-            if broken or len(reports) < len(scenarios) or any(check_targets(r) for r in reports):
-                console.print(f"the stack's logs are kept in {stack.log_dir}")
-            else:
-                shutil.rmtree(state_dir, ignore_errors=True)
+            kept = broken or len(reports) < len(scenarios) or any(check_targets(r) for r in reports)
+            stop_own_stack(stack, state_dir, keep_logs=bool(kept))
+    complete = broken is None and len(reports) == len(scenarios)
+    show(reports, json_path, markdown_path if complete else None, markdown_markers(redis_mode))
+    if markdown_path is not None and not complete:
+        click.echo(f"not every scenario ran, so {markdown_path} is left as it was", err=True)
+    verdict(reports, broken)
 
+
+def bench_stack(
+    own_stack: bool, redis_mode: str, wait_replicas: int, balancers: int, markdown_path: Path | None
+) -> tuple[Stack, Path | None]:
+    """The stack to run against and, when it is the benchmark's own (started here, once `markdown_path`
+    has the markers its Redis writes between), its state dir; exit 2 when there is none."""
+    state_dir: Path | None = None
+    stack: Stack | None = None
+    try:
+        if own_stack:
+            state_dir = Path(tempfile.mkdtemp(prefix="failover-bench-"))
+            stack = Stack(
+                StackConfig.on_free_ports(
+                    state_dir, redis_mode=redis_mode, redis_wait_replicas=wait_replicas, balancers=balancers
+                )
+            )
+        else:
+            stack = running_stack()
+        if markdown_path is not None:
+            try:
+                check_markers(markdown_path, markdown_markers(stack.config.redis_mode))
+            except MarkdownError as exc:
+                if state_dir is not None:
+                    shutil.rmtree(state_dir, ignore_errors=True)
+                raise click.BadParameter(str(exc), param_hint="--markdown") from None
+        if own_stack:
+            with console.status(f"starting a stack of its own in {state_dir}"):
+                stack.up()
+    except StackError as exc:
+        click.echo(f"error: {exc}", err=True)
+        if own_stack and stack is not None:
+            stack.down()  # whatever of it did start
+        sys.exit(2)
+    return stack, state_dir
+
+
+def stop_own_stack(stack: Stack, state_dir: Path, *, keep_logs: bool) -> None:
+    """Stop the benchmark's own stack; its logs are kept when anything went wrong, else its state dir goes."""
+    with console.status("stopping the benchmark's stack"):
+        stack.down()
+    if keep_logs:
+        console.print(f"the stack's logs are kept in {stack.log_dir}")
+    else:
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def show(reports: list[ScenarioReport], json_path: Path | None, markdown_path: Path | None, block: str) -> None:
+    """The results table, and the reports as JSON and, between `block`'s markers, markdown where asked for;
+    exit 2 when the markdown file cannot be written."""
     console.print(results_table(reports))
     if json_path is not None:
         json_path.write_text(json.dumps(report_json(reports), indent=2))
         console.print(f"reports written to {json_path}")
     if markdown_path is not None:
-        if broken is not None or len(reports) < len(scenarios):
-            click.echo(f"not every scenario ran, so {markdown_path} is left as it was", err=True)
-        else:
-            try:
-                write_between_markers(markdown_path, markdown_markers(redis_mode), markdown_report(reports))
-            except MarkdownError as exc:
-                click.echo(f"error: {exc}", err=True)
-                sys.exit(2)
-            written = " and ".join(markers(markdown_markers(redis_mode)))
-            console.print(f"figures written into {markdown_path}, between {written}")
+        try:
+            write_between_markers(markdown_path, block, markdown_report(reports))
+        except MarkdownError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        console.print(f"figures written into {markdown_path}, between {' and '.join(markers(block))}")
+
+
+def verdict(reports: list[ScenarioReport], broken: StackError | None) -> None:
+    """Exit 2 for a stack that broke during the run, 1 for a target missed (each listed)."""
     if broken is not None:
         click.echo(f"error: the stack failed during the run: {broken}", err=True)
         sys.exit(2)
