@@ -1018,46 +1018,13 @@ async def section_memory(stack: Stack, plan: Plan, progress: Progress, task) -> 
     http = new_http(16)
     clients = [SessionClient(http, stack.config.mcp_url) for _ in range(count)]
     before = await asyncio.to_thread(used_memory, redis)
-    failures: list[str] = []
-
-    async def make(client: SessionClient, gate: asyncio.Semaphore) -> None:
-        async with gate:
-            try:
-                async with asyncio.timeout(30):
-                    await client.open()
-                    await client.call_tool("increment_counter", {})
-                    for note in ("one", "two", "three"):
-                        await client.call_tool("add_note", {"note": note})
-            except CALL_ERRORS as exc:
-                failures.append(f"{type(exc).__name__}: {exc}"[:200])
-
     try:
-        gate = asyncio.Semaphore(16)
-        await asyncio.gather(*(make(c, gate) for c in clients))
+        failures = await make_noted_sessions(clients)
         after = await asyncio.to_thread(used_memory, redis)
         if failures:
             raise BenchError(f"memory: {len(failures)} of {count} sessions could not be made: {failures[0]}")
         # Every key each of a few sessions made, by MEMORY USAGE.
-        per_session = []
-        for client in clients[:5]:
-            sid = client.session_id
-            keys = {
-                "session": [f"mcp:session:{sid}"],
-                "events": [f"mcp:events:{sid}"],
-                "op": await asyncio.to_thread(scan, redis, f"mcp:op:{sid}:*"),
-            }
-            sizes = {}
-            for kind, names in keys.items():
-                total = 0
-                for name in names:
-                    out = (await asyncio.to_thread(redis_cli, redis, "MEMORY", "USAGE", name, "SAMPLES", "0")).strip()
-                    if not out.isdigit() and kind == "session":
-                        # Counting it as 0 would make the per-session figure look better than it is.
-                        raise BenchError(f"memory: {name} is missing ({out or 'no answer'})")
-                    total += int(out) if out.isdigit() else 0
-                sizes[kind] = total
-            sizes["op_keys"] = len(keys["op"])
-            per_session.append(sizes)
+        per_session = [await session_key_sizes(redis, client.session_id) for client in clients[:5]]
         # At rest: what the session keeps once its retry and resumption records
         # have expired (op TTL, event TTL), deleted here rather than waited for.
         await asyncio.to_thread(_forget_transient, redis, [c.session_id for c in clients])
@@ -1083,6 +1050,49 @@ async def section_memory(stack: Stack, plan: Plan, progress: Progress, task) -> 
         "which also count the live-session index entry and Redis's own overhead; at rest is after "
         "the transient keys are gone",
     }
+
+
+async def make_noted_sessions(clients: list[SessionClient]) -> list[str]:
+    """Each client opens a session and makes a counter and three notes in it, 16 at a time; why those that
+    failed did."""
+    failures: list[str] = []
+    gate = asyncio.Semaphore(16)
+
+    async def make(client: SessionClient) -> None:
+        async with gate:
+            try:
+                async with asyncio.timeout(30):
+                    await client.open()
+                    await client.call_tool("increment_counter", {})
+                    for note in ("one", "two", "three"):
+                        await client.call_tool("add_note", {"note": note})
+            except CALL_ERRORS as exc:
+                failures.append(f"{type(exc).__name__}: {exc}"[:200])
+
+    await asyncio.gather(*(make(c) for c in clients))
+    return failures
+
+
+async def session_key_sizes(redis: StackConfig, sid: str | None) -> dict[str, int]:
+    """MEMORY USAGE of every key of session `sid`, by kind (its hash, its event log, its op records), and how
+    many op records it has."""
+    keys = {
+        "session": [f"mcp:session:{sid}"],
+        "events": [f"mcp:events:{sid}"],
+        "op": await asyncio.to_thread(scan, redis, f"mcp:op:{sid}:*"),
+    }
+    sizes = {}
+    for kind, names in keys.items():
+        total = 0
+        for name in names:
+            out = (await asyncio.to_thread(redis_cli, redis, "MEMORY", "USAGE", name, "SAMPLES", "0")).strip()
+            if not out.isdigit() and kind == "session":
+                # Counting it as 0 would make the per-session figure look better than it is.
+                raise BenchError(f"memory: {name} is missing ({out or 'no answer'})")
+            total += int(out) if out.isdigit() else 0
+        sizes[kind] = total
+    sizes["op_keys"] = len(keys["op"])
+    return sizes
 
 
 async def section_durability(plan: Plan, call_p50_ms: float | None, state_dir: Path, progress: Progress, task) -> dict:
