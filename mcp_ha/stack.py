@@ -52,6 +52,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypedDict, Unpack, cast
@@ -68,6 +69,8 @@ from rich.table import Table
 # which the wheel carries as mcp_ha/haproxy/.
 _PACKAGE = Path(__file__).resolve().parent
 HAPROXY_DIR = _PACKAGE / "haproxy" if (_PACKAGE / "haproxy").is_dir() else _PACKAGE.parent / "haproxy"
+# How HAProxy runs, in the foreground, with that config (its settings in its environment: haproxy_env).
+HAPROXY_ARGV = ("haproxy", "-db", "-f", str(HAPROXY_DIR / "haproxy.cfg"))
 # HAProxy's per-address limits (haproxy/haproxy.cfg has the same defaults): requests per 10 s, and
 # open connections. Both well above what the tests and benchmarks send from their one address.
 DEFAULT_RATE_LIMIT = 30_000
@@ -535,6 +538,28 @@ class StackConfig:
     def replica_names(self) -> list[str]:
         return [f"mcp-server-{i}" for i in range(1, len(self.replica_ports) + 1)]
 
+    def haproxy_env(self, http_port: int, https_port: int, servers: Sequence[int]) -> dict[str, str]:
+        """haproxy.cfg's environment with this stack's settings, on `http_port` and `https_port` (with the
+        stack's certificate), in front of the servers on `servers`, ports of this host. A process adds its
+        own HAPROXY_STATS_BIND, and peers when it is one of a pair. The benchmark's floor takes it too, so
+        it pays for the same rules."""
+        env = {
+            "HAPROXY_BIND": f"{self.host}:{http_port}",
+            "SESSION_TTL_SECONDS": str(self.session_ttl_seconds),
+            "HAPROXY_STATS_USER": self.stats_user,
+            "HAPROXY_STATS_PASSWORD": self.stats_password,
+            "HAPROXY_RATE_LIMIT": str(self.rate_limit),
+            "HAPROXY_MAX_CONN_PER_SOURCE": str(self.max_conn_per_source),
+            "HAPROXY_MAX_BODY_BYTES": str(self.max_body_bytes),
+            "HAPROXY_ALLOWED_ORIGINS": self.allowed_origins,
+            "HAPROXY_LUA_DIR": str(HAPROXY_DIR),
+            "HAPROXY_TLS_BIND": f"{self.host}:{https_port}",
+            "HAPROXY_TLS_CERT": str(self.tls_pem),
+        }
+        for i, port in enumerate(servers, start=1):
+            env[f"MCP_SERVER_{i}"] = f"{self.host}:{port}"
+        return env
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["state_dir"] = str(self.state_dir)
@@ -925,28 +950,14 @@ class Stack:
 
     def _balancer_services(self) -> list[Service]:
         c = self.config
-        shared = {
-            "HAPROXY_BIND": f"{c.host}:{c.http_port}",
-            "SESSION_TTL_SECONDS": str(c.session_ttl_seconds),
-            "HAPROXY_STATS_USER": c.stats_user,
-            "HAPROXY_STATS_PASSWORD": c.stats_password,
-            "HAPROXY_RATE_LIMIT": str(c.rate_limit),
-            "HAPROXY_MAX_CONN_PER_SOURCE": str(c.max_conn_per_source),
-            "HAPROXY_MAX_BODY_BYTES": str(c.max_body_bytes),
-            "HAPROXY_ALLOWED_ORIGINS": c.allowed_origins,
-            "HAPROXY_LUA_DIR": str(HAPROXY_DIR),
-            "HAPROXY_TLS_BIND": f"{c.host}:{c.https_port}",
-            "HAPROXY_TLS_CERT": str(c.tls_pem),
-        }
-        for i, port in enumerate(c.replica_ports, start=1):
-            shared[f"MCP_SERVER_{i}"] = f"{c.host}:{port}"
+        shared = c.haproxy_env(c.http_port, c.https_port, c.replica_ports)
         if len(c.peer_ports) > 1:
             for i, port in enumerate(c.peer_ports, start=1):
                 shared[f"HAPROXY_PEER_{i}"] = f"{c.host}:{port}"
         return [
             Service(
                 name,
-                ["haproxy", "-db", "-f", str(HAPROXY_DIR / "haproxy.cfg")],
+                list(HAPROXY_ARGV),
                 c.http_port,
                 {
                     **shared,

@@ -118,7 +118,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 from urllib.parse import urlsplit
 
 import click
@@ -132,7 +132,7 @@ from mcp_ha.check.wire import CallFailed, RawSession, SessionlessSession, final_
 from mcp_ha.session_store import DEFAULT_MAX_EVENTS, EVENT_BYTES, Op, StoreUnavailable, key_bytes
 from mcp_ha.settings import Settings, SettingsError
 from mcp_ha.stack import (
-    HAPROXY_DIR,
+    HAPROXY_ARGV,
     Stack,
     StackConfig,
     StackError,
@@ -752,7 +752,7 @@ class Floor:
     def __init__(self, stack: Stack, replicas: int, log_dir: Path) -> None:
         self.stack = stack
         self.host = stack.config.host
-        self.http_port, self.stats_port, *self.ports = free_ports(2 + replicas)
+        self.http_port, self.https_port, self.stats_port, *self.ports = free_ports(3 + replicas)
         self.log_dir = log_dir
         self.procs: list[subprocess.Popen] = []
 
@@ -796,28 +796,18 @@ class Floor:
             )
         # The same HAProxy settings as the stack's, so the floor pays for the same rules.
         env = {
-            "HAPROXY_BIND": f"{self.host}:{self.http_port}",
+            **c.haproxy_env(self.http_port, self.https_port, self.ports),
             "HAPROXY_STATS_BIND": f"{self.host}:{self.stats_port}",
-            "SESSION_TTL_SECONDS": str(c.session_ttl_seconds),
-            "HAPROXY_STATS_USER": c.stats_user,
-            "HAPROXY_STATS_PASSWORD": c.stats_password,
-            "HAPROXY_RATE_LIMIT": str(c.rate_limit),
-            "HAPROXY_MAX_CONN_PER_SOURCE": str(c.max_conn_per_source),
-            "HAPROXY_MAX_BODY_BYTES": str(c.max_body_bytes),
-            "HAPROXY_ALLOWED_ORIGINS": c.allowed_origins,
             # The floor's endpoint is not the MCP one: HAProxy passes on only the paths listed.
             "HAPROXY_ALLOWED_PATHS": "/incr /health",
-            "HAPROXY_LUA_DIR": str(HAPROXY_DIR),
         }
-        for i, port in enumerate(self.ports, start=1):
-            env[f"MCP_SERVER_{i}"] = f"{self.host}:{port}"
         deadline = time.monotonic() + 30
         for port in self.ports:
             while http_status(f"http://{self.host}:{port}/health") != 200:
                 if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
                     raise BenchError(f"the floor's processes did not come up; see {self.log_dir}")
                 time.sleep(0.1)
-        self._spawn("floor-haproxy", ["haproxy", "-db", "-f", str(HAPROXY_DIR / "haproxy.cfg")], env)
+        self._spawn("floor-haproxy", list(HAPROXY_ARGV), env)
         # HAProxy starts its servers UP only after `rise` checks; wait for a real answer through it.
         while http_status(f"http://{self.host}:{self.http_port}/health") != 200 or not self._all_up():
             if time.monotonic() > deadline or self.procs[-1].poll() is not None:
@@ -1028,46 +1018,13 @@ async def section_memory(stack: Stack, plan: Plan, progress: Progress, task) -> 
     http = new_http(16)
     clients = [SessionClient(http, stack.config.mcp_url) for _ in range(count)]
     before = await asyncio.to_thread(used_memory, redis)
-    failures: list[str] = []
-
-    async def make(client: SessionClient, gate: asyncio.Semaphore) -> None:
-        async with gate:
-            try:
-                async with asyncio.timeout(30):
-                    await client.open()
-                    await client.call_tool("increment_counter", {})
-                    for note in ("one", "two", "three"):
-                        await client.call_tool("add_note", {"note": note})
-            except CALL_ERRORS as exc:
-                failures.append(f"{type(exc).__name__}: {exc}"[:200])
-
     try:
-        gate = asyncio.Semaphore(16)
-        await asyncio.gather(*(make(c, gate) for c in clients))
+        failures = await make_noted_sessions(clients)
         after = await asyncio.to_thread(used_memory, redis)
         if failures:
             raise BenchError(f"memory: {len(failures)} of {count} sessions could not be made: {failures[0]}")
         # Every key each of a few sessions made, by MEMORY USAGE.
-        per_session = []
-        for client in clients[:5]:
-            sid = client.session_id
-            keys = {
-                "session": [f"mcp:session:{sid}"],
-                "events": [f"mcp:events:{sid}"],
-                "op": await asyncio.to_thread(scan, redis, f"mcp:op:{sid}:*"),
-            }
-            sizes = {}
-            for kind, names in keys.items():
-                total = 0
-                for name in names:
-                    out = (await asyncio.to_thread(redis_cli, redis, "MEMORY", "USAGE", name, "SAMPLES", "0")).strip()
-                    if not out.isdigit() and kind == "session":
-                        # Counting it as 0 would make the per-session figure look better than it is.
-                        raise BenchError(f"memory: {name} is missing ({out or 'no answer'})")
-                    total += int(out) if out.isdigit() else 0
-                sizes[kind] = total
-            sizes["op_keys"] = len(keys["op"])
-            per_session.append(sizes)
+        per_session = [await session_key_sizes(redis, client.session_id) for client in clients[:5]]
         # At rest: what the session keeps once its retry and resumption records
         # have expired (op TTL, event TTL), deleted here rather than waited for.
         await asyncio.to_thread(_forget_transient, redis, [c.session_id for c in clients])
@@ -1093,6 +1050,49 @@ async def section_memory(stack: Stack, plan: Plan, progress: Progress, task) -> 
         "which also count the live-session index entry and Redis's own overhead; at rest is after "
         "the transient keys are gone",
     }
+
+
+async def make_noted_sessions(clients: list[SessionClient]) -> list[str]:
+    """Each client opens a session and makes a counter and three notes in it, 16 at a time; why those that
+    failed did."""
+    failures: list[str] = []
+    gate = asyncio.Semaphore(16)
+
+    async def make(client: SessionClient) -> None:
+        async with gate:
+            try:
+                async with asyncio.timeout(30):
+                    await client.open()
+                    await client.call_tool("increment_counter", {})
+                    for note in ("one", "two", "three"):
+                        await client.call_tool("add_note", {"note": note})
+            except CALL_ERRORS as exc:
+                failures.append(f"{type(exc).__name__}: {exc}"[:200])
+
+    await asyncio.gather(*(make(c) for c in clients))
+    return failures
+
+
+async def session_key_sizes(redis: StackConfig, sid: str | None) -> dict[str, int]:
+    """MEMORY USAGE of every key of session `sid`, by kind (its hash, its event log, its op records), and how
+    many op records it has."""
+    keys = {
+        "session": [f"mcp:session:{sid}"],
+        "events": [f"mcp:events:{sid}"],
+        "op": await asyncio.to_thread(scan, redis, f"mcp:op:{sid}:*"),
+    }
+    sizes = {}
+    for kind, names in keys.items():
+        total = 0
+        for name in names:
+            out = (await asyncio.to_thread(redis_cli, redis, "MEMORY", "USAGE", name, "SAMPLES", "0")).strip()
+            if not out.isdigit() and kind == "session":
+                # Counting it as 0 would make the per-session figure look better than it is.
+                raise BenchError(f"memory: {name} is missing ({out or 'no answer'})")
+            total += int(out) if out.isdigit() else 0
+        sizes[kind] = total
+    sizes["op_keys"] = len(keys["op"])
+    return sizes
 
 
 async def section_durability(plan: Plan, call_p50_ms: float | None, state_dir: Path, progress: Progress, task) -> dict:
@@ -2151,17 +2151,7 @@ def main(
     """Measure calls/s and latency through HAProxy, directly and against a bare floor; scale; memory;
     Redis per call of each call shape, and what 1, 3 and 9 primaries hold and serve."""
     duration = duration or (3.0 if quick else 15.0)
-    checkout: Checkout | None = None
-    if reference_path is not None:
-        if generation != "session":
-            raise click.BadParameter(
-                "the reference kit speaks session-era MCP only; --reference takes --generation session",
-                param_hint="'--reference'",
-            )
-        try:
-            checkout = Checkout.at(reference_path)
-        except ReferenceKitError as exc:
-            raise click.BadParameter(str(exc), param_hint="'--reference'") from None
+    checkout = reference_checkout(reference_path, generation)
     cluster = redis_mode == "cluster"
     blocks = check_sections(
         section_names, markdown_path, reference=checkout is not None, chart=chart_path is not None, cluster=cluster
@@ -2169,27 +2159,75 @@ def main(
     if cluster:
         section_names = frozenset({"capacity"})  # without memory's bytes per session: one Redis's
     plan = Plan(parse_mix(mix), sessions, duration, generation, quick, compare, section_names, primary_memory_gib)
-    stack: Stack | None = None
-    reference: ReferenceKit | None = None
     state_dir = Path(tempfile.mkdtemp(prefix="bench-"))
     started = time.monotonic()
+    stack, report = measure(
+        plan, state_dir, checkout, chart=chart_path is not None, own_stack=own_stack, redis_mode=redis_mode
+    )
+    latencies = report.pop("_latencies", {})  # none without the throughput section
+    report["config"] = run_config(plan, mix, stack, checkout, own_stack=own_stack, redis_mode=redis_mode)
+    report = finish_report(report, started)
+    show(report, json_path, chart_path, latencies)
+    if report["errors"]:
+        refuse_figures(report["errors"], markdown_path, state_dir)
+    if markdown_path is not None:
+        write_markdown(markdown_path, blocks, report)
+    shutil.rmtree(state_dir, ignore_errors=True)
+    if check_targets and not all(r["holds"] for r in report["targets"]):
+        sys.exit(1)
+
+
+def run_config(
+    plan: Plan, mix: str, stack: Stack, checkout: Checkout | None, *, own_stack: bool, redis_mode: str
+) -> dict:
+    """What the run was: its options (`mix` as given), the stack's replicas and the machine's CPUs."""
+    return {
+        "mix": mix,
+        "sessions": plan.sessions,
+        "duration_s": plan.duration,
+        "rounds": plan.rounds,
+        "generation": plan.generation,
+        "quick": plan.quick,
+        "own_stack": own_stack,
+        "redis": redis_mode,
+        "compare": plan.compare,
+        "reference": None if checkout is None else str(checkout.path),
+        "sections": [name for name in SECTIONS if name in plan.sections],
+        "replicas": len(stack.config.replica_ports),
+        "cpus": os.cpu_count(),
+    }
+
+
+def reference_checkout(reference_path: Path | None, generation: str) -> Checkout | None:
+    """`--reference PATH` as a checkout of the reference kit, which speaks session-era MCP only."""
+    if reference_path is None:
+        return None
+    if generation != "session":
+        raise click.BadParameter(
+            "the reference kit speaks session-era MCP only; --reference takes --generation session",
+            param_hint="'--reference'",
+        )
     try:
-        if chart_path is not None:
-            _pyplot()  # before anything is measured: a chart that cannot be drawn is said at once
-        if compare:
-            require_loopback(compare, "--compare")
-            asyncio.run(check_compare(compare))
-        if checkout is not None:
-            # Before anything starts: made once (minutes), then reused while its lock is unchanged.
-            with console.status("the reference kit's venv, from its uv.lock (made once, outside this repository)"):
-                reference = ReferenceKit(checkout, ensure_venv(checkout))
+        return Checkout.at(reference_path)
+    except ReferenceKitError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--reference'") from None
+
+
+def measure(
+    plan: Plan, state_dir: Path, checkout: Checkout | None, *, chart: bool, own_stack: bool, redis_mode: str
+) -> tuple[Stack, dict]:
+    """Run the plan's sections on the stack (its own, started and stopped here, or the running one); the
+    stack and the report. Exit 2 when there is nothing sound to measure, its logs kept if it has any."""
+    stack: Stack | None = None
+    try:
+        reference = prepare(plan, checkout, chart=chart)
         if own_stack:
             stack = Stack(StackConfig.on_free_ports(state_dir / "stack", redis_mode=redis_mode))
             with console.status(f"starting a stack of its own in {state_dir}"):
                 stack.up()
         else:
             stack = running_stack()
-            if (stack.config.redis_mode == "cluster") != cluster:
+            if (stack.config.redis_mode == "cluster") != (redis_mode == "cluster"):
                 raise BenchError(
                     f"the running stack's Redis is {stack.config.redis_mode}: give --redis "
                     f"{'cluster' if stack.config.redis_mode == 'cluster' else 'single'}"
@@ -2212,23 +2250,43 @@ def main(
     if own_stack:
         with console.status("stopping the benchmark's stack"):
             stack.down()
+    return stack, report
 
-    latencies = report.pop("_latencies", {})  # none without the throughput section
-    report["config"] = {
-        "mix": mix,
-        "sessions": sessions,
-        "duration_s": plan.duration,
-        "rounds": plan.rounds,
-        "generation": generation,
-        "quick": quick,
-        "own_stack": own_stack,
-        "redis": redis_mode,
-        "compare": compare,
-        "reference": None if checkout is None else str(checkout.path),
-        "sections": [name for name in SECTIONS if name in plan.sections],
-        "replicas": len(stack.config.replica_ports),
-        "cpus": os.cpu_count(),
-    }
+
+def prepare(plan: Plan, checkout: Checkout | None, *, chart: bool) -> ReferenceKit | None:
+    """Before anything starts: a chart that cannot be drawn and a --compare URL that is not a loopback MCP
+    endpoint are said at once; the reference kit, with `checkout`, gets its venv."""
+    if chart:
+        _pyplot()
+    if plan.compare:
+        require_loopback(plan.compare, "--compare")
+        asyncio.run(check_compare(plan.compare))
+    if checkout is None:
+        return None
+    # Made once (minutes), then reused while its lock is unchanged.
+    with console.status("the reference kit's venv, from its uv.lock (made once, outside this repository)"):
+        return ReferenceKit(checkout, ensure_venv(checkout))
+
+
+# The report's keys, in the order its JSON gives them.
+REPORT_KEYS = (
+    "ok",
+    "errors",
+    "config",
+    "targets",
+    "throughput",
+    "proxy_hop",
+    "scale",
+    "memory",
+    "durability",
+    "capacity",
+    "reference",
+    "seconds",
+)
+
+
+def finish_report(report: dict, started: float) -> dict:
+    """The report with its targets, the reference comparison, the calls that failed, and its keys in order."""
     report["targets"] = targets(report)
     if "reference" in report:
         report["reference"] = against_reference(report)
@@ -2236,25 +2294,11 @@ def main(
     report["errors"] = errors
     report["ok"] = not errors
     report["seconds"] = round(time.monotonic() - started, 1)
-    report = {
-        k: report[k]
-        for k in (
-            "ok",
-            "errors",
-            "config",
-            "targets",
-            "throughput",
-            "proxy_hop",
-            "scale",
-            "memory",
-            "durability",
-            "capacity",
-            "reference",
-            "seconds",
-        )
-        if k in report
-    }
+    return {k: report[k] for k in REPORT_KEYS if k in report}
 
+
+def show(report: dict, json_path: Path | None, chart_path: Path | None, latencies: dict) -> None:
+    """The tables and targets, and the report as JSON and a chart where asked for."""
     for table in results_tables(report):
         console.print(table)
     for row in report["targets"]:
@@ -2266,31 +2310,34 @@ def main(
     if chart_path is not None:
         draw_chart({**report, "_latencies": latencies}, chart_path)
         console.print(f"chart drawn in {chart_path}")
-    if errors:
-        click.echo("error: calls failed during the measurement, so these figures are not a result:", err=True)
-        for e in errors:
-            click.echo(f"  - {e}", err=True)
-        if markdown_path is not None:
-            click.echo(f"{markdown_path} is left as it was", err=True)
-        click.echo(f"logs are kept in {state_dir}", err=True)
-        sys.exit(1)
+
+
+def refuse_figures(errors: list[str], markdown_path: Path | None, state_dir: Path) -> NoReturn:
+    """Exit 1: calls failed, so no figure is a result (the markdown file is left as it was)."""
+    click.echo("error: calls failed during the measurement, so these figures are not a result:", err=True)
+    for e in errors:
+        click.echo(f"  - {e}", err=True)
     if markdown_path is not None:
-        render = {
-            MARKDOWN_MARKERS: markdown_report,
-            REFERENCE_MARKERS: lambda report: markdown_reference(report["reference"]),
-            CAPACITY_MARKERS: markdown_capacity,
-            CLUSTER_CAPACITY_MARKERS: markdown_capacity,
-        }
-        try:
-            write_blocks(markdown_path, {name: render[name](report) for name in blocks})
-        except MarkdownError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
-        for name in blocks:
-            console.print(f"figures written into {markdown_path}, between {' and '.join(markers(name))}")
-    shutil.rmtree(state_dir, ignore_errors=True)
-    if check_targets and not all(r["holds"] for r in report["targets"]):
-        sys.exit(1)
+        click.echo(f"{markdown_path} is left as it was", err=True)
+    click.echo(f"logs are kept in {state_dir}", err=True)
+    sys.exit(1)
+
+
+def write_markdown(markdown_path: Path, blocks: list[str], report: dict) -> None:
+    """The figures into each of `blocks` of the markdown file; exit 2 when they cannot go in."""
+    render = {
+        MARKDOWN_MARKERS: markdown_report,
+        REFERENCE_MARKERS: lambda report: markdown_reference(report["reference"]),
+        CAPACITY_MARKERS: markdown_capacity,
+        CLUSTER_CAPACITY_MARKERS: markdown_capacity,
+    }
+    try:
+        write_blocks(markdown_path, {name: render[name](report) for name in blocks})
+    except MarkdownError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    for name in blocks:
+        console.print(f"figures written into {markdown_path}, between {' and '.join(markers(name))}")
 
 
 if __name__ == "__main__":

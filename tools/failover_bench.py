@@ -85,7 +85,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -102,10 +102,20 @@ from mcp_ha.check.clients import (
     RESILIENT_SETTINGS,
     STOCK_CALL_BOUND,
     STOCK_KINDS,
+    CheckClient,
     ClientFactory,
     SessionlessClient,
 )
-from mcp_ha.check.load import SessionRun, close_all, drive, figures, read_final
+from mcp_ha.check.load import (
+    TAIL_SECONDS,
+    LoadSpan,
+    SessionRun,
+    close_all,
+    figures,
+    load_with_fault,
+    open_and_read,
+    read_final,
+)
 from mcp_ha.check.node import node_clients_missing
 from mcp_ha.check.shape import Call, Shape
 from mcp_ha.stack import Stack, StackConfig, StackError, running_stack
@@ -136,13 +146,13 @@ REDIS_FAULTS = REDIS_SCENARIOS + CLUSTER_SCENARIOS
 BASELINE = "none"
 
 # The clients' timeouts and bounds (PLAIN_CALL_TIMEOUT, STOCK_CALL_BOUND, RESILIENT_SETTINGS,
-# GUARD_SLACK_SECONDS) and the load's think time are the HA check's: mcp_ha/check/clients.py and load.py.
+# GUARD_SLACK_SECONDS) and the load's think time and tail (TAIL_SECONDS) are the HA check's:
+# mcp_ha/check/clients.py and load.py.
 
 KILL_DOWN_SECONDS = 3.0
 PAUSE_SECONDS = 4.0
 REDIS_OUTAGE_SECONDS = 10.0
 PROMOTION_TIMEOUT_SECONDS = 30.0
-TAIL_SECONDS = 1.5
 # However a scenario goes, its load stops this long after it was due to.
 OVERRUN_CAP_SECONDS = 60.0
 STATUS_POLL_SECONDS = 0.05
@@ -339,40 +349,55 @@ def _promoted(stack: Stack, old: str) -> bool:
 
 async def _inject(stack: Stack, scenario: str, replica: str, status: RunStatus) -> float:
     """Apply the fault and undo it; the monotonic time the fault struck."""
-    replicas = stack.config.replica_names()
     struck = time.monotonic()
+    if scenario in REDIS_FAULTS:
+        await _inject_redis(stack, scenario, replica, status)
+    else:
+        await _inject_service(stack, scenario, replica, status)
+    status.set_phase("waiting for HAProxy to see every replica UP")
+    await asyncio.to_thread(stack.wait_healthy, "haproxy")
+    return struck
+
+
+async def _inject_redis(stack: Stack, scenario: str, primary: str, status: RunStatus) -> None:
+    """A Redis fault (REDIS_FAULTS) of `primary`, and its undoing."""
     if scenario == "redis-kill":
-        status.set_phase(f"SIGKILL {replica}")
-        stack.signal(replica, signal.SIGKILL)
+        status.set_phase(f"SIGKILL {primary}")
+        stack.signal(primary, signal.SIGKILL)
         if stack.config.redis_mode in ("sentinel", "cluster"):
             status.set_phase("waiting for a replica to be promoted")
-            if not await asyncio.to_thread(_promoted, stack, replica):
+            if not await asyncio.to_thread(_promoted, stack, primary):
                 raise StackError(
-                    f"no replica was promoted within {PROMOTION_TIMEOUT_SECONDS:.0f} s of killing {replica}"
+                    f"no replica was promoted within {PROMOTION_TIMEOUT_SECONDS:.0f} s of killing {primary}"
                 )
         else:
             await asyncio.sleep(KILL_DOWN_SECONDS)
-        status.set_phase(f"starting {replica}")
-        await asyncio.to_thread(stack.start, replica)
+        status.set_phase(f"starting {primary}")
+        await asyncio.to_thread(stack.start, primary)
     elif scenario == "redis-move":
         if stack.config.redis_mode != "cluster":
             raise StackError("redis-move moves slots between a cluster's primaries: --redis cluster")
-        target = next(n for n in stack.cluster_primaries() if n != replica)
-        status.set_phase(f"moving {MOVED_SLOTS} slots from {replica} to {target}")
-        await asyncio.to_thread(stack.move_slots, replica, target, MOVED_SLOTS)
+        target = next(n for n in stack.cluster_primaries() if n != primary)
+        status.set_phase(f"moving {MOVED_SLOTS} slots from {primary} to {target}")
+        await asyncio.to_thread(stack.move_slots, primary, target, MOVED_SLOTS)
     elif scenario == "redis-restart":
-        status.set_phase(f"restarting {replica}")
-        await asyncio.to_thread(stack.restart, replica)
-    elif scenario == "redis-outage":
+        status.set_phase(f"restarting {primary}")
+        await asyncio.to_thread(stack.restart, primary)
+    else:  # redis-outage
         servers = [n for n in stack.config.redis_names() if not n.startswith("sentinel-")]
         status.set_phase(f"stopping {', '.join(servers)} for {REDIS_OUTAGE_SECONDS:.0f} s")
         await asyncio.to_thread(stack.stop, *servers)
         await asyncio.sleep(REDIS_OUTAGE_SECONDS)
         status.set_phase(f"starting {', '.join(servers)}")
         # The primary first (the one the sentinels still name), so the other finds it.
-        for name in sorted(servers, key=lambda n: n != replica):
+        for name in sorted(servers, key=lambda n: n != primary):
             await asyncio.to_thread(stack.start, name)
-    elif scenario in ("kill", "haproxy-kill"):  # a replica, or an HAProxy (run_scenario picked which)
+
+
+async def _inject_service(stack: Stack, scenario: str, replica: str, status: RunStatus) -> None:
+    """A fault of the replicas or of an HAProxy, and its undoing; none for the baseline."""
+    replicas = stack.config.replica_names()
+    if scenario in ("kill", "haproxy-kill"):  # a replica, or an HAProxy (run_scenario picked which)
         status.set_phase(f"SIGKILL {replica}")
         stack.signal(replica, signal.SIGKILL)
         await asyncio.sleep(KILL_DOWN_SECONDS)
@@ -399,9 +424,6 @@ async def _inject(stack: Stack, scenario: str, replica: str, status: RunStatus) 
         status.set_phase("no fault")
     else:
         raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
-    status.set_phase("waiting for HAProxy to see every replica UP")
-    await asyncio.to_thread(stack.wait_healthy, "haproxy")
-    return struck
 
 
 # -- reading the results ----------------------------------------------------------------
@@ -468,6 +490,16 @@ def _first(
     return None
 
 
+@dataclass
+class Strike:
+    """The fault as it struck: what it faulted, when, and the plain calls it caught in flight."""
+
+    replica: str = ""
+    struck: float = 0.0
+    in_flight: int = 0  # on any replica
+    in_flight_on_replica: int = 0  # ... of sessions `replica` was serving
+
+
 async def run_scenario(
     stack: Stack,
     scenario: str,
@@ -484,114 +516,142 @@ async def run_scenario(
     The load lasts `duration` seconds, or until the stack has been whole again
     for TAIL_SECONDS if that is later; never more than OVERRUN_CAP_SECONDS past that.
     """
-    if scenario not in (*SCENARIOS, *CLUSTER_SCENARIOS, BASELINE):
-        raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}, {BASELINE}")
-    if scenario in BALANCER_SCENARIOS and len(stack.config.balancer_names()) < 2:
-        raise StackError(f"{scenario} needs two HAProxy processes: start the stack with MCP_BALANCERS=2")
+    _check_scenario(stack, scenario)
     status = status or RunStatus()
     status.scenario = scenario
     url = stack.config.mcp_url
     kinds = KINDS if stock else BASE_KINDS
     factory = ClientFactory(url, node_clients=NODE_CLIENT_DIR)
     clients = [factory.new(kind) for kind in kinds for _ in range(sessions)]
-    runs = [SessionRun(c.kind) for c in clients]
-    pairs = list(zip(clients, runs, strict=True))
-    plain_runs = [r for r in runs if r.kind == "plain"]
-    status.runs = runs
-    stop = asyncio.Event()
-    watch_stop = asyncio.Event()
+    pairs = [(c, SessionRun(c.kind)) for c in clients]
+    status.runs = [r for _, r in pairs]
     timeline: list[tuple[float, dict[str, str]]] = []
-    tasks: list[asyncio.Task] = []
     try:
         status.set_phase("opening sessions and warming up")
-        async with asyncio.timeout(30):
-            await asyncio.gather(*(c.open() for c in clients))
-            # A replica's first tool call pays for lazy set-up (0.4 s when idle, seconds under this load):
-            # a cost of starting, not of failing over, so it stays out of the figures.
-            await asyncio.gather(*(c.call(DEMO.read) for c in clients))
-
-        load_start = status.started = time.monotonic()
-        watcher = asyncio.create_task(_watch_backends(stack, timeline, status, watch_stop))
-        tasks = [asyncio.create_task(drive(r, c, DEMO, stop)) for c, r in pairs]
-
-        status.set_phase("steady load")
-        await asyncio.sleep(fault_at)
-        struck = time.monotonic()
-        serving = Counter(r.replica_at(struck) for r in plain_runs)
-        serving.pop(None, None)
-        replicas = stack.config.replica_names()
-        replica = max(replicas, key=lambda n: (serving.get(n, 0), -replicas.index(n)))
-        if scenario in REDIS_FAULTS:
-            replica = stack.redis_primary() or stack.config.redis_names()[0]
-        elif scenario in BALANCER_SCENARIOS:
-            replica = await asyncio.to_thread(busiest_balancer, stack)
-        elif scenario == BASELINE:
-            replica = "(none)"
-        in_flight = [r for r in plain_runs if r.in_flight]
-        in_flight_on_replica = sum(r.replica_at(struck) == replica for r in in_flight)
-        try:
-            async with asyncio.timeout(OVERRUN_CAP_SECONDS):
-                struck = await _inject(stack, scenario, replica, status)
-        finally:
-            over = time.monotonic()
-            status.set_phase("load after recovery")
-            remaining = max(load_start + duration - over, TAIL_SECONDS)
-            await asyncio.sleep(remaining)
-            stop.set()
-            status.set_phase("waiting for the last calls")
-            await asyncio.wait(tasks, timeout=max(c.bound for c in clients) + GUARD_SLACK_SECONDS + 1)
-        load_end = time.monotonic()
-        watch_stop.set()
-        await watcher
-
+        await open_and_read(clients, DEMO)
+        fault, span = await _load(stack, scenario, pairs, timeline, status, duration=duration, fault_at=fault_at)
         status.set_phase("reading final counters")
         await asyncio.to_thread(stack.wait_healthy, "haproxy")
         async with asyncio.timeout(60):
             await asyncio.gather(*(read_final(c, r, url, DEMO) for c, r in pairs))
     finally:
-        stop.set()
-        watch_stop.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         status.set_phase("making sure every replica is running and UP")
         await asyncio.to_thread(heal, stack)
         status.set_phase("closing sessions")
         await close_all([c.aclose for c in clients])
         await factory.__aexit__(None, None, None)
+    report = await _scenario_report(stack, scenario, sessions, kinds, status.runs, fault, span, timeline)
+    status.set_phase("done")
+    return report
 
+
+def _check_scenario(stack: Stack, scenario: str) -> None:
+    if scenario not in (*SCENARIOS, *CLUSTER_SCENARIOS, BASELINE):
+        raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}, {BASELINE}")
+    if scenario in BALANCER_SCENARIOS and len(stack.config.balancer_names()) < 2:
+        raise StackError(f"{scenario} needs two HAProxy processes: start the stack with MCP_BALANCERS=2")
+
+
+async def _load(
+    stack: Stack,
+    scenario: str,
+    pairs: list[tuple[CheckClient, SessionRun]],
+    timeline: list[tuple[float, dict[str, str]]],
+    status: RunStatus,
+    *,
+    duration: float,
+    fault_at: float,
+) -> tuple[Strike, LoadSpan]:
+    """The HA check's load through the fault (load_with_fault), with HAProxy's view of the replicas
+    watched throughout, into `timeline`."""
+    fault = Strike()
+    plain_runs = [r for _, r in pairs if r.kind == "plain"]
+    watch_stop = asyncio.Event()
+    status.started = time.monotonic()
+    watcher = asyncio.create_task(_watch_backends(stack, timeline, status, watch_stop))
+    try:
+        span = await load_with_fault(
+            pairs,
+            DEMO,
+            partial(_strike, stack, scenario, plain_runs, status, fault),
+            fault_at=fault_at,
+            duration=duration,
+            say=status.set_phase,
+        )
+    finally:
+        watch_stop.set()
+        await watcher
+    return fault, span
+
+
+async def _faulted(stack: Stack, scenario: str, plain_runs: list[SessionRun], at: float) -> str:
+    """What `scenario` faults: Redis's primary, the HAProxy holding most connections, or the replica
+    serving most plain sessions at `at` (of a tie, the first)."""
+    if scenario in REDIS_FAULTS:
+        return stack.redis_primary() or stack.config.redis_names()[0]
+    if scenario in BALANCER_SCENARIOS:
+        return await asyncio.to_thread(busiest_balancer, stack)
+    if scenario == BASELINE:
+        return "(none)"
+    serving = Counter(r.replica_at(at) for r in plain_runs)
+    serving.pop(None, None)
+    replicas = stack.config.replica_names()
+    return max(replicas, key=lambda n: (serving.get(n, 0), -replicas.index(n)))
+
+
+async def _strike(stack: Stack, scenario: str, plain_runs: list[SessionRun], status: RunStatus, fault: Strike) -> None:
+    """Pick what to fault, note the plain calls in flight, then inject the fault and undo it, into `fault`."""
+    at = time.monotonic()
+    fault.replica = await _faulted(stack, scenario, plain_runs, at)
+    in_flight = [r for r in plain_runs if r.in_flight]
+    fault.in_flight = len(in_flight)
+    fault.in_flight_on_replica = sum(r.replica_at(at) == fault.replica for r in in_flight)
+    async with asyncio.timeout(OVERRUN_CAP_SECONDS):
+        fault.struck = await _inject(stack, scenario, fault.replica, status)
+
+
+async def _scenario_report(
+    stack: Stack,
+    scenario: str,
+    sessions: int,
+    kinds: tuple[str, ...],
+    runs: list[SessionRun],
+    fault: Strike,
+    span: LoadSpan,
+    timeline: list[tuple[float, dict[str, str]]],
+) -> ScenarioReport:
+    """What the clients saw, when HAProxy took the faulted replica out and back, and the stack after."""
     # Redis faults take no replica out on purpose: a replica rides out a failover (see server.StoreHealth).
     mark_down = (
         None
         if scenario in REDIS_FAULTS + BALANCER_SCENARIOS
-        else _first(timeline, struck, lambda s: not s.startswith("UP"), replica)
+        else _first(timeline, fault.struck, lambda s: not s.startswith("UP"), fault.replica)
     )
-    back_up = _first(timeline, mark_down, lambda s: s.startswith("UP"), replica) if mark_down else None
+    back_up = _first(timeline, mark_down, lambda s: s.startswith("UP"), fault.replica) if mark_down else None
     backends_after = await asyncio.to_thread(stack.backend_status)
     healthy = all(stack.state(svc.name) == "running" for svc in stack.services()) and backends_after == dict.fromkeys(
-        replicas, "UP"
+        stack.config.replica_names(), "UP"
     )
     client_report = partial(
         _client_report,
-        replica=replica,
-        struck=struck,
-        over=over,
-        load_start=load_start,
-        load_end=load_end,
+        replica=fault.replica,
+        struck=fault.struck,
+        over=span.over,
+        load_start=span.start,
+        load_end=span.end,
         detected=mark_down,
     )
-    status.set_phase("done")
     return ScenarioReport(
         scenario=scenario,
-        replica=replica,
+        replica=fault.replica,
         sessions=sessions,
-        load_seconds=round(load_end - load_start, 2),
-        fault_at_s=round(struck - load_start, 2),
-        fault_seconds=round(over - struck, 2),
-        mark_down_s=None if mark_down is None else round(mark_down - struck, 3),
-        back_up_s=None if back_up is None else round(back_up - struck, 3),
-        in_flight_at_fault=len(in_flight),
-        in_flight_on_replica=in_flight_on_replica,
+        load_seconds=round(span.end - span.start, 2),
+        fault_at_s=round(fault.struck - span.start, 2),
+        fault_seconds=round(span.over - fault.struck, 2),
+        mark_down_s=None if mark_down is None else round(mark_down - fault.struck, 3),
+        back_up_s=None if back_up is None else round(back_up - fault.struck, 3),
+        in_flight_at_fault=fault.in_flight,
+        in_flight_on_replica=fault.in_flight_on_replica,
         **{kind: client_report(kind, [r for r in runs if r.kind == kind]) for kind in kinds},
         healthy_after=healthy,
         backends_after=backends_after,
@@ -603,28 +663,39 @@ async def run_scenario(
 # -- targets ----------------------------------------------------------------------------
 
 
+# Each target as (holds, what it says when it does not); check_targets keeps the sentences of those missed.
+Targets = Iterator[tuple[bool, str]]
+
+
 def check_targets(report: ScenarioReport) -> list[str]:
     """The targets `report` misses, each as a sentence; empty when all hold."""
     s = report.scenario
-    missed: list[str] = []
+    targets = itertools.chain(
+        _session_targets(report),
+        _baseline_targets(report) if s == BASELINE else (),
+        _stock_targets(report) if s in STOCK_TARGET_SCENARIOS else (),
+        _balancer_targets(report) if s in BALANCER_SCENARIOS else (),
+        _recovery_targets(report),
+    )
+    return [f"{s}: {what}" for holds, what in targets if not holds]
 
-    def need(ok: bool, what: str) -> None:
-        if not ok:
-            missed.append(f"{s}: {what}")
 
+def _session_targets(report: ScenarioReport) -> Targets:
+    """Every kind, whatever the fault: each session's counter read, none lost or doubled, every call over
+    within its bound, every session working afterwards."""
     # Killing Sentinel's primary can lose what it had not yet passed on to the replica it promotes, unless
     # every write waited for one (REDIS_WAIT_REPLICAS): then nothing acknowledged may be lost. A lone
     # Redis killed keeps everything (it writes each change to its AOF before answering), and the other
     # faults stop Redis with SIGTERM, after which it has written its AOF out.
-    loss_allowed = s == "redis-kill" and report.redis_mode != "single" and report.wait_replicas == 0
+    loss_allowed = report.scenario == "redis-kill" and report.redis_mode != "single" and report.wait_replicas == 0
     for c in report.clients:
         k = c.kind
-        need(c.unreadable == 0, f"{k}: the final counter of {c.unreadable} session(s) could not be read")
-        need(
+        yield c.unreadable == 0, f"{k}: the final counter of {c.unreadable} session(s) could not be read"
+        yield (
             c.lost == 0 or loss_allowed,
             f"{k}: {c.lost} acknowledged increment(s) lost (final {c.final}, acknowledged {c.acknowledged})",
         )
-        need(
+        yield (
             c.duplicated == 0,
             f"{k}: {c.duplicated} increment(s) applied twice (final {c.final}, "
             f"acknowledged {c.acknowledged}, failed {c.failed})",
@@ -634,96 +705,112 @@ def check_targets(report: ScenarioReport) -> list[str]:
             if k in EXTRA_KINDS
             else "their timeout"
         )
-        need(c.overran == 0, f"{k}: {c.overran} call(s) neither returned nor raised within {within}")
-        need(
+        yield c.overran == 0, f"{k}: {c.overran} call(s) neither returned nor raised within {within}"
+        yield (
             c.working_after == c.sessions,
             f"{k}: only {c.working_after} of {c.sessions} sessions worked after the fault",
         )
-        need(c.calls > 0 and c.acknowledged > 0, f"{k}: no call was answered at all")
+        yield c.calls > 0 and c.acknowledged > 0, f"{k}: no call was answered at all"
 
-    if s == BASELINE:
-        for c in report.clients:
-            if c.kind in STOCK_KINDS:
-                continue  # held to STOCK_TARGET below
-            need(c.failed == 0, f"{c.kind}: {c.failed} failed call(s) with no fault (target 0): {'; '.join(c.errors)}")
-            need(c.inexact == 0, f"{c.kind}: counters not exact with no fault: (final, acknowledged) {c.counters}")
-    if s in STOCK_TARGET_SCENARIOS:
-        for c in report.clients:
-            if c.kind not in STOCK_KINDS:
-                continue
-            k = c.kind
-            need(c.failed == 0, f"{k}: {c.failed} failed call(s) ({STOCK_TARGET} 0): {'; '.join(c.errors)}")
-            need(
-                c.longest_call_s <= STOCK_TARGET_LONGEST_CALL,
-                f"{k}: a call took {c.longest_call_s:.2f} s ({STOCK_TARGET} ≤ {STOCK_TARGET_LONGEST_CALL:g} s)",
-            )
-            need(
-                c.inexact == 0,
-                f"{k}: {c.inexact} of {c.sessions} session(s) whose counter is not the increments acknowledged "
-                f"({STOCK_TARGET} exact): (final, acknowledged) {c.counters}",
-            )
 
-    if s in BALANCER_SCENARIOS:
-        for c in report.clients:
-            if c.kind == "sessionless":
-                continue  # no session to keep: each request goes to the next replica anyway
-            need(
-                c.moved == 0,
-                f"{c.kind}: {c.moved} of {c.exposed} sessions were answered by another replica after "
-                f"{report.replica} died (target 0: the other HAProxy knows every session's replica)",
-            )
-            # One call at a time per session: a stock client may lose the one in flight on the dead HAProxy.
-            need(
-                c.failed <= c.sessions,
-                f"{c.kind}: {c.failed} failed call(s), more than its {c.sessions} session(s) had in flight",
-            )
+def _baseline_targets(report: ScenarioReport) -> Targets:
+    """With no fault, the kinds not held to STOCK_TARGET: no failed call, exact counters."""
+    for c in report.clients:
+        if c.kind in STOCK_KINDS:
+            continue  # held to STOCK_TARGET
+        yield c.failed == 0, f"{c.kind}: {c.failed} failed call(s) with no fault (target 0): {'; '.join(c.errors)}"
+        yield c.inexact == 0, f"{c.kind}: counters not exact with no fault: (final, acknowledged) {c.counters}"
 
+
+def _stock_targets(report: ScenarioReport) -> Targets:
+    """STOCK_TARGET for each stock client: no failed call, none over STOCK_TARGET_LONGEST_CALL, exact counters."""
+    for c in report.clients:
+        if c.kind not in STOCK_KINDS:
+            continue
+        k = c.kind
+        yield c.failed == 0, f"{k}: {c.failed} failed call(s) ({STOCK_TARGET} 0): {'; '.join(c.errors)}"
+        yield (
+            c.longest_call_s <= STOCK_TARGET_LONGEST_CALL,
+            f"{k}: a call took {c.longest_call_s:.2f} s ({STOCK_TARGET} ≤ {STOCK_TARGET_LONGEST_CALL:g} s)",
+        )
+        yield (
+            c.inexact == 0,
+            f"{k}: {c.inexact} of {c.sessions} session(s) whose counter is not the increments acknowledged "
+            f"({STOCK_TARGET} exact): (final, acknowledged) {c.counters}",
+        )
+
+
+def _balancer_targets(report: ScenarioReport) -> Targets:
+    """An HAProxy killed: every session stays on its replica, and loses its call in flight at most."""
+    for c in report.clients:
+        if c.kind == "sessionless":
+            continue  # no session to keep: each request goes to the next replica anyway
+        yield (
+            c.moved == 0,
+            f"{c.kind}: {c.moved} of {c.exposed} sessions were answered by another replica after "
+            f"{report.replica} died (target 0: the other HAProxy knows every session's replica)",
+        )
+        # One call at a time per session: a stock client may lose the one in flight on the dead HAProxy.
+        yield (
+            c.failed <= c.sessions,
+            f"{c.kind}: {c.failed} failed call(s), more than its {c.sessions} session(s) had in flight",
+        )
+
+
+def _recovery_targets(report: ScenarioReport) -> Targets:
+    """ResilientClient fails no call and the stack is whole afterwards; but for Redis faults, calls and
+    stalls are short, and a replica's fault is over quickly for the clients with no retries of their own."""
+    s = report.scenario
     r = report.resilient
-    need(r.failed == 0, f"resilient: {r.failed} failed call(s) (target 0): {'; '.join(r.errors)}")
-    need(report.healthy_after, f"the stack was not whole afterwards: {report.backends_after}")
+    yield r.failed == 0, f"resilient: {r.failed} failed call(s) (target 0): {'; '.join(r.errors)}"
+    yield report.healthy_after, f"the stack was not whole afterwards: {report.backends_after}"
     if s in REDIS_FAULTS:
         # Reported, not targets: how long calls wait depends on how long Redis is gone.
-        return missed
-    need(
+        return
+    yield (
         r.longest_call_s <= TARGET_LONGEST_CALL,
         f"resilient: a call took {r.longest_call_s:.2f} s (target ≤ {TARGET_LONGEST_CALL:.0f} s)",
     )
-
     p = report.plain
-    need(
+    yield (
         p.longest_stall_s < TARGET_STALL,
         f"plain: a session stalled {p.longest_stall_s:.2f} s (target < {TARGET_STALL:.0f} s)",
     )
     # The clients with no retries of their own (plain, sessionless) see what HAProxy cannot rescue for them.
     unretried = [c for c in report.clients if not ClientFactory.kind_class(c.kind).retries]
     if s in ("kill", "pause"):
-        # The calls a fault can catch in flight are those under way between the fault and the moment
-        # HAProxy knows of it (a dead replica: tens of ms; a hung one: about 2.6 s). Such a client has
-        # one call under way at a time, and one the fault catches may be followed, within that window,
-        # by the session's next call; a call sent once HAProxy has taken the replica out must not fail.
-        for c in unretried:
-            need(
-                c.failed_after_detection == 0,
-                f"{c.kind}: {c.failed_after_detection} call(s) sent after HAProxy "
-                f"took {report.replica} out failed: {'; '.join(c.errors)}",
-            )
-        need(
-            p.moved == p.exposed,
-            f"plain: {p.exposed - p.moved} of {p.exposed} sessions on {report.replica} "
-            "were not answered by another replica",
-        )
-        limit = TARGET_MARK_DOWN[s]
-        need(
-            report.mark_down_s is not None and report.mark_down_s <= limit,
-            f"HAProxy took {report.mark_down_s} s to take {report.replica} out (target ≤ {limit:.0f} s)",
-        )
+        yield from _detection_targets(report, unretried)
     elif s == "rolling":
         for c in unretried:
-            need(
+            yield (
                 c.failed == 0,
                 f"{c.kind}: {c.failed} failed call(s) in a rolling restart (target 0): {'; '.join(c.errors)}",
             )
-    return missed
+
+
+def _detection_targets(report: ScenarioReport, unretried: list[ClientReport]) -> Targets:
+    """A replica killed or hung: HAProxy takes it out in time, and nothing sent after that fails."""
+    # The calls a fault can catch in flight are those under way between the fault and the moment
+    # HAProxy knows of it (a dead replica: tens of ms; a hung one: about 2.6 s). Such a client has
+    # one call under way at a time, and one the fault catches may be followed, within that window,
+    # by the session's next call; a call sent once HAProxy has taken the replica out must not fail.
+    for c in unretried:
+        yield (
+            c.failed_after_detection == 0,
+            f"{c.kind}: {c.failed_after_detection} call(s) sent after HAProxy "
+            f"took {report.replica} out failed: {'; '.join(c.errors)}",
+        )
+    p = report.plain
+    yield (
+        p.moved == p.exposed,
+        f"plain: {p.exposed - p.moved} of {p.exposed} sessions on {report.replica} "
+        "were not answered by another replica",
+    )
+    limit = TARGET_MARK_DOWN[report.scenario]
+    yield (
+        report.mark_down_s is not None and report.mark_down_s <= limit,
+        f"HAProxy took {report.mark_down_s} s to take {report.replica} out (target ≤ {limit:.0f} s)",
+    )
 
 
 # -- command line -----------------------------------------------------------------------
@@ -1001,41 +1088,12 @@ def main(
             f"error: the TypeScript SDK client cannot run: {why}; or leave the stock clients out: --no-stock", err=True
         )
         sys.exit(2)
-    state_dir: Path | None = None
-    stack: Stack | None = None
-    try:
-        if own_stack:
-            state_dir = Path(tempfile.mkdtemp(prefix="failover-bench-"))
-            stack = Stack(
-                StackConfig.on_free_ports(
-                    state_dir,
-                    redis_mode=redis_mode,
-                    redis_wait_replicas=wait_replicas,
-                    # Two HAProxys only for the front-door fault: see StackConfig.stats_ports.
-                    balancers=2 if scenario in ("haproxy-kill", "all") else 1,
-                )
-            )
-        else:
-            stack = running_stack()
-        # A running stack's Redis is whatever it was started with.
-        redis_mode = stack.config.redis_mode
-        scenarios = scenarios_of(scenario, redis_mode)
-        if markdown_path is not None:
-            try:
-                check_markers(markdown_path, markdown_markers(redis_mode))
-            except MarkdownError as exc:
-                if state_dir is not None:
-                    shutil.rmtree(state_dir, ignore_errors=True)
-                raise click.BadParameter(str(exc), param_hint="--markdown") from None
-        if own_stack:
-            with console.status(f"starting a stack of its own in {state_dir}"):
-                stack.up()
-    except StackError as exc:
-        click.echo(f"error: {exc}", err=True)
-        if own_stack and stack is not None:
-            stack.down()  # whatever of it did start
-        sys.exit(2)
-
+    # Two HAProxys only for the front-door fault: see StackConfig.stats_ports.
+    balancers = 2 if scenario in ("haproxy-kill", "all") else 1
+    stack, state_dir = bench_stack(own_stack, redis_mode, wait_replicas, balancers, markdown_path)
+    # A running stack's Redis is whatever it was started with.
+    redis_mode = stack.config.redis_mode
+    scenarios = scenarios_of(scenario, redis_mode)
     reports: list[ScenarioReport] = []
     broken: StackError | None = None
     try:
@@ -1054,30 +1112,79 @@ def main(
     except StackError as exc:
         broken = exc
     finally:
-        # state_dir is set exactly when the stack is the benchmark's own (own_stack).
         if state_dir is not None:
-            with console.status("stopping the benchmark's stack"):
-                stack.down()
-            if broken or len(reports) < len(scenarios) or any(check_targets(r) for r in reports):
-                console.print(f"the stack's logs are kept in {stack.log_dir}")
-            else:
-                shutil.rmtree(state_dir, ignore_errors=True)
+            kept = broken or len(reports) < len(scenarios) or any(check_targets(r) for r in reports)
+            stop_own_stack(stack, state_dir, keep_logs=bool(kept))
+    complete = broken is None and len(reports) == len(scenarios)
+    show(reports, json_path, markdown_path if complete else None, markdown_markers(redis_mode))
+    if markdown_path is not None and not complete:
+        click.echo(f"not every scenario ran, so {markdown_path} is left as it was", err=True)
+    verdict(reports, broken)
 
+
+def bench_stack(
+    own_stack: bool, redis_mode: str, wait_replicas: int, balancers: int, markdown_path: Path | None
+) -> tuple[Stack, Path | None]:
+    """The stack to run against and, when it is the benchmark's own (started here, once `markdown_path`
+    has the markers its Redis writes between), its state dir; exit 2 when there is none."""
+    state_dir: Path | None = None
+    stack: Stack | None = None
+    try:
+        if own_stack:
+            state_dir = Path(tempfile.mkdtemp(prefix="failover-bench-"))
+            stack = Stack(
+                StackConfig.on_free_ports(
+                    state_dir, redis_mode=redis_mode, redis_wait_replicas=wait_replicas, balancers=balancers
+                )
+            )
+        else:
+            stack = running_stack()
+        if markdown_path is not None:
+            try:
+                check_markers(markdown_path, markdown_markers(stack.config.redis_mode))
+            except MarkdownError as exc:
+                if state_dir is not None:
+                    shutil.rmtree(state_dir, ignore_errors=True)
+                raise click.BadParameter(str(exc), param_hint="--markdown") from None
+        if own_stack:
+            with console.status(f"starting a stack of its own in {state_dir}"):
+                stack.up()
+    except StackError as exc:
+        click.echo(f"error: {exc}", err=True)
+        if own_stack and stack is not None:
+            stack.down()  # whatever of it did start
+        sys.exit(2)
+    return stack, state_dir
+
+
+def stop_own_stack(stack: Stack, state_dir: Path, *, keep_logs: bool) -> None:
+    """Stop the benchmark's own stack; its logs are kept when anything went wrong, else its state dir goes."""
+    with console.status("stopping the benchmark's stack"):
+        stack.down()
+    if keep_logs:
+        console.print(f"the stack's logs are kept in {stack.log_dir}")
+    else:
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def show(reports: list[ScenarioReport], json_path: Path | None, markdown_path: Path | None, block: str) -> None:
+    """The results table, and the reports as JSON and, between `block`'s markers, markdown where asked for;
+    exit 2 when the markdown file cannot be written."""
     console.print(results_table(reports))
     if json_path is not None:
         json_path.write_text(json.dumps(report_json(reports), indent=2))
         console.print(f"reports written to {json_path}")
     if markdown_path is not None:
-        if broken is not None or len(reports) < len(scenarios):
-            click.echo(f"not every scenario ran, so {markdown_path} is left as it was", err=True)
-        else:
-            try:
-                write_between_markers(markdown_path, markdown_markers(redis_mode), markdown_report(reports))
-            except MarkdownError as exc:
-                click.echo(f"error: {exc}", err=True)
-                sys.exit(2)
-            written = " and ".join(markers(markdown_markers(redis_mode)))
-            console.print(f"figures written into {markdown_path}, between {written}")
+        try:
+            write_between_markers(markdown_path, block, markdown_report(reports))
+        except MarkdownError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        console.print(f"figures written into {markdown_path}, between {' and '.join(markers(block))}")
+
+
+def verdict(reports: list[ScenarioReport], broken: StackError | None) -> None:
+    """Exit 2 for a stack that broke during the run, 1 for a target missed (each listed)."""
     if broken is not None:
         click.echo(f"error: the stack failed during the run: {broken}", err=True)
         sys.exit(2)

@@ -60,33 +60,35 @@ from .clients import (
     CheckClient,
     ClientFactory,
     TasksClient,
+    TaskSeen,
     ToolAnsweredError,
 )
 from .faults import FaultError, Faults
 from .load import (
+    OPEN_TIMEOUT_SECONDS,
     CallRecord,
     Figures,
     SessionRun,
     close_all,
-    drive,
     error_text,
     figures,
+    load_with_fault,
+    open_and_read,
     read_final,
+    recorded_call,
     timed_call,
 )
 from .report import FAIL, LB, PASS, RESILIENCE, SKIP, CheckResult
-from .shape import Shape, ShapeError
+from .shape import Call, Shape, ShapeError
 from .wire import CallFailed, RawSession, SessionlessSession, final_message, tool_result
 
 log = logging.getLogger(__name__)
 
-OPEN_TIMEOUT_SECONDS = 30.0
 SETTLE_SECONDS = 60.0
 SETTLE_POLL_SECONDS = 0.5
 FAULT_AT_SECONDS = 1.5
 KILL_DOWN_SECONDS = 2.0
 PAUSE_SECONDS = 4.0
-TAIL_SECONDS = 1.5
 # After a fault strikes, a client that does not retry may see the calls caught in flight fail until the
 # balancer knows: a dead replica refuses at once, a hung one is taken out by its health checks (about
 # 2.6 s with the kit's haproxy.cfg). A call started later than this after the fault must not fail.
@@ -206,9 +208,7 @@ async def open_sessions(ctx: Context, kind: str, count: int) -> Sessions:
     clients = [ctx.factory.new(kind) for _ in range(count)]
     group = Sessions(kind, clients, [SessionRun(kind) for _ in clients])
     try:
-        async with asyncio.timeout(OPEN_TIMEOUT_SECONDS):
-            await asyncio.gather(*(c.open() for c in clients))
-            await asyncio.gather(*(c.call(ctx.shape.read) for c in clients))
+        await open_and_read(clients, ctx.shape)
     except BaseException:
         await close_all([c.aclose for c in clients])
         raise
@@ -514,32 +514,12 @@ async def check_between_calls(ctx: Context, verb: str) -> list[CheckResult]:
 async def faulted_load(
     ctx: Context, groups: list[Sessions], fault: Callable[[], Awaitable[None]]
 ) -> tuple[float, float]:
-    """Every session of `groups` writes in a loop; `fault` runs FAULT_AT_SECONDS in, and the load goes on
-    until `ctx.duration` (TAIL_SECONDS past the fault at least). Each session's final count is read.
-    (struck, over): when the fault began and when it was over."""
-    stop = asyncio.Event()
-    tasks = [
-        asyncio.create_task(drive(r, c, ctx.shape, stop))
-        for g in groups
-        for c, r in zip(g.clients, g.runs, strict=True)
-    ]
-    try:
-        load_start = time.monotonic()
-        await asyncio.sleep(FAULT_AT_SECONDS)
-        struck = time.monotonic()
-        await fault()
-        over = time.monotonic()
-        await asyncio.sleep(max(load_start + ctx.duration - over, TAIL_SECONDS))
-        stop.set()
-        longest = max((c.bound for g in groups for c in g.clients), default=PLAIN_CALL_TIMEOUT)
-        await asyncio.wait(tasks, timeout=longest + GUARD_SLACK_SECONDS + 1)
-    finally:
-        stop.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    """Every session of `groups` writes in a loop through `fault`, FAULT_AT_SECONDS in (load_with_fault);
+    each session's final count is read. (struck, over): when the fault began and when it was over."""
+    pairs = [(c, r) for g in groups for c, r in zip(g.clients, g.runs, strict=True)]
+    span = await load_with_fault(pairs, ctx.shape, fault, fault_at=FAULT_AT_SECONDS, duration=ctx.duration)
     await read_finals(ctx, groups)
-    return struck, over
+    return span.struck, span.over
 
 
 async def check_under_load(ctx: Context, verb: str) -> list[CheckResult]:
@@ -563,46 +543,51 @@ async def check_under_load(ctx: Context, verb: str) -> list[CheckResult]:
             await with_fault(ctx, verb, replica, hold, reasons)
 
         struck, over = await faulted_load(ctx, groups, fault)
-        window = DETECT_WINDOW[verb]
         for g in groups:
-            mine = list(reasons)
-            calls = [c for r in g.runs for c in r.calls]
-            # A client that never works again once its connection dropped (check_balancer_killed): its
-            # sessions whose call the fault caught stop there, the client's defect, said but not failed.
-            stopped = (
-                set()
-                if type(g.clients[0]).survives_dropped_connection
-                else {
-                    i
-                    for i, r in enumerate(g.runs)
-                    if any(not c.ok and c.end >= struck and c.start <= struck + window for c in r.calls)
-                }
-            )
-            runs = [r for i, r in enumerate(g.runs) if i not in stopped]
-            late = [c for r in runs for c in r.calls if not c.ok and (g.retries or c.start > struck + window)]
-            if late:
-                when = "" if g.retries or not window else f" more than {window:g} s after the fault"
-                mine.append(
-                    f"{len(late)} call(s) started{when} failed: {'; '.join(sorted({str(c.error) for c in late}))[:300]}"
-                )
-            silent = sum(not any(c.ok and c.end >= over for c in r.calls) for r in runs)
-            if silent:
-                mine.append(f"{silent} of {len(g.runs)} session(s) answered no call after the fault")
-            if not any(c.ok for c in calls):
-                mine.append("no call was answered at all")
-            mine += effects_reasons(g)
+            mine, stopped = under_load_reasons(g, struck, over, DETECT_WINDOW[verb])
             note = (
-                f"; {len(stopped)} of {len(g.runs)} sessions stopped: this client never works again after a "
+                f"; {stopped} of {len(g.runs)} sessions stopped: this client never works again after a "
                 "dropped connection"
                 if stopped
                 else ""
             )
             results.append(
-                result_for(RESILIENCE, check, g, mine, f"{verb} {replica}{on_it(g, exposed)}{note}", started)
+                result_for(RESILIENCE, check, g, reasons + mine, f"{verb} {replica}{on_it(g, exposed)}{note}", started)
             )
     finally:
         await close_sessions(groups)
     return named(results, RESILIENCE, check, started)
+
+
+def under_load_reasons(g: Sessions, struck: float, over: float, window: float) -> tuple[list[str], int]:
+    """What one kind's sessions saw go wrong through a replica's fault under load, calls the fault caught
+    within `window` of it excused for a client that does not retry; and how many sessions stopped."""
+    mine = []
+    calls = [c for r in g.runs for c in r.calls]
+    # A client that never works again once its connection dropped (check_balancer_killed): its
+    # sessions whose call the fault caught stop there, the client's defect, said but not failed.
+    stopped = (
+        set()
+        if type(g.clients[0]).survives_dropped_connection
+        else {
+            i
+            for i, r in enumerate(g.runs)
+            if any(not c.ok and c.end >= struck and c.start <= struck + window for c in r.calls)
+        }
+    )
+    runs = [r for i, r in enumerate(g.runs) if i not in stopped]
+    late = [c for r in runs for c in r.calls if not c.ok and (g.retries or c.start > struck + window)]
+    if late:
+        when = "" if g.retries or not window else f" more than {window:g} s after the fault"
+        mine.append(
+            f"{len(late)} call(s) started{when} failed: {'; '.join(sorted({str(c.error) for c in late}))[:300]}"
+        )
+    silent = sum(not any(c.ok and c.end >= over for c in r.calls) for r in runs)
+    if silent:
+        mine.append(f"{silent} of {len(g.runs)} session(s) answered no call after the fault")
+    if not any(c.ok for c in calls):
+        mine.append("no call was answered at all")
+    return mine + effects_reasons(g), len(stopped)
 
 
 async def check_balancer_killed(ctx: Context) -> list[CheckResult]:
@@ -841,56 +826,18 @@ async def check_streamed(ctx: Context) -> list[CheckResult]:
     groups: list[Sessions] = []
     results: list[CheckResult] = []
     try:
-        # The effect of one streamed call with no fault, in a session of the kit's raw client.
-        control = await open_sessions(ctx, "plain", 1)
-        groups.append(control)
-        [client] = control.clients
-        before = ctx.shape.count_of(await client.call(ctx.shape.read))
-        await client.call(streamed, bound=STREAMED_BOUND_SECONDS, progress=True)
-        effect = ctx.shape.count_of(await client.call(ctx.shape.read)) - before
-
-        first = await place_on(ctx, kinds[0], None, groups)
-        replica = first.clients[0].replica
-        placed = [first]
-        for kind in kinds[1:]:
-            try:
-                placed.append(await place_on(ctx, kind, replica, groups))
-            except Exception as exc:
-                results.append(CheckResult(RESILIENCE, check, kind, FAIL, [error_text(exc)]))
+        effect = await streamed_effect(ctx, streamed, groups)
+        placed, replica = await place_together(ctx, check, kinds, groups, results)
         counts = [ctx.shape.count_of(await g.clients[0].call(ctx.shape.read)) for g in placed]
-
-        async def stream(group: Sessions) -> tuple[float, Any]:
-            record = CallRecord(start=time.monotonic(), end=0.0, ok=False)
-            group.runs[0].calls.append(record)
-            try:
-                async with asyncio.timeout(STREAMED_BOUND_SECONDS + GUARD_SLACK_SECONDS):
-                    answer = await group.clients[0].call(streamed, bound=STREAMED_BOUND_SECONDS, progress=True)
-                record.ok, record.replica = True, answer.replica
-            except Exception as exc:
-                record.error = error_text(exc)
-            record.end = time.monotonic()
-            return record.end, record
-
-        calls = [asyncio.create_task(stream(g)) for g in placed]
-        reasons: list[str] = []
-        await asyncio.sleep(STREAM_KILL_AFTER_SECONDS)
-        struck = time.monotonic()
-        assert replica is not None
-        try:
-            await strike(ctx, "kill", replica)
-        except FaultError as exc:
-            reasons.append(f"the fault failed: {exc}")
-        await asyncio.wait(calls, timeout=STREAMED_BOUND_SECONDS + GUARD_SLACK_SECONDS + 1)
-        if why := await undo(ctx, "kill", replica):
-            reasons.append(why)
-        for group, count, task in zip(placed, counts, calls, strict=True):
+        struck, reasons = await stream_through_kill(ctx, streamed, placed, replica)
+        for group, count in zip(placed, counts, strict=True):
             mine = list(reasons)
-            record = group.runs[0].calls[-1]
-            if not task.done() or not record.ok:
+            run = group.runs[0]
+            record = run.calls[-1]
+            if not record.ok:
                 mine.append(f"the streamed call did not complete: {record.error}")
             elif record.end < struck:
                 mine.append("the streamed call ended before its replica was killed: give the shape a longer one")
-            run = group.runs[0]
             delta = await effect_after(ctx, group, count, effect, mine)
             note = f"{replica} killed {STREAM_KILL_AFTER_SECONDS:g} s in; answered by {record.replica or '?'}"
             results.append(one_call_result(check, group.kind, mine, record, run.final, effect, delta, note))
@@ -899,6 +846,59 @@ async def check_streamed(ctx: Context) -> list[CheckResult]:
     finally:
         await close_sessions(groups)
     return named(results, RESILIENCE, check, started)
+
+
+async def streamed_effect(ctx: Context, streamed: Call, groups: list[Sessions]) -> int:
+    """The effect of one streamed call with no fault, in a session of the kit's raw client (added to
+    `groups`, which the caller closes)."""
+    control = await open_sessions(ctx, "plain", 1)
+    groups.append(control)
+    [client] = control.clients
+    before = ctx.shape.count_of(await client.call(ctx.shape.read))
+    await client.call(streamed, bound=STREAMED_BOUND_SECONDS, progress=True)
+    return ctx.shape.count_of(await client.call(ctx.shape.read)) - before
+
+
+async def place_together(
+    ctx: Context, check: str, kinds: list[str], groups: list[Sessions], results: list[CheckResult]
+) -> tuple[list[Sessions], str | None]:
+    """A session of each kind on the replica the first kind's landed on, and that replica; a kind that
+    cannot be placed there is a failed result in `results`."""
+    first = await place_on(ctx, kinds[0], None, groups)
+    replica = first.clients[0].replica
+    placed = [first]
+    for kind in kinds[1:]:
+        try:
+            placed.append(await place_on(ctx, kind, replica, groups))
+        except Exception as exc:
+            results.append(CheckResult(RESILIENCE, check, kind, FAIL, [error_text(exc)]))
+    return placed, replica
+
+
+async def stream_through_kill(
+    ctx: Context, streamed: Call, placed: list[Sessions], replica: str | None
+) -> tuple[float, list[str]]:
+    """The streamed call started in each placed session, `replica` killed STREAM_KILL_AFTER_SECONDS in and
+    brought back once the calls are over (bounded): when it was struck, and what went wrong with the fault.
+    Each call's record is its session's last."""
+    calls = [
+        asyncio.create_task(
+            recorded_call(g.runs[0], g.clients[0], streamed, bound=STREAMED_BOUND_SECONDS, progress=True)
+        )
+        for g in placed
+    ]
+    reasons: list[str] = []
+    await asyncio.sleep(STREAM_KILL_AFTER_SECONDS)
+    struck = time.monotonic()
+    assert replica is not None
+    try:
+        await strike(ctx, "kill", replica)
+    except FaultError as exc:
+        reasons.append(f"the fault failed: {exc}")
+    await asyncio.wait(calls, timeout=STREAMED_BOUND_SECONDS + GUARD_SLACK_SECONDS + 1)
+    if why := await undo(ctx, "kill", replica):
+        reasons.append(why)
+    return struck, reasons
 
 
 async def effect_after(ctx: Context, group: Sessions, count: int, effect: int, reasons: list[str]) -> int | None:
@@ -972,59 +972,23 @@ async def task_killed(ctx: Context, kind: str, check: str) -> CheckResult:
     try:
         [client] = group.clients
         assert isinstance(client, TasksClient)
-        seen = client.seen
-        # The effect of one run with no fault; and whether it ran as a task at all.
-        before = ctx.shape.count_of(await client.call(ctx.shape.read))
-        await client.call(streamed, bound=TASK_BOUND_SECONDS)
-        if not seen.polls:
+        measured = await task_effect(ctx, client, streamed)
+        if measured is None:
             not_a_task = f"{streamed.tool} did not run as a task: mark its tool task=True, with the tasks extra"
             return CheckResult(RESILIENCE, check, kind, SKIP, [not_a_task])
-        count = ctx.shape.count_of(await client.call(ctx.shape.read))
-        effect = count - before
-
-        seen.forget()
-        record = CallRecord(start=time.monotonic(), end=0.0, ok=False)
-        group.runs[0].calls.append(record)
-
-        async def run() -> None:
-            try:
-                async with asyncio.timeout(TASK_BOUND_SECONDS + GUARD_SLACK_SECONDS):
-                    await client.call(streamed, bound=TASK_BOUND_SECONDS)
-                record.ok = True
-            except Exception as exc:
-                record.error = error_text(exc)
-            record.end = time.monotonic()
-
-        call = asyncio.create_task(run())
+        count, effect = measured
+        client.seen.forget()
+        call = asyncio.create_task(recorded_call(group.runs[0], client, streamed, bound=TASK_BOUND_SECONDS))
         reasons: list[str] = []
-        named_runner = asyncio.create_task(seen.named.wait())
-        await asyncio.wait([call, named_runner], timeout=RUNNER_NAMED_WITHIN_SECONDS, return_when="FIRST_COMPLETED")
-        named_runner.cancel()
-        runner = seen.runner
-        struck = None
-        if runner is None:
-            reasons.append(
-                "the task ended before a replica was named as running it: give the shape a longer streamed call"
-                if call.done()
-                else f"tasks/get named no replica running the task within {RUNNER_NAMED_WITHIN_SECONDS:g} s "
-                f"(_meta {RUNNER_META}): is the server on mcp_ha with the tasks extra?"
-            )
-        else:
-            await asyncio.sleep(STREAM_KILL_AFTER_SECONDS)
-            if call.done():
-                reasons.append("the task ended before its replica was killed: give the shape a longer streamed call")
-            try:
-                struck = time.monotonic()
-                await strike(ctx, "kill", runner)
-            except FaultError as exc:
-                reasons.append(f"the fault failed: {exc}")
+        runner, struck = await kill_runner(ctx, client.seen, call, reasons)
         await asyncio.wait([call], timeout=TASK_BOUND_SECONDS + GUARD_SLACK_SECONDS + 1)
         if runner is not None and (why := await undo(ctx, "kill", runner)):
             reasons.append(why)
+        record = group.runs[0].calls[-1]
         if not record.ok:
             reasons.append(f"the task's call did not complete: {record.error}")
         delta = await effect_after(ctx, group, count, effect, reasons)
-        after = [p["runner"] for p in seen.polls if p["runner"] not in (None, runner)]
+        after = [p["runner"] for p in client.seen.polls if p["runner"] not in (None, runner)]
         note = (
             f"{runner} killed {STREAM_KILL_AFTER_SECONDS:g} s in, result {record.end - struck:.1f} s after; "
             f"taken over by {after[-1] if after else '?'}"
@@ -1034,6 +998,46 @@ async def task_killed(ctx: Context, kind: str, check: str) -> CheckResult:
         return one_call_result(check, kind, reasons, record, group.runs[0].final, effect, delta, note)
     finally:
         await close_sessions([group])
+
+
+async def task_effect(ctx: Context, client: TasksClient, streamed: Call) -> tuple[int, int] | None:
+    """The count after one run of `streamed` with no fault, and that run's effect on it; None when it did
+    not run as a task at all (no tasks/get poll)."""
+    before = ctx.shape.count_of(await client.call(ctx.shape.read))
+    await client.call(streamed, bound=TASK_BOUND_SECONDS)
+    if not client.seen.polls:
+        return None
+    count = ctx.shape.count_of(await client.call(ctx.shape.read))
+    return count, count - before
+
+
+async def kill_runner(
+    ctx: Context, seen: TaskSeen, call: asyncio.Task[CallRecord], reasons: list[str]
+) -> tuple[str | None, float | None]:
+    """Once tasks/get names the replica running `call`'s task (bounded), that replica killed
+    STREAM_KILL_AFTER_SECONDS later: the runner and when it was struck (None, None when none was named);
+    what went wrong goes into `reasons`."""
+    named_runner = asyncio.create_task(seen.named.wait())
+    await asyncio.wait([call, named_runner], timeout=RUNNER_NAMED_WITHIN_SECONDS, return_when="FIRST_COMPLETED")
+    named_runner.cancel()
+    runner = seen.runner
+    if runner is None:
+        reasons.append(
+            "the task ended before a replica was named as running it: give the shape a longer streamed call"
+            if call.done()
+            else f"tasks/get named no replica running the task within {RUNNER_NAMED_WITHIN_SECONDS:g} s "
+            f"(_meta {RUNNER_META}): is the server on mcp_ha with the tasks extra?"
+        )
+        return None, None
+    await asyncio.sleep(STREAM_KILL_AFTER_SECONDS)
+    if call.done():
+        reasons.append("the task ended before its replica was killed: give the shape a longer streamed call")
+    struck = time.monotonic()
+    try:
+        await strike(ctx, "kill", runner)
+    except FaultError as exc:
+        reasons.append(f"the fault failed: {exc}")
+    return runner, struck
 
 
 async def check_handle(ctx: Context) -> list[CheckResult]:

@@ -19,7 +19,7 @@ from rich.console import Console
 from .checks import SUITES, CheckSetupError
 from .clients import KINDS
 from .faults import PRESETS, VERBS, FaultError, parse_faults
-from .report import summary_table, write_junit
+from .report import Report, summary_table, write_junit
 from .runner import DEFAULT_DURATION, DEFAULT_SESSIONS, run_check
 from .shape import ShapeError, load_shape
 
@@ -104,11 +104,7 @@ def check(
     # server's own log notifications (FastMCP's clients print them) are not the check's either.
     logging.basicConfig(level=logging.CRITICAL)
     logging.getLogger("fastmcp").setLevel(logging.CRITICAL)
-    kinds = [k.strip() for k in clients.split(",") if k.strip()]
-    if unknown := [k for k in kinds if k not in KINDS]:
-        raise click.BadParameter(
-            f"unknown client {', '.join(unknown)}; choose from {', '.join(KINDS)}", param_hint="--clients"
-        )
+    kinds = _kinds(clients)
     try:
         faults = parse_faults(faults_text) if faults_text else None
         shape = load_shape(shape_path)
@@ -138,6 +134,21 @@ def check(
     except (CheckSetupError, ShapeError) as exc:
         _fail(str(exc))
         return
+    _show(report, junit_path)
+
+
+def _kinds(clients: str) -> list[str]:
+    """`--clients`: kinds of clients.KINDS, comma-separated."""
+    kinds = [k.strip() for k in clients.split(",") if k.strip()]
+    if unknown := [k for k in kinds if k not in KINDS]:
+        raise click.BadParameter(
+            f"unknown client {', '.join(unknown)}; choose from {', '.join(KINDS)}", param_hint="--clients"
+        )
+    return kinds
+
+
+def _show(report: Report, junit_path: Path | None) -> None:
+    """The summary, JUnit XML if asked for, each broken promise; exit 1 when one is."""
     console.print(summary_table(report))
     if junit_path is not None:
         write_junit(report, junit_path)

@@ -1,8 +1,9 @@
 """Load through clients, bounded in count and time, and what each session saw: shared by the HA check's
 checks and the failover benchmark.
 
-A session's load is `drive`: the shape's write in a loop, each call recorded (start, end, outcome,
-replica), until told to stop or MAX_CALLS_PER_SESSION. `read_final` reads the session's count at the
+Sessions open and read once (`open_and_read`). A session's load is `drive`: the shape's write in a loop,
+each call recorded (start, end, outcome, replica), until told to stop or MAX_CALLS_PER_SESSION;
+`load_with_fault` drives every session through one fault. `read_final` reads the session's count at the
 end (not a measured call: a few tries, then a raw client under the session id or handle).
 """
 
@@ -12,14 +13,14 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
 
 from .clients import GUARD_SLACK_SECONDS, PLAIN_CALL_TIMEOUT, Answer, CheckClient
-from .shape import Shape
+from .shape import Call, Shape
 from .wire import RawSession, SessionlessSession
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,9 @@ log = logging.getLogger(__name__)
 THINK_SECONDS = (0.02, 0.05)
 MAX_CALLS_PER_SESSION = 5000
 FINAL_READ_PAUSE_SECONDS = 0.3
+OPEN_TIMEOUT_SECONDS = 30.0
+# However soon a fault is over, the load goes on this long after it: every session is seen answered again.
+TAIL_SECONDS = 1.5
 
 
 @dataclass
@@ -95,6 +99,31 @@ async def timed_call(
     return answer
 
 
+async def recorded_call(
+    run: SessionRun, client: CheckClient, call: Call, *, bound: float, progress: bool = False
+) -> CallRecord:
+    """One `call` on `client`, bounded by `bound` (cut off GUARD_SLACK_SECONDS later), its record in `run`
+    from its start: a long call (streamed, a task) that a fault is meant to catch."""
+    record = CallRecord(start=time.monotonic(), end=0.0, ok=False)
+    run.calls.append(record)
+    try:
+        async with asyncio.timeout(bound + GUARD_SLACK_SECONDS):
+            answer = await client.call(call, bound=bound, progress=progress)
+        record.ok, record.replica = True, answer.replica
+    except Exception as exc:
+        record.error = error_text(exc)
+    record.end = time.monotonic()
+    return record
+
+
+async def open_and_read(clients: Sequence[CheckClient], shape: Shape) -> None:
+    """Open every client's session and read its state once, within OPEN_TIMEOUT_SECONDS: a replica's first
+    call pays for lazy set-up, a cost of starting that stays out of the figures."""
+    async with asyncio.timeout(OPEN_TIMEOUT_SECONDS):
+        await asyncio.gather(*(c.open() for c in clients))
+        await asyncio.gather(*(c.call(shape.read) for c in clients))
+
+
 async def drive(run: SessionRun, client: CheckClient, shape: Shape, stop: asyncio.Event) -> None:
     """The shape's write in a loop, a short think time between calls, until `stop` or MAX_CALLS_PER_SESSION."""
     while not stop.is_set() and len(run.calls) < MAX_CALLS_PER_SESSION:
@@ -103,6 +132,52 @@ async def drive(run: SessionRun, client: CheckClient, shape: Shape, stop: asynci
             await asyncio.wait_for(stop.wait(), random.uniform(*THINK_SECONDS))
         except TimeoutError:
             pass
+
+
+@dataclass(frozen=True)
+class LoadSpan:
+    """When a load through a fault began, the fault struck and was over, and the load ended (monotonic)."""
+
+    start: float
+    struck: float
+    over: float
+    end: float
+
+
+async def load_with_fault(
+    pairs: Sequence[tuple[CheckClient, SessionRun]],
+    shape: Shape,
+    fault: Callable[[], Awaitable[None]],
+    *,
+    fault_at: float,
+    duration: float,
+    say: Callable[[str], None] = lambda _phase: None,
+) -> LoadSpan:
+    """Every session of `pairs` writes in a loop; `fault` runs `fault_at` seconds in, and the load goes on
+    until `duration` (TAIL_SECONDS past the fault at least), then its last calls get their bound to end.
+    A fault that raises stops the load at once. `say` hears each phase, for a display."""
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(drive(r, c, shape, stop)) for c, r in pairs]
+    try:
+        start = time.monotonic()
+        say("steady load")
+        await asyncio.sleep(fault_at)
+        struck = time.monotonic()
+        await fault()
+        over = time.monotonic()
+        say("load after recovery")
+        await asyncio.sleep(max(start + duration - over, TAIL_SECONDS))
+        stop.set()
+        say("waiting for the last calls")
+        longest = max((c.bound for c, _ in pairs), default=PLAIN_CALL_TIMEOUT)
+        await asyncio.wait(tasks, timeout=longest + GUARD_SLACK_SECONDS + 1)
+        end = time.monotonic()
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return LoadSpan(start, struck, over, end)
 
 
 async def read_raw(url: str, shape: Shape, *, session_id: str | None = None, handle: str | None = None) -> int:
