@@ -75,7 +75,8 @@ fastmcp-tasks is imported anywhere in the process; the HA check drives both
 kinds of client in one process, so its sessionless kind is an `InlineClient`,
 which never asks (as FastMCP's own proxy client never does).
 
-Every private attribute touched here, and nowhere else in the kit:
+Every private attribute touched here, and nowhere else in the kit, those
+`JsonFirstTransport` inherits from the SDK's transport included:
 
 | attribute | of | why |
 |---|---|---|
@@ -86,12 +87,28 @@ Every private attribute touched here, and nowhere else in the kit:
 | `_lifespan_state` | the session manager | the server's lifespan state, for that connection |
 | `_handle_post_request` | a transport | answering as JSON until there is something to stream (`JsonFirstTransport`) |
 | `_serve_events` | a transport | sets its `_event_store` (the session's own) and `_unstreamed` |
+| `_event_store` | a transport, inherited | the session's own event store, set when the session is bound or adopted |
+| `_read_stream_writer` | a transport, inherited | where a request goes to the server, and a cancellation (`_cancel`) |
+| `_request_streams` | a transport, inherited | the stream a request's answer comes back on, as the SDK keeps it |
+| `_sse_stream_writers` | a transport, inherited | the SSE stream of a response that turned to streaming |
+| `_requests_in_flight` | a transport, inherited | a call whose reader left, counted in flight (`_hold`) |
+| `_idle_timeout` | a transport, inherited | when that count reaches 0, the idle deadline set again as the SDK sets it |
+| `_retry_interval` | a transport, inherited | the SSE `retry:` field of a response that turned to streaming |
+| `_check_content_type` | a transport, inherited | the SDK's own check of a POST, before the kit reads its body |
+| `_validate_request_headers` | a transport, inherited | the SDK's own checks of a request's headers |
+| `_create_session_message` | a transport, inherited | a request sent to the server as the SDK sends it |
+| `_create_error_response` | a transport, inherited | the SDK's answer when the session ends under a request |
+| `_create_json_response` | a transport, inherited | an answer sent as JSON, as the SDK sends one |
+| `_create_event_data` | a transport, inherited | the first SSE event of a response that turned to streaming |
+| `_run_sse_writer` | a transport, inherited | the SDK's own writer of that SSE response |
+| `_clean_up_memory_streams` | a transport, inherited | a request's streams dropped as the SDK drops them |
 | `_MARKER_KEY` | `fastmcp.server.sessions` | the creation mark in a FastMCP session's stored value |
 | `_STATE_KEY` | `fastmcp.server.sessions` | where that value holds the session's state |
 | `_mcp_server` | a FastMCP server | its low-level server, to add request handlers and a middleware to |
 | `_docket` | a FastMCP server | the Docket its tasks extension runs, while its lifespan runs (`tasks.py`) |
 | `_fastmcp_last_progress` | a Docket execution | a run taking a task over starts from its progress (`tasks.py`) |
 | `_auto_internal_extensions` | FastMCP's `Client` | a client that never asks for tasks (`InlineClient`) |
+| `_httpx_utils` | `mcp.shared` | the SDK transports' own HTTP client, for the HA check (`mcp_http_client`) |
 
 `tests/mcp_ha/test_sdk.py` checks each of these against the installed SDK;
 if an upgrade moves them, that test fails first and says which.
@@ -109,8 +126,10 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 import anyio
 import fastmcp.server.sessions as fastmcp_sessions
+import httpx2
 import pydantic_core
 from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream
 from fastmcp import Client, FastMCP
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, authorization_context
 from mcp.server.connection import Connection
@@ -129,6 +148,7 @@ from mcp.server.streamable_http import (
     check_accept_headers,
 )
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp.shared.message import SessionMessage
@@ -164,6 +184,20 @@ def session_manager(app: Starlette, path: str) -> StreamableHTTPSessionManager |
                 endpoint = endpoint.app
             return getattr(endpoint, "session_manager", None)
     raise LookupError(f"no MCP endpoint at {path}")
+
+
+class Endpoint:
+    """The MCP endpoint at `path` of the app `HighAvailability.http_app` builds: FastMCP makes its session
+    manager with that app, after what needs to ask it (subscriptions) is made; `app` is set once built."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.app: Starlette | None = None
+
+    def holds(self, session_id: str) -> bool:
+        """Whether this replica holds `session_id` (False until the app runs)."""
+        manager = None if self.app is None else session_manager(self.app, self.path)
+        return manager is not None and holds(manager, session_id)
 
 
 def running_session_manager(app: Starlette, path: str) -> StreamableHTTPSessionManager:
@@ -288,15 +322,8 @@ class JsonFirstTransport(StreamableHTTPServerTransport):
         self._event_store = None if event_store is None else _Unstreamed(event_store, self._unstreamed)
 
     async def _handle_post_request(self, scope: Scope, request: Request, receive: Receive, send: Send) -> None:
-        message = None
+        message = await self._request_of(request)
         writer = self._read_stream_writer
-        if not self.is_json_response_enabled and writer is not None and all(check_accept_headers(request)):
-            if self._check_content_type(request):
-                body = await request.body()  # read whole already: limits.BodyLimit drops a client that left
-                try:
-                    message = jsonrpc_message_adapter.validate_python(pydantic_core.from_json(body), by_name=False)
-                except ValueError:  # not JSON-RPC (pydantic's ValidationError is one): the SDK answers it
-                    message = None
         if not isinstance(message, JSONRPCRequest) or message.method == "initialize" or writer is None:
             return await super()._handle_post_request(scope, request, receive, send)
         if not await self._validate_request_headers(request, send):
@@ -325,7 +352,31 @@ class JsonFirstTransport(StreamableHTTPServerTransport):
         if isinstance(first.message, JSONRPCResponse | JSONRPCError):
             await self._clean_up_memory_streams(request_id)
             return await self._create_json_response(first.message)(scope, receive, send)
-        # Something to stream: from here on, the SDK's own SSE response, that message first.
+        await self._stream(scope, receive, send, message, streams[1], first)
+
+    async def _request_of(self, request: Request) -> JSONRPCMessage | None:
+        """The JSON-RPC message a POST carries, when the kit answers it; None leaves it to the SDK."""
+        if self.is_json_response_enabled or self._read_stream_writer is None or not all(check_accept_headers(request)):
+            return None
+        if not self._check_content_type(request):
+            return None
+        body = await request.body()  # read whole already: limits.BodyLimit drops a client that left
+        try:
+            return jsonrpc_message_adapter.validate_python(pydantic_core.from_json(body), by_name=False)
+        except ValueError:  # not JSON-RPC (pydantic's ValidationError is one): the SDK answers it
+            return None
+
+    async def _stream(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        message: JSONRPCRequest,
+        answers: MemoryObjectReceiveStream[EventMessage],
+        first: EventMessage,
+    ) -> None:
+        """Something to stream: from here on, the SDK's own SSE response, `first` first."""
+        request_id = str(message.id)
         event = self._create_event_data(first)
         if self._event_store is not None and self._retry_interval is not None:
             event["retry"] = self._retry_interval
@@ -339,7 +390,7 @@ class JsonFirstTransport(StreamableHTTPServerTransport):
         }
         response = EventSourceResponse(
             content=sse_reader,
-            data_sender_callable=partial(self._run_sse_writer, request_id, sse_writer, streams[1], event),
+            data_sender_callable=partial(self._run_sse_writer, request_id, sse_writer, answers, event),
             headers=headers,
         )
         try:
@@ -510,3 +561,11 @@ class InlineClient(Client[Any]):
 
 
 InlineClient._auto_internal_extensions = False
+
+
+def mcp_http_client(
+    *, headers: dict[str, str] | None = None, timeout: Any = None, auth: Any = None
+) -> httpx2.AsyncClient:
+    """The HTTP client the SDK's streamable HTTP transport makes for itself (its timeouts, no redirects):
+    the HA check drives the SDK's stock client through one it watches."""
+    return create_mcp_http_client(headers=headers, timeout=timeout, auth=auth)

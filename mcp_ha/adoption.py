@@ -265,8 +265,7 @@ class AdoptSessions:
         self._prune_at = 1000
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        is_mcp = scope["type"] == "http" and scope["path"] == self.path
-        session_id = Headers(scope=scope).get("mcp-session-id") if is_mcp else None
+        session_id = Headers(scope=scope).get("mcp-session-id")
         if session_id is None or refused_by_auth(scope):
             return await self.app(scope, receive, send)
         if not is_session_id(session_id):
@@ -327,48 +326,14 @@ class AdoptSessions:
                 return True  # a concurrent request adopted it while we waited, or reading needs no epoch
             if await self.store.owner(session_id) != owner(scope):
                 return False
-            # (record, epoch); no epoch when only reading.
-            found: tuple[dict[str, Any], int | None] | None
-            try:
-                if take_over:
-                    found = await self.store.adopt_session(session_id)
-                else:
-                    record = await self.store.session_record(session_id)
-                    found = None if record is None else (record, None)
-            except ValueError as exc:
-                log.warning("not adopting %s: corrupt session record (%s)", session_id, exc)
-                return False
+            found = await self._record(session_id, take_over=take_over)
             if found is None:
                 return False
             record, epoch = found
-            version = record.get("version")
-            if version not in HANDSHAKE_PROTOCOL_VERSIONS:
-                log.warning("not adopting %s: corrupt record or unsupported protocol version %r", session_id, version)
-                return False
             # A stale owner still holds a working transport for the session: only its
             # epoch was out of date, and adopting has just renewed that.
-            if not _sdk.holds(manager, session_id):
-                try:
-                    await _sdk.adopt(
-                        manager,
-                        session_id,
-                        client_params={
-                            "protocolVersion": version,
-                            "capabilities": record["capabilities"],
-                            "clientInfo": record["client"],
-                        },
-                        protocol_version=version,
-                        event_store=self.events(session_id),
-                        user=scope.get("user"),
-                        on_connected=None
-                        if self.on_serve is None
-                        else functools.partial(self.on_serve, session_id, record),
-                    )
-                except (KeyError, TypeError, ValidationError) as exc:
-                    log.warning("not adopting %s: corrupt session record (%s)", session_id, exc)
-                    return False
-                if self.transports is not None:
-                    self.transports.opened(manager, session_id, client_of(scope))
+            if not _sdk.holds(manager, session_id) and not await self._serve(manager, session_id, record, scope):
+                return False
             if epoch is None:
                 self.ownership.stale.add(session_id)
                 log.info("serving session %s to resume a stream, without taking it over", session_id)
@@ -379,6 +344,49 @@ class AdoptSessions:
             if self.on_adopt is not None:
                 self.on_adopt()
             return True
+
+    async def _record(self, session_id: str, *, take_over: bool) -> tuple[dict[str, Any], int | None] | None:
+        """The session's record, and with `take_over` its new epoch (None when only reading); None for a
+        session gone, or a record no replica can serve."""
+        found: tuple[dict[str, Any], int | None] | None
+        try:
+            if take_over:
+                found = await self.store.adopt_session(session_id)
+            else:
+                record = await self.store.session_record(session_id)
+                found = None if record is None else (record, None)
+        except ValueError as exc:
+            log.warning("not adopting %s: corrupt session record (%s)", session_id, exc)
+            return None
+        if found is not None and found[0].get("version") not in HANDSHAKE_PROTOCOL_VERSIONS:
+            version = found[0].get("version")
+            log.warning("not adopting %s: corrupt record or unsupported protocol version %r", session_id, version)
+            return None
+        return found
+
+    async def _serve(self, manager: Any, session_id: str, record: dict[str, Any], scope: Scope) -> bool:
+        """A transport for the session here, built from its record; False for a record that cannot build one."""
+        version = record["version"]
+        try:
+            await _sdk.adopt(
+                manager,
+                session_id,
+                client_params={
+                    "protocolVersion": version,
+                    "capabilities": record["capabilities"],
+                    "clientInfo": record["client"],
+                },
+                protocol_version=version,
+                event_store=self.events(session_id),
+                user=scope.get("user"),
+                on_connected=None if self.on_serve is None else functools.partial(self.on_serve, session_id, record),
+            )
+        except (KeyError, TypeError, ValidationError) as exc:
+            log.warning("not adopting %s: corrupt session record (%s)", session_id, exc)
+            return False
+        if self.transports is not None:
+            self.transports.opened(manager, session_id, client_of(scope))
+        return True
 
     async def _end(self, manager: Any, session_id: str, scope: Scope) -> bool:
         # A handle (handles.py) has an id of the same form and a record under the same key, but

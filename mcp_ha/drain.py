@@ -43,7 +43,8 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
@@ -61,7 +62,17 @@ MAX_BALANCERS = 32
 
 
 class Drain:
-    def __init__(self, *, notice_checks: int = 2, notice_seconds: float = 3.0, timeout_seconds: float = 10.0) -> None:
+    """A replica's drain: once SIGTERM comes, new work is refused (`DrainGate`), the balancers are told
+    (/health), and the calls in flight are waited for; `on_drain` ends what never ends on its own."""
+
+    def __init__(
+        self,
+        *,
+        on_drain: Callable[[], None] = lambda: None,
+        notice_checks: int = 2,
+        notice_seconds: float = 3.0,
+        timeout_seconds: float = 10.0,
+    ) -> None:
         self.notice_checks = notice_checks
         self.notice_seconds = notice_seconds
         self.timeout_seconds = timeout_seconds
@@ -77,11 +88,8 @@ class Drain:
         # Set by the balancer check that completes the notice, counted from `_notice_since` (set by `run`).
         self._notice_since: float | None = None
         self._noticed = asyncio.Event()
-        # What ends the server once drained, where the one running the app says (`HighAvailability.run`:
-        # a clean exit); None hands SIGTERM on to whichever server it was meant for.
-        self.stop: Callable[[], None] | None = None
         # Called as the drain starts: ends what would never end on its own (listen streams).
-        self.on_drain: Callable[[], None] = lambda: None
+        self.on_drain = on_drain
 
     def health_checked(self, *, balancer: str | None) -> bool:
         """Called by /health with the balancer the check came from (None: not a balancer's check);
@@ -107,29 +115,21 @@ class Drain:
         """Answer new work with `response` instead of doing it; None: take work again."""
         self._shedding = response
 
-    def middleware(self, app: ASGIApp, *, path: str = "/mcp") -> ASGIApp:
-        """Counts calls in flight, and refuses new work while draining or shedding."""
+    def turned_away(self) -> ASGIApp | None:
+        """What new work is answered with instead of being done (draining, or shedding); None: do it."""
+        return REFUSED if self.draining else self._shedding
 
-        async def counted(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != "http" or scope["path"] != path:
-                return await app(scope, receive, send)
-            if self.draining:
-                return await REFUSED(scope, receive, send)
-            if self._shedding is not None:
-                return await self._shedding(scope, receive, send)
-            if scope["method"] == "GET":
-                # A GET stream may stay open as long as the client likes: not a call to wait for.
-                return await app(scope, receive, send)
-            self.in_flight += 1
-            self._idle.clear()
-            try:
-                await app(scope, receive, send)
-            finally:
-                self.in_flight -= 1
-                if self.in_flight == 0:
-                    self._idle.set()
-
-        return counted
+    @contextmanager
+    def counted(self) -> Iterator[None]:
+        """A call in flight, until the block ends: the drain waits for it."""
+        self.in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
 
     async def run(self) -> None:
         """Drain; returns when it is time to exit."""
@@ -153,14 +153,35 @@ class Drain:
 REFUSED = refusal(503, "Replica draining; try another", code=-32000, retry_after=1)
 
 
+class DrainGate:
+    """ASGI middleware on the MCP endpoint: counts the calls in flight, and refuses new work while the
+    replica drains (`REFUSED`) or sheds it (`Drain.shed`)."""
+
+    def __init__(self, app: ASGIApp, *, drain: Drain) -> None:
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        answer = self.drain.turned_away()
+        if answer is not None:
+            return await answer(scope, receive, send)
+        if scope["method"] == "GET":
+            # A GET stream may stay open as long as the client likes: not a call to wait for.
+            return await self.app(scope, receive, send)
+        with self.drain.counted():
+            await self.app(scope, receive, send)
+
+
 def hand_on(sig: int, previous: Any) -> None:
     """Give `sig` to the handler that had it before the drain took it (the server's: it shuts down)."""
     signal.signal(sig, previous)
     signal.raise_signal(sig)
 
 
-def drain_on_sigterm(drain: Drain) -> None:
-    """From now on SIGTERM drains first, then reaches the server serving the app, whichever it is.
+def drain_on_sigterm(drain: Drain, *, stop: Callable[[], None] | None = None) -> None:
+    """From now on SIGTERM drains first, then reaches the server serving the app, whichever it is: `stop`
+    ends it once drained where the one running the app says (`HighAvailability.run`: a clean exit); None
+    hands SIGTERM on to whichever server it was meant for.
 
     Called from the app's lifespan, after the server installed its own handlers:
     the drain runs in front of them, and a second SIGTERM (or SIGINT, which stays
@@ -182,8 +203,8 @@ def drain_on_sigterm(drain: Drain) -> None:
 
         async def drain_then_exit() -> None:
             await drain.run()
-            if drain.stop is not None:
-                drain.stop()
+            if stop is not None:
+                stop()
             else:
                 hand_on(sig, previous)
 

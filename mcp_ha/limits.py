@@ -175,21 +175,20 @@ class _Slot:
 
 
 class BodyLimit:
-    """ASGI middleware: a body to `path` over `max_bytes` gets 413, a structure past `max_items` or
+    """ASGI middleware on the MCP endpoint: a body over `max_bytes` gets 413, a structure past `max_items` or
     `max_depth` 400; heavy bodies take turns (module docstring)."""
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int, max_items: int, max_depth: int, path: str = "/mcp") -> None:
+    def __init__(self, app: ASGIApp, *, max_bytes: int, max_items: int, max_depth: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_items = max_items
         self.max_depth = max_depth
-        self.path = path
         # Exact counts of large bodies: one at a time, off the event loop.
         self._counting = anyio.CapacityLimiter(1)
         self._heavy = anyio.Semaphore(HEAVY_AT_ONCE)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
+        if scope["method"] != "POST":
             return await self.app(scope, receive, send)
         declared = Headers(scope=scope).get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
@@ -275,20 +274,16 @@ class SessionLimits:
         max_record_bytes: int,
         max_sessions: int,
         max_sessions_per_client: int,
-        path: str = "/mcp",
     ) -> None:
         self.app = app
         self.store = store
         self.max_record_bytes = max_record_bytes
         self.max_sessions = max_sessions
         self.max_sessions_per_client = max_sessions_per_client
-        self.path = path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
-            scope["type"] != "http"
-            or scope["path"] != self.path
-            or scope["method"] != "POST"
+            scope["method"] != "POST"
             or "mcp-session-id" in Headers(scope=scope)
             or not session_era(scope)
             or refused_by_auth(scope)
@@ -431,13 +426,12 @@ class CallsInFlight:
     """ASGI middleware inside the auth layer (a client is its principal): calls in flight past a bound
     get 429, a request id still in flight on its session 409 (module docstring)."""
 
-    def __init__(self, app: ASGIApp, *, in_flight: InFlight, path: str = "/mcp") -> None:
+    def __init__(self, app: ASGIApp, *, in_flight: InFlight) -> None:
         self.app = app
         self.in_flight = in_flight
-        self.path = path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST" or refused_by_auth(scope):
+        if scope["method"] != "POST" or refused_by_auth(scope):
             return await self.app(scope, receive, send)
         request, replay = await _peek_json(receive)
         if not isinstance(request, dict) or "method" not in request or request.get("id") is None:

@@ -16,7 +16,7 @@ What each step owns:
 
 - `HighAvailability(settings)`: the store the settings name (Redis, with
   Sentinel or not, else in memory), metered when metrics are on; the
-  sessions this replica owns (`adoption.Ownership`); the drain; the token
+  sessions this replica owns (`adoption.Ownership`); its lease; the token
   verifier when authentication is on. Nothing connects until the app runs.
 - `server(name)`: a FastMCP server with that verifier, and error details
   masked (a client sees "Error calling tool", never internals); with the
@@ -24,14 +24,17 @@ What each step owns:
   `@mcp.tool(task=True)` tools run as durable tasks (`tasks.py`).
 - `session(ctx, handle)`: the caller's state, always fenced by this replica's
   epoch and keyed by the call's idempotency key. The only way a tool gets one.
-- `http_app(mcp)`: the FastMCP middlewares in their order (metrics outermost,
-  so it sees what the client gets; store errors; idempotency keys; session
-  records innermost), `create_session` and `end_session` for sessionless clients, `/health`,
-  `/metrics`, the log filters, and the ASGI layers around the MCP endpoint,
-  outermost first: request ids, drain, the body and structure bounds, (inside
-  the auth layer) calls in flight, session limits, stream resumption, adoption. Its
-  lifespan makes SIGTERM drain and closes the store. Mount it in any ASGI
-  server and every guarantee comes with it.
+- `http_app(mcp)`, once per server: FastMCP's middlewares
+  (`_server_middlewares`), `create_session` and `end_session` for sessionless
+  clients, `/health`, `/metrics`, and the ASGI layers on the MCP route only
+  (`_endpoint_layers`), each list in its order, outermost first; the order,
+  with what each does, is docs/architecture.md's "A request's way in". What
+  one app needs made once (the drain, the bounds' counters, subscriptions)
+  is made there (`_Parts`) and given to what uses it. Its lifespan runs the
+  lease, makes SIGTERM drain, sets what the process does differently while
+  it serves (FastMCP's telemetry off, store refusals not logged as errors),
+  and closes the store. Mount it in any ASGI server and every guarantee
+  comes with it.
 - `run(app)`: uvicorn with structured logs, on the settings' host and port.
 """
 
@@ -42,23 +45,26 @@ import functools
 import importlib.util
 import logging
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from typing import Any
 
 import fastmcp
 import uvicorn
 from fastmcp import Context, FastMCP
 from fastmcp.server.auth import TokenVerifier
+from fastmcp.server.middleware import Middleware
 from fastmcp.server.sessions import SessionId
 from mcp.server.subscriptions import ServerEvent
 from mcp_types import SubscribeRequestParams, SubscriptionsListenRequestParams, UnsubscribeRequestParams
+from starlette.applications import Starlette
 from starlette.middleware import Middleware as StarletteMiddleware
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import _sdk, elicitation
 from .adoption import AdoptSessions, Ownership, RecordSessions, Transports
-from .drain import Drain, drain_on_sigterm
+from .drain import Drain, DrainGate, drain_on_sigterm
 from .elicitation import Answer, AskForInput
 from .errors import ANSWERED, StoreErrors
 from .fastmcp_store import FastMCPSessions
@@ -162,7 +168,6 @@ class HighAvailability:
         store = store if store is not None else make_store(settings, on_replay=on_replay)
         self.store: SessionStore = self._metrics.metered(store) if self._metrics else store
         self.ownership = Ownership()
-        self.drain = Drain()
         self.bus = StoreBus(self.store)
         # This replica's lease: a call it streams is run again elsewhere once the lease lapses (streams/lease.py).
         # Unmetered: renewing it twice a second is the replica's own work, not any request's.
@@ -173,6 +178,10 @@ class HighAvailability:
 
             self.auth = make_verifier(settings)
         self._servers: weakref.WeakSet[FastMCP] = weakref.WeakSet()
+        # The servers `http_app` has wired: once each, or their middlewares would run twice.
+        self._wired: weakref.WeakSet[FastMCP] = weakref.WeakSet()
+        # How `run` ends the server it runs once drained (a clean exit); None: SIGTERM goes on to it.
+        self._stop: Callable[[], None] | None = None
 
     @classmethod
     def from_env(
@@ -197,10 +206,8 @@ class HighAvailability:
         """A FastMCP server for `http_app`: this replica's auth, error details masked, and 2026-07-28
         request state sealed so that any replica opens it (`request_state.py`). `options` go to FastMCP.
 
-        FastMCP's OpenTelemetry spans are off unless FASTMCP_TELEMETRY_MODE says otherwise: with no
-        exporter they go nowhere, and they cost ~8% of a replica's CPU per call (issue 16's profile)."""
-        if self.settings.fastmcp_telemetry_mode is None:
-            fastmcp.settings.telemetry_mode = "off"
+        FastMCP's OpenTelemetry spans are off while the app serves, unless FASTMCP_TELEMETRY_MODE says
+        otherwise (`http_app`'s lifespan)."""
         mcp = FastMCP(
             name,
             auth=self.auth,
@@ -256,36 +263,97 @@ class HighAvailability:
         return await self.store.items(session_id)
 
     def http_app(self, mcp: FastMCP, *, path: str = "/mcp", **options: Any) -> ASGIApp:
-        """The ASGI app serving `mcp` at `path` with every guarantee. `options` go to FastMCP's http_app."""
+        """The ASGI app serving `mcp` at `path` with every guarantee; once per server. `options` go to
+        FastMCP's http_app. What it puts where, in order: docs/architecture.md, "A request's way in"."""
         if mcp not in self._servers:
             raise ValueError("serve a FastMCP made by HighAvailability.server(): it carries the auth and error masking")
-        metrics = self._metrics
-        if metrics is not None:
-            mcp.add_middleware(metrics.ToolMetrics())
-        mcp.add_middleware(StoreErrors(on_fenced=self.ownership.lost))
-        mcp.add_middleware(IdempotentCalls())
-        mcp.add_middleware(AskForInput())
-        mcp.add_middleware(RefuseReplays(self.store, ttl_seconds=self.settings.request_state_ttl_seconds))
+        if mcp in self._wired:
+            raise RuntimeError("http_app() already wired this server: call it once (its middlewares would run twice)")
+        self._wired.add(mcp)
+        parts = _Parts(self, mcp, path)
+        for middleware in self._server_middlewares(parts):
+            mcp.add_middleware(middleware)
         _sdk.add_outside_request_state_boundary(mcp, NoteSealedState())
-        feed = EventFeed(self.store)
-        reruns = Reruns()
-        in_flight = InFlight(
-            max_per_session=self.settings.max_calls_per_session, max_per_client=self.settings.max_calls_per_client
-        )
         _sdk.add_server_middleware(mcp, CallsRunning())
-        transports = Transports(self.settings.max_transports_per_client)
-        events = functools.partial(
-            SessionEvents,
-            self.store,
-            max_event_bytes=self.settings.max_event_bytes,
-            feed=feed,
-            on_answer=in_flight.release,
-            runs=self.runs,
-            reruns=reruns,
-            call_ttl_seconds=int(self.settings.event_ttl_seconds),
-            abandoned_seconds=self.settings.abandoned_call_seconds,
+        listen = parts.subscriptions
+        _sdk.add_request_handler(mcp, "subscriptions/listen", SubscriptionsListenRequestParams, listen.listen)
+        _sdk.add_request_handler(mcp, "resources/subscribe", SubscribeRequestParams, listen.subscribe)
+        _sdk.add_request_handler(mcp, "resources/unsubscribe", UnsubscribeRequestParams, listen.unsubscribe)
+        self._add_tools(mcp)
+        mcp.custom_route("/health", methods=["GET"])(health_endpoint(self.instance, parts.drain, parts.health))
+        if self._metrics is not None:
+            mcp.custom_route("/metrics", methods=["GET"])(self._metrics.endpoint)
+        app = mcp.http_app(
+            path=path,
+            # An idle session costs a replica a transport (~40 KB) until it is forgotten, and
+            # adoption serves it again from the store when it comes back: forget it early.
+            session_idle_timeout=self.settings.session_idle_seconds,
+            **{"retry_interval": self.settings.sse_retry_ms, **options},
         )
-        mcp.add_middleware(RecordSessions(self.store, self.ownership, path=path, events=events, transports=transports))
+        parts.endpoint.app = app
+        on_endpoint(app, path, self._endpoint_layers(parts, path))
+        app.router.lifespan_context = self._lifespan(mcp, parts, app.router.lifespan_context)
+        if self._metrics is not None:
+            self._metrics.watch_sessions(app, path)
+            self._metrics.LISTEN_STREAMS.set_function(lambda: parts.subscriptions.streams)
+        # Every answer names its replica, and every line logged serving it its request, whatever the path.
+        return NameReplica(RequestIds(app), self.instance)
+
+    def _server_middlewares(self, parts: _Parts) -> list[Middleware]:
+        """FastMCP's middlewares, outermost first: metrics sees what the client gets."""
+        metered: list[Middleware] = [self._metrics.ToolMetrics()] if self._metrics is not None else []
+        return [
+            *metered,
+            StoreErrors(on_fenced=self.ownership.lost),
+            IdempotentCalls(),
+            AskForInput(),
+            RefuseReplays(self.store, ttl_seconds=self.settings.request_state_ttl_seconds),
+            RecordSessions(
+                self.store, self.ownership, path=parts.endpoint.path, events=parts.events, transports=parts.transports
+            ),
+        ]
+
+    def _endpoint_layers(self, parts: _Parts, path: str) -> list[StarletteMiddleware]:
+        """The ASGI layers on the MCP route only, outermost first; FastMCP's authentication runs before
+        them, so a client is its principal."""
+        s, metrics = self.settings, self._metrics
+        return [
+            StarletteMiddleware(DrainGate, drain=parts.drain),
+            StarletteMiddleware(
+                BodyLimit, max_bytes=s.max_body_bytes, max_items=s.max_request_items, max_depth=s.max_request_depth
+            ),
+            StarletteMiddleware(CallsInFlight, in_flight=parts.in_flight),
+            StarletteMiddleware(
+                SessionLimits,
+                store=self.store,
+                max_record_bytes=s.max_record_bytes,
+                max_sessions=s.max_sessions,
+                max_sessions_per_client=s.max_sessions_per_client,
+            ),
+            # Before adoption: a bad Last-Event-ID is answered before any replica takes the session up.
+            StarletteMiddleware(
+                CheckResumption,
+                store=self.store,
+                reruns=parts.reruns,
+                max_per_session=s.max_replays_per_session,
+                max_replays=s.max_replays,
+                on_resume=metrics.STREAMS_RESUMED.inc if metrics else None,
+            ),
+            StarletteMiddleware(CutCalls),
+            StarletteMiddleware(
+                AdoptSessions,
+                store=self.store,
+                ownership=self.ownership,
+                path=path,
+                on_adopt=metrics.SESSIONS_ADOPTED.inc if metrics else None,
+                on_serve=parts.subscriptions.restore,
+                events=parts.events,
+                transports=parts.transports,
+            ),
+        ]
+
+    def _add_tools(self, mcp: FastMCP) -> None:
+        """`create_session` and `end_session`: sessionless clients' handles (handles.py)."""
 
         @mcp.tool(name="create_session")
         async def create_session() -> dict[str, Any]:
@@ -299,124 +367,34 @@ class HighAvailability:
             await end_handle(session_id, self.store)
             return {"ended": True, "instance": self.instance}
 
-        async def resource_matches(uri: str) -> bool:
-            resources = await mcp.list_resources(run_middleware=False)
-            templates = await mcp.list_resource_templates(run_middleware=False)
-            return any(str(r.uri) == uri for r in resources) or any(t.matches(uri) is not None for t in templates)
-
-        def holds(session_id: str) -> bool:
-            manager = _sdk.session_manager(app, path)
-            return manager is not None and _sdk.holds(manager, session_id)
-
-        subscriptions = Subscriptions(
-            self.bus,
-            max_streams=self.settings.max_listen_streams,
-            max_per_client=self.settings.max_listens_per_client,
-            resource_matches=resource_matches,
-            holds=holds,
-        )
-        _sdk.add_request_handler(mcp, "subscriptions/listen", SubscriptionsListenRequestParams, subscriptions.listen)
-        _sdk.add_request_handler(mcp, "resources/subscribe", SubscribeRequestParams, subscriptions.subscribe)
-        _sdk.add_request_handler(mcp, "resources/unsubscribe", UnsubscribeRequestParams, subscriptions.unsubscribe)
-        # Listen streams never end on their own: a drain ends them, and their clients listen elsewhere.
-        self.drain.on_drain = subscriptions.close
-
-        health = StoreHealth(
-            self.store, self.drain, grace_seconds=self.settings.redis_retry_seconds if self.settings.uses_redis else 0.0
-        )
-        mcp.custom_route("/health", methods=["GET"])(health_endpoint(self.instance, self.drain, health))
-        if metrics is not None:
-            mcp.custom_route("/metrics", methods=["GET"])(metrics.endpoint)
-        # A store's refusal is answered (errors.py): its traceback would bury real bugs.
-        logging.getLogger("fastmcp.server.server").addFilter(Expected(*ANSWERED))
-
-        app = mcp.http_app(
-            path=path,
-            middleware=[
-                # First inside the auth layer: a client is its principal.
-                StarletteMiddleware(CallsInFlight, in_flight=in_flight, path=path),
-                StarletteMiddleware(
-                    SessionLimits,
-                    store=self.store,
-                    max_record_bytes=self.settings.max_record_bytes,
-                    max_sessions=self.settings.max_sessions,
-                    max_sessions_per_client=self.settings.max_sessions_per_client,
-                    path=path,
-                ),
-                # Outermost first: a bad Last-Event-ID is answered before any replica
-                # takes the session up just to serve it.
-                StarletteMiddleware(
-                    CheckResumption,
-                    store=self.store,
-                    reruns=reruns,
-                    path=path,
-                    on_resume=metrics.STREAMS_RESUMED.inc if metrics else None,
-                    max_per_session=self.settings.max_replays_per_session,
-                    max_replays=self.settings.max_replays,
-                ),
-                # A sessionless call's stream names its request, so a cut one ends at once (streams/cut.py).
-                StarletteMiddleware(CutCalls, path=path),
-                StarletteMiddleware(
-                    AdoptSessions,
-                    store=self.store,
-                    ownership=self.ownership,
-                    path=path,
-                    on_adopt=metrics.SESSIONS_ADOPTED.inc if metrics else None,
-                    on_serve=subscriptions.restore,
-                    events=events,
-                    transports=transports,
-                ),
-            ],
-            # An idle session costs a replica a transport (~40 KB) until it is forgotten, and
-            # adoption serves it again from the store when it comes back: forget it early.
-            session_idle_timeout=self.settings.session_idle_seconds,
-            **{"retry_interval": self.settings.sse_retry_ms, **options},
-        )
-        if metrics is not None:
-            metrics.watch_sessions(app, path)
-            metrics.LISTEN_STREAMS.set_function(lambda: subscriptions.streams)
-        inner = app.router.lifespan_context
+    def _lifespan(
+        self, mcp: FastMCP, parts: _Parts, inner: Callable[[Any], AbstractAsyncContextManager[Any]]
+    ) -> Callable[[Any], AbstractAsyncContextManager[Any]]:
+        """FastMCP's lifespan inside the replica's: the lease, the drain on SIGTERM, the process-wide
+        settings while the app serves, and the store closed at the end."""
 
         @asynccontextmanager
         async def lifespan(starlette: Any) -> AsyncIterator[Any]:
-            if not tasks_installed():
-                tasked = [t.name for t in await mcp.get_tasks() if t.task_config.supports_tasks()]
-                if tasked:
-                    raise RuntimeError(
-                        f"{', '.join(sorted(tasked))}: task=True tools need the kit's tasks extra: "
-                        "pip install 'mcp-ha-kit[tasks]' (fastmcp-tasks)"
-                    )
+            await _check_task_tools(mcp)
             # This replica's lease lives from before FastMCP's lifespan starts its task worker until after that
             # worker has finished the tasks it runs: while it lives, nobody takes them over (tasks.py).
             lease = asyncio.get_running_loop().create_task(self.runs.keep_alive())
             try:
-                async with inner(starlette) as state:
-                    drain_on_sigterm(self.drain)
-                    # A template with {session_id} shows that session's state: its subscribers hear of each change.
-                    templates = await mcp.list_resource_templates(run_middleware=False)
-                    self.bus.session_templates = [t.uri_template for t in templates if "{session_id}" in t.uri_template]
-                    yield state
+                with _process_settings(self.settings):
+                    async with inner(starlette) as state:
+                        drain_on_sigterm(parts.drain, stop=self._stop)
+                        # A template with {session_id} shows that session's state: its subscribers hear of each change.
+                        templates = await mcp.list_resource_templates(run_middleware=False)
+                        self.bus.session_templates = [
+                            t.uri_template for t in templates if "{session_id}" in t.uri_template
+                        ]
+                        yield state
             finally:
                 lease.cancel()
                 await self.bus.aclose()
                 await self.store.aclose()
 
-        app.router.lifespan_context = lifespan
-        return NameReplica(
-            RequestIds(
-                self.drain.middleware(
-                    BodyLimit(
-                        app,
-                        max_bytes=self.settings.max_body_bytes,
-                        max_items=self.settings.max_request_items,
-                        max_depth=self.settings.max_request_depth,
-                        path=path,
-                    ),
-                    path=path,
-                )
-            ),
-            self.instance,
-        )
+        return lifespan
 
     def run(self, app: ASGIApp) -> None:
         """Serve `app` with uvicorn on the settings' host and port, logging as LOG_FORMAT says."""
@@ -436,5 +414,87 @@ class HighAvailability:
             )
         )
         # Drained, the replica exits 0: it stopped as asked, not killed by the signal.
-        self.drain.stop = lambda: setattr(server, "should_exit", True)
+        self._stop = lambda: setattr(server, "should_exit", True)
         server.run()
+
+
+def on_endpoint(app: Starlette, path: str, layers: Sequence[StarletteMiddleware]) -> None:
+    """Put `layers` (outermost first) around the MCP endpoint at `path`, and around nothing else: FastMCP's
+    app-wide middleware (authentication) runs before them, and /health or /metrics never pass through."""
+    route = next((r for r in app.routes if isinstance(r, Route) and r.path == path), None)
+    if route is None:
+        raise LookupError(f"no MCP endpoint at {path}")
+    inner = route.app
+    for cls, args, kwargs in reversed(layers):
+        inner = cls(inner, *args, **kwargs)
+    route.app = inner
+
+
+class _Parts:
+    """What one `http_app` makes for its server, each made once and given to what uses it."""
+
+    def __init__(self, ha: HighAvailability, mcp: FastMCP, path: str) -> None:
+        s = ha.settings
+        self.endpoint = _sdk.Endpoint(path)
+        self.in_flight = InFlight(max_per_session=s.max_calls_per_session, max_per_client=s.max_calls_per_client)
+        self.transports = Transports(s.max_transports_per_client)
+        self.reruns = Reruns()
+        self.events = functools.partial(
+            SessionEvents,
+            ha.store,
+            max_event_bytes=s.max_event_bytes,
+            feed=EventFeed(ha.store),
+            on_answer=self.in_flight.release,
+            runs=ha.runs,
+            reruns=self.reruns,
+            call_ttl_seconds=int(s.event_ttl_seconds),
+            abandoned_seconds=s.abandoned_call_seconds,
+        )
+
+        async def resource_matches(uri: str) -> bool:
+            resources = await mcp.list_resources(run_middleware=False)
+            templates = await mcp.list_resource_templates(run_middleware=False)
+            return any(str(r.uri) == uri for r in resources) or any(t.matches(uri) is not None for t in templates)
+
+        self.subscriptions = Subscriptions(
+            ha.bus,
+            max_streams=s.max_listen_streams,
+            max_per_client=s.max_listens_per_client,
+            resource_matches=resource_matches,
+            holds=self.endpoint.holds,
+        )
+        # Listen streams never end on their own: a drain ends them, and their clients listen elsewhere.
+        self.drain = Drain(on_drain=self.subscriptions.close)
+        self.health = StoreHealth(ha.store, self.drain, grace_seconds=s.redis_retry_seconds if s.uses_redis else 0.0)
+
+
+async def _check_task_tools(mcp: FastMCP) -> None:
+    """Refuse to start with task=True tools and no tasks extra: they would fail at their first call."""
+    if tasks_installed():
+        return
+    tasked = [t.name for t in await mcp.get_tasks() if t.task_config.supports_tasks()]
+    if tasked:
+        raise RuntimeError(
+            f"{', '.join(sorted(tasked))}: task=True tools need the kit's tasks extra: "
+            "pip install 'mcp-ha-kit[tasks]' (fastmcp-tasks)"
+        )
+
+
+@contextmanager
+def _process_settings(settings: Settings) -> Iterator[None]:
+    """What the whole process does differently while a replica's app serves, undone after.
+
+    FastMCP's OpenTelemetry spans are off unless FASTMCP_TELEMETRY_MODE says otherwise: with no exporter
+    they go nowhere, and they cost ~8% of a replica's CPU per call (issue 16's profile). A store's refusal
+    is answered (errors.py): FastMCP's logged traceback of it would bury real bugs."""
+    telemetry = fastmcp.settings.telemetry_mode
+    if settings.fastmcp_telemetry_mode is None:
+        fastmcp.settings.telemetry_mode = "off"
+    answered = Expected(*ANSWERED)
+    logger = logging.getLogger("fastmcp.server.server")
+    logger.addFilter(answered)
+    try:
+        yield
+    finally:
+        logger.removeFilter(answered)
+        fastmcp.settings.telemetry_mode = telemetry

@@ -9,7 +9,7 @@ start-up with `SettingsError`, naming the variable.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import cast
 
@@ -31,6 +31,46 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 class SettingsError(ValueError):
     """A setting cannot work; the message names the variable and says why."""
+
+
+# The settings that must be above 0: each a bound or a duration.
+POSITIVE = (
+    "max_body_bytes",
+    "max_record_bytes",
+    "max_listen_streams",
+    "max_listens_per_client",
+    "max_event_bytes",
+    "max_log_bytes",
+    "max_state_bytes",
+    "max_sessions",
+    "max_sessions_per_client",
+    "max_bytes_per_client",
+    "session_idle_seconds",
+    "max_transports_per_client",
+    "max_calls_per_session",
+    "max_calls_per_client",
+    "max_request_items",
+    "max_request_depth",
+    "max_replays_per_session",
+    "max_replays",
+    "abandoned_call_seconds",
+    "sse_retry_ms",
+    "task_redelivery_seconds",
+    "task_ttl_seconds",
+    "max_tasks_per_client",
+    "max_task_result_bytes",
+)
+
+
+def _check_request_state_keys(keys: Sequence[str]) -> None:
+    for n, key in enumerate(keys, start=1):
+        if len(key.encode()) < MIN_REQUEST_STATE_KEY_BYTES:
+            raise SettingsError(
+                f"REQUEST_STATE_KEYS: key {n} is shorter than {MIN_REQUEST_STATE_KEY_BYTES} bytes "
+                '(make one with: python -c "import secrets; print(secrets.token_hex(32))")'
+            )
+    if len(set(keys)) != len(keys):
+        raise SettingsError("REQUEST_STATE_KEYS: a key stands in the ring twice")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,32 +164,7 @@ class Settings:
         for name in ("session_ttl_seconds", "event_ttl_seconds", "op_ttl_seconds"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{_env(name)}={getattr(self, name)}: expected a positive number of seconds")
-        for name in (
-            "max_body_bytes",
-            "max_record_bytes",
-            "max_listen_streams",
-            "max_listens_per_client",
-            "max_event_bytes",
-            "max_log_bytes",
-            "max_state_bytes",
-            "max_sessions",
-            "max_sessions_per_client",
-            "max_bytes_per_client",
-            "session_idle_seconds",
-            "max_transports_per_client",
-            "max_calls_per_session",
-            "max_calls_per_client",
-            "max_request_items",
-            "max_request_depth",
-            "max_replays_per_session",
-            "max_replays",
-            "abandoned_call_seconds",
-            "sse_retry_ms",
-            "task_redelivery_seconds",
-            "task_ttl_seconds",
-            "max_tasks_per_client",
-            "max_task_result_bytes",
-        ):
+        for name in POSITIVE:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{_env(name)}={getattr(self, name)}: expected a positive number")
         if self.redis_cluster_nodes and (self.redis_url or self.redis_sentinels):
@@ -169,14 +184,7 @@ class Settings:
             raise SettingsError(
                 f"REQUEST_STATE_TTL_SECONDS={self.request_state_ttl_seconds}: expected a positive number"
             )
-        for n, key in enumerate(self.request_state_keys, start=1):
-            if len(key.encode()) < MIN_REQUEST_STATE_KEY_BYTES:
-                raise SettingsError(
-                    f"REQUEST_STATE_KEYS: key {n} is shorter than {MIN_REQUEST_STATE_KEY_BYTES} bytes "
-                    '(make one with: python -c "import secrets; print(secrets.token_hex(32))")'
-                )
-        if len(set(self.request_state_keys)) != len(self.request_state_keys):
-            raise SettingsError("REQUEST_STATE_KEYS: a key stands in the ring twice")
+        _check_request_state_keys(self.request_state_keys)
         if self.auth not in AUTH_MODES:
             raise SettingsError(f"MCP_AUTH={self.auth!r}: expected one of {', '.join(AUTH_MODES)}")
 

@@ -33,10 +33,9 @@ from fastmcp.client.client import CallToolResult as FastMCPResult
 from fastmcp.client.transports import StreamableHttpTransport
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.types import CallToolResult, TextContent
 
-from mcp_ha._sdk import InlineClient
+from mcp_ha._sdk import InlineClient, mcp_http_client
 from mcp_ha.resilient_client import ResilientClient
 
 from .node import NodeHost
@@ -126,7 +125,7 @@ class ReplicaSeen:
             auth: httpx2.Auth | None = None,
             **_: Any,  # follow_redirects: the SDK's client follows them already
         ) -> httpx2.AsyncClient:
-            http = create_mcp_http_client(headers=headers, timeout=timeout, auth=auth)
+            http = mcp_http_client(headers=headers, timeout=timeout, auth=auth)
             http.event_hooks.setdefault("response", []).append(self)
             return http
 
@@ -442,7 +441,7 @@ class PythonSDKClient(CheckClient):
 
     async def _hold(self, ready: asyncio.Future[None]) -> None:
         try:
-            http = create_mcp_http_client()
+            http = mcp_http_client()
             http.event_hooks.setdefault("response", []).append(self.seen)
             async with (
                 http,

@@ -1086,6 +1086,30 @@ class _BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool
     """Sentinel's discovery of the primary, with the same bounded, queueing pool as without Sentinel."""
 
 
+def _pool_options(timeout_seconds: float, max_connections: int) -> dict[str, Any]:
+    """A bounded pool that makes a burst of calls queue for a connection (up to the timeout) instead of
+    failing or opening one per call; no retries of redis-py's own (the store's are stamina's)."""
+    return {
+        "max_connections": max_connections,
+        "timeout": timeout_seconds,
+        "decode_responses": True,
+        "socket_timeout": timeout_seconds,
+        "socket_connect_timeout": timeout_seconds,
+        "retry": Retry(NoBackoff(), 0),
+    }
+
+
+def _sentinel(sentinels: Sequence[tuple[str, int]], timeout_seconds: float, credentials: dict[str, Any]) -> Sentinel:
+    options = {
+        "socket_timeout": timeout_seconds,
+        "socket_connect_timeout": timeout_seconds,
+        "retry": Retry(NoBackoff(), 0),
+        **credentials,
+    }
+    # redis-py's Sentinel.__init__ is unannotated.
+    return Sentinel(list(sentinels), sentinel_kwargs=options)  # type: ignore[no-untyped-call]
+
+
 class RedisSessionStore(SessionStore):
     def __init__(
         self,
@@ -1108,10 +1132,8 @@ class RedisSessionStore(SessionStore):
         **limits: Unpack[StoreLimits],
     ) -> None:
         """Either `url` (one Redis), `sentinels` (host, port pairs) with `master_name`, or `cluster_nodes`
-        (host, port pairs of a Redis Cluster's nodes: any that answer; redis_cluster.py).
-
-        `limits`: SessionStore's TTLs, max_events and on_replay.
-        """
+        (host, port pairs of a Redis Cluster's nodes: any that answer; redis_cluster.py). `limits`:
+        SessionStore's TTLs, max_events and on_replay."""
         super().__init__(**limits)
         if [bool(url), bool(sentinels), bool(cluster_nodes)].count(True) != 1:
             raise ValueError("give exactly one of a Redis url, sentinels and cluster nodes")
@@ -1128,26 +1150,13 @@ class RedisSessionStore(SessionStore):
         self._failing_since: float | None = None
         self._wait_replicas = wait_replicas
         self._wait_timeout_ms = wait_timeout_ms
-        # A bounded pool that makes a burst of calls queue for a connection
-        # (up to the timeout) instead of failing or opening one per call.
-        options: dict[str, Any] = {
-            "max_connections": max_connections,
-            "timeout": timeout_seconds,
-            "decode_responses": True,
-            "socket_timeout": timeout_seconds,
-            "socket_connect_timeout": timeout_seconds,
-            "retry": Retry(NoBackoff(), 0),
-        }
         # Only when given: redis-py would let a None here override credentials in the url.
-        options |= {k: v for k, v in (("username", username), ("password", password)) if v is not None}
-        self._sentinel: Sentinel | None = None
-        self._redis: redis.Redis | RedisCluster
-        self._cluster: Cluster | None = None
-        self._layout: Layout | None = None
-        if cluster_nodes:
-            self._layout = Layout(prefix)
-            credentials = {k: v for k, v in (("username", username), ("password", password)) if v is not None}
-            self._cluster = Cluster(
+        credentials = {k: v for k, v in (("username", username), ("password", password)) if v is not None}
+        self._layout = Layout(prefix) if cluster_nodes else None
+        self._cluster = (
+            None
+            if self._layout is None
+            else Cluster(
                 cluster_nodes,
                 layout=self._layout,
                 library=CLUSTER_LIBRARY,
@@ -1157,21 +1166,24 @@ class RedisSessionStore(SessionStore):
                 quota=self.max_bytes_per_holder,
                 options=credentials,
             )
-            self._redis = self._cluster.redis
-        elif sentinels:
-            sentinel_options = {
-                "socket_timeout": timeout_seconds,
-                "socket_connect_timeout": timeout_seconds,
-                "retry": Retry(NoBackoff(), 0),
-                "username": sentinel_username,
-                "password": sentinel_password,
-            }
-            # redis-py's Sentinel.__init__ is unannotated.
-            sentinel = Sentinel(list(sentinels), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
-            self._sentinel = sentinel
-            self._redis = sentinel.master_for(master_name, connection_pool_class=_BlockingSentinelPool, **options)
-        else:
-            self._redis = redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(str(url), **options))
+        )
+        sentinel_credentials = {"username": sentinel_username, "password": sentinel_password}
+        self._sentinel = _sentinel(sentinels, timeout_seconds, sentinel_credentials) if sentinels else None
+        self._redis = self._client(url, master_name, _pool_options(timeout_seconds, max_connections) | credentials)
+        self._bind_functions()
+
+    def _client(self, url: str | None, master_name: str, options: dict[str, Any]) -> redis.Redis | RedisCluster:
+        if self._cluster is not None:
+            return self._cluster.redis
+        if self._sentinel is not None:
+            primary: redis.Redis = self._sentinel.master_for(
+                master_name, connection_pool_class=_BlockingSentinelPool, **options
+            )
+            return primary
+        return redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(str(url), **options))
+
+    def _bind_functions(self) -> None:
+        """The library's functions, each called like a registered script (`_Function`)."""
         f = functools.partial(_Function, self)
         self._get, self._items, self._touch = f("get"), f("items"), f("touch")
         self._write_script, self._count, self._claim = f("write"), f("count"), f("claim")

@@ -94,14 +94,12 @@ class CutCalls:
 
     Listen streams are left alone: the TypeScript client already ends those when they end."""
 
-    def __init__(self, app: ASGIApp, *, path: str = "/mcp", retry_ms: int = CUT_RETRY_MS) -> None:
+    def __init__(self, app: ASGIApp, *, retry_ms: int = CUT_RETRY_MS) -> None:
         self.app = app
-        self.path = path
         self.retry_ms = retry_ms
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        posted = scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == self.path
-        if not (posted and sessionless(scope)):
+        if not (scope["method"] == "POST" and sessionless(scope)):
             return await self.app(scope, receive, send)
         body: list[bytes] = []  # BodyLimit, outside, bounds it
 

@@ -47,14 +47,12 @@ class CheckResumption:
         reruns: Reruns,
         max_per_session: int,
         max_replays: int,
-        path: str = "/mcp",
         on_resume: Callable[[], None] | None = None,
     ) -> None:
         """`reruns`: where a replay served here is registered, for the re-runs of calls it finds ended."""
         self.app = app
         self.store = store
         self.reruns = reruns
-        self.path = path
         self.on_resume = on_resume
         self.max_per_session = max_per_session
         self.max_replays = max_replays
@@ -74,12 +72,7 @@ class CheckResumption:
         return refusal(429, message, retry_after=1)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["path"] == self.path
-            and resumes_stream(scope)
-            and not refused_by_auth(scope)
-        ):
+        if resumes_stream(scope) and not refused_by_auth(scope):
             headers = Headers(scope=scope)
             cut = cut_call_named(headers.get("last-event-id")) if sessionless(scope) else None
             if cut is not None:

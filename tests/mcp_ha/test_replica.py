@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -130,7 +132,7 @@ def test_served_by_plain_uvicorn_the_app_still_drains_on_sigterm(tmp_path: Path)
 def test_a_session_state_store_of_your_own_keeps_what_is_not_a_handle() -> None:
     from key_value.aio.stores.memory import MemoryStore
 
-    from mcp_ha.handles import FastMCPSessions
+    from mcp_ha.fastmcp_store import FastMCPSessions
 
     own = MemoryStore()
     ha = HighAvailability(Settings(metrics=False), store=InMemorySessionStore())
@@ -142,3 +144,73 @@ def test_a_session_state_store_of_your_own_keeps_what_is_not_a_handle() -> None:
 
     assert isinstance(mcp._state_storage, FastMCPSessions)
     assert asyncio.run(scenario()) == {"value": 1}
+
+
+def _documented(section: str) -> list[str]:
+    """The layer names docs/architecture.md's "A request's way in" lists under `section` (a line's start)."""
+    text = (Path(__file__).parents[2] / "docs" / "architecture.md").read_text()
+    way_in = text.split("## A request's way in", 1)[1].split("\n## ", 1)[0]
+    return re.findall(rf"(?m)^{section}\d+\. `(\w+)`", way_in)
+
+
+def _chain(app: Any) -> list[str]:
+    """The kit's ASGI layers from `app` inwards, following each one's `.app`, until one that is not the kit's."""
+    names = []
+    while type(app).__module__.startswith("mcp_ha."):
+        names.append(type(app).__name__)
+        app = app.app
+    return names
+
+
+@pytest.mark.quick
+def test_the_layers_http_app_builds_are_the_documented_ones_in_their_order() -> None:
+    from starlette.routing import Route
+
+    ha = HighAvailability(Settings(metrics=True), store=InMemorySessionStore())
+    mcp = ha.server("layers")
+    app = ha.http_app(mcp)
+    outer = _chain(app)
+    starlette = app
+    while type(starlette).__module__.startswith("mcp_ha."):
+        starlette = starlette.app
+    (route,) = [r for r in starlette.routes if isinstance(r, Route) and r.path == "/mcp"]
+    documented = _documented("")
+    assert outer + _chain(route.app) == documented, documented
+    # The kit's FastMCP middlewares, in the server, outermost first (after FastMCP's own).
+    kit = [type(m).__name__ for m in mcp.middleware if type(m).__module__.startswith("mcp_ha.")]
+    assert kit == _documented("    ")
+    # Nothing but the MCP route passes through the endpoint's layers.
+    others = [r for r in starlette.routes if isinstance(r, Route) and r.path != "/mcp"]
+    assert {r.path for r in others} >= {"/health", "/metrics"}
+    assert all(_chain(r.app) == [] for r in others)
+
+
+@pytest.mark.quick
+def test_http_app_wires_a_server_once() -> None:
+    ha = HighAvailability(Settings(metrics=False), store=InMemorySessionStore())
+    mcp = ha.server("once")
+    ha.http_app(mcp)
+    wired = list(mcp.middleware)
+    with pytest.raises(RuntimeError, match="once"):
+        ha.http_app(mcp)
+    assert mcp.middleware == wired
+
+
+@pytest.mark.quick
+def test_what_the_process_does_differently_lasts_while_the_app_serves() -> None:
+    """FastMCP's telemetry and the log filter are the app's lifespan's, not the server's or http_app's."""
+    import logging
+
+    import fastmcp
+    from starlette.testclient import TestClient
+
+    before = fastmcp.settings.telemetry_mode
+    logger = logging.getLogger("fastmcp.server.server")
+    filters = list(logger.filters)
+    ha = HighAvailability(Settings(metrics=False), store=InMemorySessionStore())
+    app = ha.http_app(ha.server("process"))
+    assert (fastmcp.settings.telemetry_mode, logger.filters) == (before, filters)
+    with TestClient(app):
+        assert fastmcp.settings.telemetry_mode == "off"
+        assert len(logger.filters) == len(filters) + 1
+    assert (fastmcp.settings.telemetry_mode, logger.filters) == (before, filters)

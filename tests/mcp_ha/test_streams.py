@@ -254,7 +254,7 @@ async def unreachable_store_app() -> AsyncIterator[str]:
     closed_port, port = free_ports(2)
     store = RedisSessionStore(f"redis://127.0.0.1:{closed_port}/0", timeout_seconds=0.3, retry_seconds=0.3)
     app = CheckResumption(
-        PlainTextResponse("resumed"), store=store, reruns=Reruns(), max_per_session=8, max_replays=256, path="/mcp"
+        PlainTextResponse("resumed"), store=store, reruns=Reruns(), max_per_session=8, max_replays=256
     )
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
