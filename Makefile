@@ -50,6 +50,7 @@ lint: python-deps
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy
+	.venv/bin/mypy --strict mcp_ha
 
 deps: system-deps python-deps
 
