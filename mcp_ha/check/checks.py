@@ -91,8 +91,10 @@ KILL_DOWN_SECONDS = 2.0
 PAUSE_SECONDS = 4.0
 # After a fault strikes, a client that does not retry may see the calls caught in flight fail until the
 # balancer knows: a dead replica refuses at once, a hung one is taken out by its health checks (about
-# 2.6 s with the kit's haproxy.cfg). A call started later than this after the fault must not fail.
-DETECT_WINDOW = {"kill": 3.0, "pause": 4.0, "drain": 0.0}
+# 2.6 s with the kit's haproxy.cfg). A hung one's fault lasts until it is back in rotation: resumed, it
+# answers what it held (a write there fenced: "moved", nothing applied) while its sessions settle, and
+# the balancer takes it back after two checks (1 s). A call started later than this must not fail.
+DETECT_WINDOW = {"kill": 3.0, "pause": PAUSE_SECONDS + 2.0, "drain": 0.0}
 WRITES_BETWEEN_CALLS = 3
 STREAMED_BOUND_SECONDS = 60.0
 STREAM_KILL_AFTER_SECONDS = 1.0
