@@ -32,7 +32,7 @@ COPY pyproject.toml uv.lock ./
 RUN /opt/uv/bin/uv sync --frozen --no-default-groups --extra tasks --no-install-project
 # The kit itself, as a package (not editable: /src stays in this stage).
 # The wheel carries haproxy/ and the deployment files (`mcp-ha deploy`; pyproject's force-include).
-COPY README.md docker-compose.yaml docker-compose.sentinel.yaml ./
+COPY README.md docker-compose.yaml docker-compose.sentinel.yaml docker-compose.cluster.yaml ./
 COPY haproxy/ ./haproxy/
 COPY deploy/ ./deploy/
 COPY mcp_ha/ ./mcp_ha/

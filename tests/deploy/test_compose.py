@@ -540,6 +540,17 @@ def covered(path: str, sources: set[str]) -> bool:
     return any(path == source or path.startswith(source + "/") for source in sources)
 
 
+def test_the_build_stage_copies_every_file_the_wheel_force_includes():
+    """hatchling fails the image's `uv sync` on a force-included file the build context lacks: a file
+    added to pyproject's list must also reach the build stage."""
+    wheel = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    stages = dockerfile_instructions()
+    build_stage = stages[: max(i for i, (k, _) in enumerate(stages) if k == "FROM")]
+    sources = copied(build_stage)
+    missing = {path for path in wheel["force-include"] if not covered(path, sources)}
+    assert not missing, f"force-included by the wheel but not copied into the Dockerfile's build stage: {missing}"
+
+
 @pytest.mark.parametrize(
     "dockerfile,module",
     [(ROOT / "Dockerfile", "server"), (ROOT / "examples" / "jobs" / "Dockerfile", "examples.jobs.server")],
