@@ -1086,26 +1086,29 @@ class _BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool
     """Sentinel's discovery of the primary, with the same bounded, queueing pool as without Sentinel."""
 
 
+def _socket_options(timeout_seconds: float) -> dict[str, Any]:
+    """Every connection's, to Redis or to a Sentinel: bounded by the timeout, and no retries of
+    redis-py's own (the store's are stamina's)."""
+    return {
+        "socket_timeout": timeout_seconds,
+        "socket_connect_timeout": timeout_seconds,
+        "retry": Retry(NoBackoff(), 0),
+    }
+
+
 def _pool_options(timeout_seconds: float, max_connections: int) -> dict[str, Any]:
     """A bounded pool that makes a burst of calls queue for a connection (up to the timeout) instead of
-    failing or opening one per call; no retries of redis-py's own (the store's are stamina's)."""
+    failing or opening one per call."""
     return {
         "max_connections": max_connections,
         "timeout": timeout_seconds,
         "decode_responses": True,
-        "socket_timeout": timeout_seconds,
-        "socket_connect_timeout": timeout_seconds,
-        "retry": Retry(NoBackoff(), 0),
+        **_socket_options(timeout_seconds),
     }
 
 
 def _sentinel(sentinels: Sequence[tuple[str, int]], timeout_seconds: float, credentials: dict[str, Any]) -> Sentinel:
-    options = {
-        "socket_timeout": timeout_seconds,
-        "socket_connect_timeout": timeout_seconds,
-        "retry": Retry(NoBackoff(), 0),
-        **credentials,
-    }
+    options = _socket_options(timeout_seconds) | credentials
     # redis-py's Sentinel.__init__ is unannotated.
     return Sentinel(list(sentinels), sentinel_kwargs=options)  # type: ignore[no-untyped-call]
 
