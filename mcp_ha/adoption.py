@@ -33,6 +33,18 @@ Every transport, opened here or adopted, keeps its events in the session's
 event log (`streams.SessionEvents`), so its streams resume on any
 replica.
 
+A replica whose event loop stood still (SIGSTOP, a frozen VM, a blocking
+call) reads, once it runs again, the requests that waited in its sockets
+meanwhile. Their clients may have given up, and the balancer may have given
+their sessions to another replica: taking a session over for one of them
+would fence the replica now serving its client, for an answer nobody reads.
+So for a moment after such a stall (`Stalls`) a replica takes no session
+over; it answers 503, which HAProxy re-sends elsewhere if its client is
+still there. And a keyed call whose write meets a fence (another replica
+took the session meanwhile) is not answered "moved": the replica takes the
+session back and runs the call once more (`RetakeFenced`); its writes so far
+replay, so nothing applies twice.
+
 A session costs a replica its transport (~40 KB) only while it is used:
 a transport idle for SESSION_IDLE_SECONDS is forgotten (its next request
 adopts it again), and one client holds at most MAX_TRANSPORTS_PER_CLIENT
@@ -50,16 +62,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from fastmcp.exceptions import ToolError
 from fastmcp.server.dependencies import get_http_request
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
-from mcp_types import INVALID_REQUEST
+from mcp_types import INVALID_REQUEST, CallToolRequestParams
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from starlette.datastructures import Headers
@@ -68,8 +82,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import _sdk
 from .errors import refusal
+from .idempotency import key_of
 from .principals import client_of, owned_by, owner, refused_by_auth
-from .session_store import LimitExceeded, SessionStore, StoreUnavailable, is_session_id
+from .session_store import Fenced, LimitExceeded, SessionStore, StoreUnavailable, is_session_id
 from .streams.event_store import SessionEvents
 
 log = logging.getLogger(__name__)
@@ -81,6 +96,51 @@ log = logging.getLogger(__name__)
 ADOPTED_HEADER = b"x-mcp-ha-adopted"
 # A transport ending here unwinds in milliseconds; a request for its session waits this long at most.
 ENDING_SECONDS = 5.0
+
+
+# Past this long without running, a replica's loop stood still: HAProxy (haproxy.cfg: two failed checks of
+# 800 ms, half a second apart) may have taken it out and given its sessions to another replica. After such a
+# stall it takes no session over for as long again: HAProxy needs two good checks (1 s) to send it new requests,
+# so what it reads meanwhile waited in its sockets.
+STALL_SECONDS = 1.0
+TICK_SECONDS = 0.1
+RETRY_ELSEWHERE = "This replica was paused and is catching up; retry"
+
+
+class Stalls:
+    """Whether this replica's event loop has just run again after standing still."""
+
+    def __init__(self, *, stall_seconds: float = STALL_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stall_seconds = stall_seconds
+        self._clock = clock
+        self._last = clock()
+        self._woke = -float("inf")
+        self._watchers = 0  # one per app serving (a process may serve several)
+
+    async def watch(self) -> None:
+        """Tick while the app serves (its lifespan runs this); a stall shows as a late tick."""
+        self._last = self._clock()
+        self._watchers += 1
+        try:
+            while True:
+                await asyncio.sleep(TICK_SECONDS)
+                now = self._clock()
+                if now - self._last > self.stall_seconds:
+                    self._woke = now
+                    log.warning(
+                        "the event loop stood still for %.1f s: taking no session over for a moment", now - self._last
+                    )
+                self._last = now
+        finally:
+            self._watchers -= 1
+
+    def just_woke(self) -> bool:
+        """True while requests read now may have waited through a stall: the loop has not ticked since (the
+        first requests after it), or ticked late less than `stall_seconds` ago. False when not watching."""
+        if not self._watchers:
+            return False
+        now = self._clock()
+        return now - self._last > self.stall_seconds or now - self._woke < self.stall_seconds
 
 
 class Ownership:
@@ -211,6 +271,63 @@ class RecordSessions(Middleware):
         return result
 
 
+class RetakeFenced(Middleware):
+    """A keyed call whose write was fenced off (another replica took the session since this one last did)
+    takes the session back and runs once more, so its client never hears "moved": the writes it made before
+    the fence replay under its key, so nothing applies twice. Once: a second fence is answered as usual
+    (`errors.StoreErrors`). A call without a key, or on a replica whose loop just stood still, is not run
+    again: its first writes could apply twice, or its client be gone."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        ownership: Ownership,
+        *,
+        stalls: Stalls | None = None,
+        on_adopt: Callable[[], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.ownership = ownership
+        self.stalls = stalls
+        self.on_adopt = on_adopt
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+    async def on_call_tool(
+        self, context: MiddlewareContext[CallToolRequestParams], call_next: CallNext[CallToolRequestParams, Any]
+    ) -> Any:
+        session_id = context.fastmcp_context.session_id if context.fastmcp_context else None
+        held = self.ownership.epoch(session_id) if is_session_id(session_id) else None
+        try:
+            return await call_next(context)
+        except (ToolError, Fenced) as exc:
+            cause = exc.__cause__ if isinstance(exc, ToolError) else exc
+            if not isinstance(cause, Fenced) or held is None or session_id is None or key_of(context) is None:
+                raise
+            if self.stalls is not None and self.stalls.just_woke():
+                raise
+            if not await self._retake(session_id, held):
+                raise
+        return await call_next(context)
+
+    async def _retake(self, session_id: str, held: int) -> bool:
+        """Own the session again, unless a concurrent call of it already did since `held`; False when gone."""
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = self._locks[session_id] = asyncio.Lock()
+        async with lock:
+            if self.ownership.epoch(session_id) not in (held, None) and session_id not in self.ownership.stale:
+                return True
+            found = await self.store.adopt_session(session_id)
+            if found is None:
+                return False
+            self.ownership.epochs[session_id] = found[1]
+            self.ownership.stale.discard(session_id)
+        log.info("took session %s back at epoch %d after a fenced write, and ran the call again", session_id, found[1])
+        if self.on_adopt is not None:
+            self.on_adopt()
+        return True
+
+
 # Byte for byte the SDK's answer to an id it does not hold, so an unknown, a
 # malformed and another principal's session id all read alike.
 SESSION_NOT_FOUND = refusal(404, "Session not found")
@@ -245,11 +362,13 @@ class AdoptSessions:
         on_adopt: Callable[[], None] | None = None,
         on_serve: Callable[[str, dict[str, Any], Any], None] | None = None,
         transports: Transports | None = None,
+        stalls: Stalls | None = None,
     ) -> None:
         """`on_serve(session_id, record, connection)`: told of each session this replica starts serving
         from its record (subscriptions.py restores its subscriptions). `events` and `transports` as for
-        RecordSessions."""
+        RecordSessions; `stalls`: no session is taken over just after this replica's loop stood still."""
         self.app = app
+        self.stalls = stalls
         self.transports = transports
         self.events = events
         self.store = store
@@ -297,6 +416,10 @@ class AdoptSessions:
                 # A GET only reads (a resumed stream, or the stream of server notifications): it takes
                 # nothing over, so a client's GET reconnecting elsewhere never fences its own call.
                 take_over = scope["method"] != "GET"
+                if take_over and self.stalls is not None and self.stalls.just_woke():
+                    # Its client may be gone, its session served elsewhere: taking it would fence that replica.
+                    log.info("session %s not taken over: this replica's loop just stood still", session_id)
+                    return await refusal(503, RETRY_ELSEWHERE, retry_after=1)(scope, receive, send)
                 if not await self._adopt(manager, session_id, scope, take_over=take_over):
                     return await SESSION_NOT_FOUND(scope, receive, send)
                 adopted = take_over

@@ -63,7 +63,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import _sdk, elicitation
-from .adoption import AdoptSessions, Ownership, RecordSessions, Transports
+from .adoption import AdoptSessions, Ownership, RecordSessions, RetakeFenced, Stalls, Transports
 from .drain import Drain, DrainGate, drain_on_sigterm
 from .elicitation import Answer, AskForInput
 from .errors import ANSWERED, StoreErrors
@@ -168,6 +168,8 @@ class HighAvailability:
         store = store if store is not None else make_store(settings, on_replay=on_replay)
         self.store: SessionStore = self._metrics.metered(store) if self._metrics else store
         self.ownership = Ownership()
+        # Watched while the app serves: just after its loop stood still, this replica takes no session over.
+        self.stalls = Stalls()
         self.bus = StoreBus(self.store)
         # This replica's lease: a call it streams is run again elsewhere once the lease lapses (streams/lease.py).
         # Unmetered: renewing it twice a second is the replica's own work, not any request's.
@@ -305,6 +307,7 @@ class HighAvailability:
         return [
             *metered,
             StoreErrors(on_fenced=self.ownership.lost),
+            RetakeFenced(self.store, self.ownership, stalls=self.stalls, on_adopt=self._on_adopt),
             IdempotentCalls(),
             AskForInput(),
             RefuseReplays(self.store, ttl_seconds=self.settings.request_state_ttl_seconds),
@@ -345,12 +348,17 @@ class HighAvailability:
                 store=self.store,
                 ownership=self.ownership,
                 path=path,
-                on_adopt=metrics.SESSIONS_ADOPTED.inc if metrics else None,
+                on_adopt=self._on_adopt,
                 on_serve=parts.subscriptions.restore,
                 events=parts.events,
                 transports=parts.transports,
+                stalls=self.stalls,
             ),
         ]
+
+    @property
+    def _on_adopt(self) -> Callable[[], None] | None:
+        return self._metrics.SESSIONS_ADOPTED.inc if self._metrics is not None else None
 
     def _add_tools(self, mcp: FastMCP) -> None:
         """`create_session` and `end_session`: sessionless clients' handles (handles.py)."""
@@ -379,6 +387,7 @@ class HighAvailability:
             # This replica's lease lives from before FastMCP's lifespan starts its task worker until after that
             # worker has finished the tasks it runs: while it lives, nobody takes them over (tasks.py).
             lease = asyncio.get_running_loop().create_task(self.runs.keep_alive())
+            watch = asyncio.get_running_loop().create_task(self.stalls.watch())
             try:
                 with _process_settings(self.settings):
                     async with inner(starlette) as state:
@@ -391,6 +400,7 @@ class HighAvailability:
                         yield state
             finally:
                 lease.cancel()
+                watch.cancel()
                 await self.bus.aclose()
                 await self.store.aclose()
 

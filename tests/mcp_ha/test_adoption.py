@@ -16,7 +16,7 @@ import httpx2
 import pytest
 from conftest import replica_on
 
-from mcp_ha.adoption import Ownership
+from mcp_ha.adoption import Ownership, Stalls
 from mcp_ha.check.wire import RawSession, final_message, last_jsonrpc_message
 from mcp_ha.stack import Stack
 
@@ -86,12 +86,12 @@ async def test_an_answer_says_when_its_replica_adopted_the_session_and_haproxy_k
     reading = direct(stack, http, first, raw.session_id)
     async with http.stream("GET", reading.url, headers={**reading.headers(), "Accept": "text/event-stream"}) as got:
         assert got.status_code == 200 and "x-mcp-ha-adopted" not in got.headers
-    # Through HAProxy, which has the session on `first`: its stale write is refused, and its next request
-    # takes the session back. That answer says so to HAProxy, which removes the header.
-    fenced = last_jsonrpc_message(await raw.post("tools/call", {"name": "increment_counter", "arguments": {}}))
-    assert fenced["result"]["isError"]
+    # Through HAProxy, which has the session on `first`: its write there is fenced (keyed by HAProxy's request
+    # id), so `first` takes the session back and runs the call once more, served, not "moved".
+    retaken = last_jsonrpc_message(await raw.post("tools/call", {"name": "increment_counter", "arguments": {}}))
+    assert retaken["result"]["structuredContent"] == {"counter": 2, "instance": first}
     back = await raw.post("tools/call", call)
-    assert last_jsonrpc_message(back)["result"]["structuredContent"] == {"counter": 1, "instance": first}
+    assert last_jsonrpc_message(back)["result"]["structuredContent"] == {"counter": 2, "instance": first}
     assert "x-mcp-ha-adopted" not in back.headers
 
 
@@ -182,7 +182,83 @@ async def test_a_paused_replica_cannot_apply_its_write_after_another_adopted(
     assert (await raw.call("get_counter"))["counter"] == 2
 
 
+def session_epoch(stack: Stack, session_id: str) -> str:
+    return redis_cli(stack, "HGET", f"mcp:session:{session_id}", ".epoch")
+
+
+async def held_post(port: int, raw: RawSession, name: str) -> None:
+    """A `tools/call` written to a replica's socket as HAProxy forwards it (its request id, the idempotency key),
+    then the connection closed: the client is gone. A paused replica reads it only once it runs again."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 99, "method": "tools/call", "params": {"name": name, "arguments": {}}})
+    headers = {**raw.headers(), "X-Request-Id": uuid.uuid4().hex, "Host": f"127.0.0.1:{port}"}
+    head = "POST /mcp HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    head += f"Content-Length: {len(body)}\r\n\r\n"
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head.encode() + body.encode())
+    await writer.drain()
+    writer.close()
+
+
+@pytest.mark.timeout(90)
+async def test_a_paused_replica_that_comes_back_takes_nothing_over_for_the_requests_it_held(
+    healed_stack: Stack, raw: RawSession
+) -> None:
+    """SIGSTOP; a call held in the paused replica's socket, its client gone; another replica adopts the session;
+    the pause outlasts SESSION_IDLE_SECONDS (the held session's transport idles out); SIGCONT; the next call. The
+    woken replica takes nothing over for the request it held, so the next call is served, not "moved"."""
+    replica = (await raw.call("increment_counter"))["instance"]
+    healed_stack.signal(replica, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    await held_post(healed_stack.service(replica).port, raw, "increment_counter")
+    while replica in healed_stack.backends_up():  # noqa: ASYNC110  polls HAProxy; bounded by the test's timeout
+        await asyncio.sleep(0.05)
+    moved = await raw.call("increment_counter")
+    assert moved["instance"] != replica and moved["counter"] == 2
+    epoch = session_epoch(healed_stack, raw.session_id)
+    # The clock runs through a pause: past the idle time, the paused replica's transport idles out on waking.
+    await asyncio.sleep(max(0.0, stopped_at + 5.5 - time.monotonic()))
+    healed_stack.signal(replica, signal.SIGCONT)
+    log = healed_stack.log_dir / f"{replica}.log"
+    # Whatever it does with it, it logs: declines it, meets a fence, or (what it must not) adopts the session.
+    answered = (
+        f"session {raw.session_id} not taken over",
+        "write fenced off during increment_counter",
+        f"adopted session {raw.session_id}",
+    )
+    deadline = time.monotonic() + 20
+    while not any(line in log.read_text() for line in answered):
+        assert time.monotonic() < deadline, "the woken replica never read the request it held"
+        await asyncio.sleep(0.1)
+    assert session_epoch(healed_stack, raw.session_id) == epoch
+    after = await raw.call("increment_counter")
+    assert after == {"counter": 3, "instance": moved["instance"]}
+
+
 @pytest.mark.quick
+async def test_a_stall_is_seen_at_once_and_for_a_moment_after_the_loop_ticks_again() -> None:
+    now = [0.0]
+    stalls = Stalls(stall_seconds=1.0, clock=lambda: now[0])
+    assert not stalls.just_woke()  # not watching: never refuses
+    watch = asyncio.create_task(stalls.watch())
+    try:
+        await asyncio.sleep(0.15)
+        assert not stalls.just_woke()
+        now[0] = 5.0  # the loop stood still 5 s: the first requests read find no tick since
+        assert stalls.just_woke()
+        await asyncio.sleep(0.15)  # it ticked late, at 5.0
+        now[0] = 5.6
+        assert stalls.just_woke()
+        await asyncio.sleep(0.15)
+        now[0] = 6.1
+        await asyncio.sleep(0.15)
+        assert not stalls.just_woke()
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+    assert not stalls.just_woke()
+
+
 def test_ownership_forgets_sessions_no_longer_served() -> None:
     ownership = Ownership()
     ownership.epochs.update({"a" * 32: 1, "b" * 32: 3})
