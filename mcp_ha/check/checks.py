@@ -89,12 +89,13 @@ SETTLE_POLL_SECONDS = 0.5
 FAULT_AT_SECONDS = 1.5
 KILL_DOWN_SECONDS = 2.0
 PAUSE_SECONDS = 4.0
-# After a fault strikes, a client that does not retry may see the calls caught in flight fail until the
-# balancer knows: a dead replica refuses at once, a hung one is taken out by its health checks (about
-# 2.6 s with the kit's haproxy.cfg). A hung one's fault lasts until it is back in rotation: resumed, it
-# answers what it held (a write there fenced: "moved", nothing applied) while its sessions settle, and
-# the balancer takes it back after two checks (1 s). A call started later than this must not fail.
-DETECT_WINDOW = {"kill": 3.0, "pause": PAUSE_SECONDS + 2.0, "drain": 0.0}
+# After a fault strikes (from the moment its command has sent the signal), a client that does not retry may
+# see the calls caught in flight fail until the balancer knows: a dead replica refuses at once, a hung one is
+# taken out by its health checks (about 2.6 s with the kit's haproxy.cfg). Nothing after that may fail: not
+# when the hung one comes back (what it held waited through the pause, and takes no session over), nor a
+# call that meets a fence (its replica takes the session back and runs it once). A call started later than
+# this must not fail.
+DETECT_WINDOW = {"kill": 3.0, "pause": 3.0, "drain": 0.0}
 WRITES_BETWEEN_CALLS = 3
 STREAMED_BOUND_SECONDS = 60.0
 STREAM_KILL_AFTER_SECONDS = 1.0
@@ -336,16 +337,20 @@ async def undo(ctx: Context, verb: str, replica: str) -> str | None:
     return await settle(ctx)
 
 
-async def with_fault(ctx: Context, verb: str, replica: str, hold: float, reasons: list[str]) -> None:
-    """Strike, hold for `hold` seconds, undo; a fault command's failure goes into `reasons`."""
+async def with_fault(ctx: Context, verb: str, replica: str, hold: float, reasons: list[str]) -> float | None:
+    """Strike, hold for `hold` seconds, undo; a fault command's failure goes into `reasons`. When it struck
+    (its command had returned, so the signal was sent), or None when it failed."""
+    struck = None
     try:
         await strike(ctx, verb, replica)
+        struck = time.monotonic()
         await asyncio.sleep(hold)
     except FaultError as exc:
         reasons.append(f"the fault failed: {exc}")
     finally:
         if why := await undo(ctx, verb, replica):
             reasons.append(why)
+    return struck
 
 
 # -- lb ---------------------------------------------------------------------------------
@@ -514,7 +519,7 @@ async def check_between_calls(ctx: Context, verb: str) -> list[CheckResult]:
 
 
 async def faulted_load(
-    ctx: Context, groups: list[Sessions], fault: Callable[[], Awaitable[None]]
+    ctx: Context, groups: list[Sessions], fault: Callable[[], Awaitable[float | None]]
 ) -> tuple[float, float]:
     """Every session of `groups` writes in a loop through `fault`, FAULT_AT_SECONDS in (load_with_fault);
     each session's final count is read. (struck, over): when the fault began and when it was over."""
@@ -539,10 +544,10 @@ async def check_under_load(ctx: Context, verb: str) -> list[CheckResult]:
         replica = busiest(ctx, groups)
         await ensure_on(ctx, groups, replica)
 
-        async def fault() -> None:
+        async def fault() -> float | None:
             exposed.update(serving(groups, replica))
             hold = {"kill": KILL_DOWN_SECONDS, "pause": PAUSE_SECONDS, "drain": 0.0}[verb]
-            await with_fault(ctx, verb, replica, hold, reasons)
+            return await with_fault(ctx, verb, replica, hold, reasons)
 
         struck, over = await faulted_load(ctx, groups, fault)
         for g in groups:

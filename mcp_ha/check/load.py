@@ -147,7 +147,7 @@ class LoadSpan:
 async def load_with_fault(
     pairs: Sequence[tuple[CheckClient, SessionRun]],
     shape: Shape,
-    fault: Callable[[], Awaitable[None]],
+    fault: Callable[[], Awaitable[float | None]],
     *,
     fault_at: float,
     duration: float,
@@ -155,6 +155,7 @@ async def load_with_fault(
 ) -> LoadSpan:
     """Every session of `pairs` writes in a loop; `fault` runs `fault_at` seconds in, and the load goes on
     until `duration` (TAIL_SECONDS past the fault at least), then its last calls get their bound to end.
+    `fault` returns when it struck (monotonic: its command had sent the signal), or None for when it was called.
     A fault that raises stops the load at once. `say` hears each phase, for a display."""
     stop = asyncio.Event()
     tasks = [asyncio.create_task(drive(r, c, shape, stop)) for c, r in pairs]
@@ -162,8 +163,8 @@ async def load_with_fault(
         start = time.monotonic()
         say("steady load")
         await asyncio.sleep(fault_at)
-        struck = time.monotonic()
-        await fault()
+        called = time.monotonic()
+        struck = await fault() or called
         over = time.monotonic()
         say("load after recovery")
         await asyncio.sleep(max(start + duration - over, TAIL_SECONDS))
