@@ -6,9 +6,11 @@ What a tool's write can meet, each with what the client is told:
   (`STORE_UNAVAILABLE`); a keyed call may be sent again, its writes replay;
 - the store is full (`StoreFull`, Redis past `maxmemory`): a tool error
   saying so (`STORE_FULL`); nothing was applied, nothing live was evicted;
-- another replica adopted the session while the call ran (`Fenced`): nothing
-  was applied, the client is told to call again (`SESSION_MOVED`), and the
-  session is marked stale here so the next request adopts it afresh;
+- another replica adopted the session while the call ran (`Fenced`), and the
+  call has no key or was fenced again after taking the session back
+  (`adoption.RetakeFenced` runs a keyed one once more): nothing was applied,
+  the client is told to call again (`SESSION_MOVED`), and the session is
+  marked stale here so the next request adopts it afresh;
 - the idempotency key was used for a different call (`OpReused`): a JSON-RPC
   invalid-params error (`KEY_REUSED`);
 - the write or new handle would pass one of the store's bounds
