@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mcp_ha.check.load import CallRecord, SessionRun, figures
+from mcp_ha.check.load import CallRecord, SessionRun, figures, load_with_fault
+from mcp_ha.check.shape import Call, Shape
 
 pytestmark = pytest.mark.quick
 
@@ -35,3 +36,16 @@ def test_fewer_effects_than_writes_acknowledged_is_a_loss_and_an_unread_count_is
     assert f.errors == []
     assert figures("plain", [run(1, 3, 1)], retries=False).errors == ["3× HTTP 502: bad gateway"]
     assert figures("plain", [run(1, 3, 1)], retries=False).longest_call_s == 2.5
+
+
+async def test_a_load_with_no_session_to_drive_still_runs_its_fault_and_ends() -> None:
+    """No client could open a session (a refused initialize, say): the fault and the load's span, not a crash."""
+    struck: list[str] = []
+
+    async def fault() -> float:
+        struck.append("struck")
+        return 12.5
+
+    shape = Shape(write=Call("w"), read=Call("r"), count=lambda result: 0)
+    span = await load_with_fault([], shape, fault, fault_at=0.01, duration=0.02)
+    assert struck == ["struck"] and span.struck == 12.5 and span.start <= span.over <= span.end
