@@ -47,8 +47,12 @@ answered with a clear error when hit (docs/operations.md lists them).
 
 - `CallsInFlight`: calls (JSON-RPC requests) in flight on this replica, at
   most MAX_CALLS_PER_SESSION per session and MAX_CALLS_PER_CLIENT per
-  client (sessionless 2026-07-28 ones count per client only): one more
-  gets 429 with Retry-After and a JSON-RPC error before the SDK reads it. A
+  client (sessionless 2026-07-28 ones count per client only). One more
+  waits for a place, up to CALL_QUEUE_SECONDS, so a burst a little past a
+  bound is served rather than refused (stock clients do not retry a 429);
+  past that wait, or with MAX_QUEUED_CALLS_PER_CLIENT of its client's calls
+  already waiting, it gets 429 with Retry-After and a JSON-RPC error naming
+  the bound, before the SDK reads it. A
   call is in flight from its request's receipt until both its answer has
   gone and its handler has ended (`CallsRunning`, a middleware of the SDK's):
   a call whose client hung up runs on, so it still counts. A
@@ -375,13 +379,20 @@ class InFlight:
     """On this replica: the JSON-RPC ids in flight on each session, and the calls in flight per session
     and per client."""
 
-    def __init__(self, *, max_per_session: int, max_per_client: int) -> None:
+    def __init__(
+        self, *, max_per_session: int, max_per_client: int, queue_seconds: float = 0.0, max_queued_per_client: int = 0
+    ) -> None:
         self.max_per_session = max_per_session
         self.max_per_client = max_per_client
+        self.queue_seconds = queue_seconds
+        self.max_queued_per_client = max_queued_per_client
         self._ids: dict[str, set[str]] = {}
         # A Counter drops no key by itself: `count` does, so a session or client gone costs nothing.
         self._per_session: Counter[str] = Counter()
         self._per_client: Counter[str] = Counter()
+        self._queued: Counter[str] = Counter()
+        # The calls waiting for a place, each woken when any call ends to try again, in the order they came.
+        self._waiting: list[asyncio.Future[None]] = []
 
     def take(self, session_id: str, request_id: str) -> bool:
         """Mark `request_id` in flight on `session_id`; False if it already is."""
@@ -414,12 +425,46 @@ class InFlight:
         call.hold()
         return call
 
+    async def wait_for_place(self, session_id: str | None, client: str) -> Call | str:
+        """`admit`, but a call past a bound waits up to `queue_seconds` for a place first (one of the same
+        session's or client's calls ending), so a burst a little past a bound is served, not refused; at most
+        `max_queued_per_client` of a client's calls wait, the next is refused at once."""
+        call = self.admit(session_id, client)
+        if not isinstance(call, str) or self.queue_seconds <= 0:
+            return call
+        if self._queued[client] >= self.max_queued_per_client:
+            return f"{call}. {self.max_queued_per_client} more of your calls wait here (MAX_QUEUED_CALLS_PER_CLIENT)"
+        self._queued[client] += 1
+        try:
+            async with asyncio.timeout(self.queue_seconds):
+                while isinstance(call, str):
+                    place: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                    self._waiting.append(place)
+                    try:
+                        await place
+                    finally:
+                        if not place.done():
+                            self._waiting.remove(place)
+                    call = self.admit(session_id, client)
+        except TimeoutError:
+            return f"{call}, having waited {self.queue_seconds:g} s for a place (CALL_QUEUE_SECONDS)"
+        finally:
+            self._queued[client] -= 1
+            if self._queued[client] <= 0:
+                del self._queued[client]
+        return call
+
     def count(self, call: Call, change: int) -> None:
         for counter, key in ((self._per_session, call.session_id), (self._per_client, call.client)):
             if key is not None:
                 counter[key] += change
                 if counter[key] <= 0:
                     del counter[key]
+        if change < 0 and self._waiting:
+            # Every waiter tries again, in order: the place freed may suit only one further back.
+            waiting, self._waiting = self._waiting, []
+            for place in waiting:
+                place.set_result(None)
 
 
 class CallsInFlight:
@@ -441,7 +486,7 @@ class CallsInFlight:
         if not isinstance(method, str) or method in UNCOUNTED_METHODS:
             return await self.app(scope, replay, send)  # not a call (the SDK refuses a method that is no string)
         session_id = Headers(scope=scope).get("mcp-session-id") if session_era(scope) else None
-        call = self.in_flight.admit(session_id, client_of(scope))
+        call = await self.in_flight.wait_for_place(session_id, client_of(scope))
         if isinstance(call, str):
             answer_id = None if isinstance(request_id, dict | list) else request_id
             return await refusal(429, call, code=-32000, id=answer_id, retry_after=1)(scope, replay, send)

@@ -446,7 +446,12 @@ class _Parts:
     def __init__(self, ha: HighAvailability, mcp: FastMCP, path: str) -> None:
         s = ha.settings
         self.endpoint = _sdk.Endpoint(path)
-        self.in_flight = InFlight(max_per_session=s.max_calls_per_session, max_per_client=s.max_calls_per_client)
+        self.in_flight = InFlight(
+            max_per_session=s.max_calls_per_session,
+            max_per_client=s.max_calls_per_client,
+            queue_seconds=s.call_queue_seconds,
+            max_queued_per_client=s.max_queued_calls_per_client,
+        )
         self.transports = Transports(s.max_transports_per_client)
         self.reruns = Reruns()
         self.events = functools.partial(

@@ -49,6 +49,7 @@ POSITIVE = (
     "max_transports_per_client",
     "max_calls_per_session",
     "max_calls_per_client",
+    "max_queued_calls_per_client",
     "max_request_items",
     "max_request_depth",
     "max_replays_per_session",
@@ -135,6 +136,10 @@ class Settings:
     # Calls (JSON-RPC requests) in flight on one replica, per session and per client.
     max_calls_per_session: int = field(default=16, metadata={"env": "MAX_CALLS_PER_SESSION"})
     max_calls_per_client: int = field(default=64, metadata={"env": "MAX_CALLS_PER_CLIENT"})
+    # A call past either bound waits this long for a place before its 429 (0: refused at once), and at most
+    # this many of one client's calls wait on one replica at once.
+    call_queue_seconds: float = field(default=10.0, metadata={"env": "CALL_QUEUE_SECONDS"})
+    max_queued_calls_per_client: int = field(default=64, metadata={"env": "MAX_QUEUED_CALLS_PER_CLIENT"})
     # A request body's JSON: keys and array elements in all, and how deep it nests.
     max_request_items: int = field(default=10_000, metadata={"env": "MAX_REQUEST_ITEMS"})
     max_request_depth: int = field(default=32, metadata={"env": "MAX_REQUEST_DEPTH"})
@@ -174,6 +179,8 @@ class Settings:
             )
         if self.redis_wait_replicas < 0:
             raise SettingsError(f"REDIS_WAIT_REPLICAS={self.redis_wait_replicas}: expected 0 or more")
+        if not self.call_queue_seconds >= 0:
+            raise SettingsError(f"CALL_QUEUE_SECONDS={self.call_queue_seconds}: expected 0 or more seconds")
         if self.redis_retry_seconds < 0:
             raise SettingsError(f"REDIS_RETRY_SECONDS={self.redis_retry_seconds}: expected 0 or more")
         if self.log_format not in LOG_FORMATS:

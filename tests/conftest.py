@@ -200,6 +200,8 @@ ABUSE_BOUNDS = {
     # bystander's ~100 writes a second would pass MAX_CLIENT_BYTES within the module at the default 600.
     "OP_TTL_SECONDS": "60",
     "MAX_CALLS_PER_CLIENT": "16",
+    # Past those, refused at once: the attacks measure the bounds themselves (test_limits.py tests the queue).
+    "CALL_QUEUE_SECONDS": "0",
     "MAX_LISTEN_STREAMS_PER_CLIENT": "16",
     "ABANDONED_CALL_SECONDS": "2",
 }

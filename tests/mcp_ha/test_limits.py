@@ -18,6 +18,7 @@ from typing import Any
 import httpx2
 import pytest
 from conftest import replica_on
+from fastmcp import Client
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -419,13 +420,15 @@ def assert_busy(response: httpx2.Response, setting: str, request_id: int) -> Non
 
 
 LONG_CALL = {"name": "analyze_data", "arguments": {"num_items": 80}}  # 4 s of work, streamed
+SHORT_CALL = {"name": "analyze_data", "arguments": {"num_items": 4}}  # 0.2 s of work
 INCREMENT = {"name": "increment_counter", "arguments": {}}
 
 
 async def test_calls_in_flight_past_a_sessions_or_a_clients_bound_get_429_until_they_answer(
     redis_stack: Stack, tmp_path: Path
 ) -> None:
-    env = {"MAX_CALLS_PER_SESSION": "2", "MAX_CALLS_PER_CLIENT": "3"}
+    # Refused at once (no queue): the bounds themselves. The queue in front of them is tested below.
+    env = {"MAX_CALLS_PER_SESSION": "2", "MAX_CALLS_PER_CLIENT": "3", "CALL_QUEUE_SECONDS": "0"}
     with bounded_replica(redis_stack, tmp_path, **env) as (url, (alice, bob, _)):
         async with httpx2.AsyncClient(timeout=30) as http:
             first, second = RawSession(http, url, token=alice), RawSession(http, url, token=alice)
@@ -456,3 +459,52 @@ async def test_calls_in_flight_past_a_sessions_or_a_clients_bound_get_429_until_
                 await asyncio.sleep(0.25)
             assert final_message(response)["result"]["structuredContent"]["counter"] == 1
             assert (await second.call("increment_counter"))["counter"] == 1
+
+
+async def test_a_stock_client_sending_more_calls_than_a_session_may_run_at_once_gets_every_answer(
+    redis_stack: Stack, tmp_path: Path
+) -> None:
+    """Past MAX_CALLS_PER_SESSION (16 by default) a call waits for a place (CALL_QUEUE_SECONDS) before any 429,
+    so a client that does not retry a 429, sending 20 at once on one session, 200 calls in all, gets all 200."""
+    with bounded_replica(redis_stack, tmp_path) as (url, (alice, _, _)):
+        async with Client(url, mode="legacy", auth=alice, timeout=60) as client:
+            in_flight = asyncio.Semaphore(20)
+
+            async def one(i: int) -> int:
+                async with in_flight:
+                    tool = "analyze_data" if i % 10 == 0 else "increment_counter"
+                    arguments = {"num_items": 4} if tool == "analyze_data" else {}
+                    result = await client.call_tool(tool, arguments)
+                    return 1 if tool == "increment_counter" and not result.is_error else 0
+
+            increments = await asyncio.gather(*(one(i) for i in range(200)))
+            assert sum(increments) == 180
+            assert (await client.call_tool("get_counter", {})).structured_content["counter"] == 180
+
+
+async def test_a_call_that_waits_past_call_queue_seconds_or_past_the_queues_bound_gets_429(
+    redis_stack: Stack, tmp_path: Path
+) -> None:
+    env = {"MAX_CALLS_PER_SESSION": "1", "CALL_QUEUE_SECONDS": "1", "MAX_QUEUED_CALLS_PER_CLIENT": "1"}
+    with bounded_replica(redis_stack, tmp_path, **env) as (url, (alice, _, _)):
+        async with httpx2.AsyncClient(timeout=30) as http:
+            session = RawSession(http, url, token=alice)
+            await session.initialize()
+            async with session.stream("tools/call", LONG_CALL) as stream:
+                await anext(aiter(stream))
+                waiting = asyncio.create_task(session.post("tools/call", INCREMENT))
+                await asyncio.sleep(0.2)  # the first to wait holds the queue's one place
+                assert_busy(
+                    await session.post("tools/call", INCREMENT), "MAX_QUEUED_CALLS_PER_CLIENT", session._next_id
+                )
+                refused = await waiting
+                assert refused.status_code == 429 and "CALL_QUEUE_SECONDS" in refused.json()["error"]["message"]
+                assert "MAX_CALLS_PER_SESSION" in refused.json()["error"]["message"]
+            # A call that waits less than CALL_QUEUE_SECONDS for a place is served (a new session: the long call,
+            # cut, runs on in the first).
+            fresh = RawSession(http, url, token=alice)
+            await fresh.initialize()
+            async with fresh.stream("tools/call", SHORT_CALL) as stream:
+                await anext(aiter(stream))
+                served = await fresh.post("tools/call", INCREMENT)
+            assert final_message(served)["result"]["structuredContent"]["counter"] == 1
