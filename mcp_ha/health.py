@@ -16,6 +16,14 @@ still open on a replica it takes out (`drain.py` has the same reason to do
 things in this order). A replica that has never reached its store has nothing
 to ride out, and fails from its first check.
 
+`GET /livez` answers 200 `{"status": "alive", "instance": ...}` from the
+event loop and asks nothing of the store: a liveness probe for a platform
+that restarts what hangs (Kubernetes). A replica whose loop is stuck
+(SIGSTOP, a deadlock, a blocking call) answers nothing, while a TCP probe
+still connects to its listening socket (the kernel accepts). Not /health:
+that answers 503 while the store is down, and restarting every replica
+would not bring the store back. HAProxy does not pass /livez to clients.
+
 A health check also reads the store's memory (bytes used, Redis
 `maxmemory`) at most every MEMORY_SECONDS, for the replica's /metrics
 (`mcp_store_memory_used_bytes`, `mcp_store_memory_max_bytes`). Not in the
@@ -101,3 +109,12 @@ def health_endpoint(
         return JSONResponse({"status": "degraded", "instance": instance, "store": "unreachable"}, status_code=503)
 
     return health
+
+
+def livez_endpoint(instance: str) -> Callable[[Request], Awaitable[JSONResponse]]:
+    """`GET /livez`: 200 while this replica's event loop runs; nothing else is asked."""
+
+    async def livez(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "alive", "instance": instance})
+
+    return livez

@@ -69,7 +69,7 @@ from .elicitation import Answer, AskForInput
 from .errors import ANSWERED, StoreErrors
 from .fastmcp_store import FastMCPSessions
 from .handles import create_handle, end_handle, session_id_for
-from .health import StoreHealth, health_endpoint
+from .health import StoreHealth, health_endpoint, livez_endpoint
 from .idempotency import IdempotentCalls, current_call
 from .limits import BodyLimit, CallsInFlight, CallsRunning, InFlight, SessionLimits
 from .logs import Expected, RequestIds, configure
@@ -283,6 +283,7 @@ class HighAvailability:
         _sdk.add_request_handler(mcp, "resources/unsubscribe", UnsubscribeRequestParams, listen.unsubscribe)
         self._add_tools(mcp)
         mcp.custom_route("/health", methods=["GET"])(health_endpoint(self.instance, parts.drain, parts.health))
+        mcp.custom_route("/livez", methods=["GET"])(livez_endpoint(self.instance))
         if self._metrics is not None:
             mcp.custom_route("/metrics", methods=["GET"])(self._metrics.endpoint)
         app = mcp.http_app(
