@@ -117,6 +117,8 @@ if an upgrade moves them, that test fails first and says which.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -547,6 +549,41 @@ def fastmcp_session_state(value: Any) -> dict[str, Any] | None:
 def docket_of(mcp: FastMCP) -> Any:
     """The Docket the server's tasks extension runs (fastmcp-tasks), while its lifespan runs; else None."""
     return mcp._docket
+
+
+# Request headers a task's snapshot never keeps: credentials (the worker needs none; the task's scope is its
+# principal's claims, kept with the rest of its access token).
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+# A header value longer than this is not kept in a task's snapshot either (MCP's own headers are short).
+MAX_SNAPSHOT_HEADER_BYTES = 1024
+
+
+def scrub_task_snapshots() -> None:
+    """fastmcp-tasks keeps each task's context snapshot (`TaskContextSnapshot.capture`) in Redis for the task's
+    life: its caller's access token, raw bearer token included, and every request header. From now on, in this
+    process, a snapshot keeps the token's claims and client without the token itself, and no credential
+    header or header over MAX_SNAPSHOT_HEADER_BYTES. Idempotent."""
+    from fastmcp_tasks.context import TaskContextSnapshot
+
+    capture = TaskContextSnapshot.capture
+    if getattr(capture, "_mcp_ha_scrubbed", False):
+        return
+    original = capture.__func__  # type: ignore[attr-defined]
+
+    def scrubbed(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        snapshot = original(cls, *args, **kwargs)
+        token = None
+        if snapshot.access_token_json is not None:
+            token = json.dumps({**json.loads(snapshot.access_token_json), "token": ""})
+        headers = {
+            name: value
+            for name, value in (snapshot.http_headers or {}).items()
+            if name.lower() not in CREDENTIAL_HEADERS and len(value) <= MAX_SNAPSHOT_HEADER_BYTES
+        }
+        return dataclasses.replace(snapshot, access_token_json=token, http_headers=headers or None)
+
+    scrubbed._mcp_ha_scrubbed = True  # type: ignore[attr-defined]
+    TaskContextSnapshot.capture = classmethod(scrubbed)  # type: ignore[method-assign,assignment]
 
 
 def set_reported_progress(execution: Any, progress: float) -> None:

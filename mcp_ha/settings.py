@@ -60,6 +60,7 @@ POSITIVE = (
     "task_ttl_seconds",
     "max_tasks_per_client",
     "max_task_result_bytes",
+    "max_task_argument_bytes",
 )
 
 
@@ -162,6 +163,8 @@ class Settings:
     max_tasks_per_client: int = field(default=16, metadata={"env": "MAX_TASKS_PER_CLIENT"})
     # The largest result a task may keep, in bytes of its JSON.
     max_task_result_bytes: int = field(default=256 * 1024, metadata={"env": "MAX_TASK_RESULT_BYTES"})
+    # The largest arguments a task may keep (with its context, for its life), in bytes of their JSON.
+    max_task_argument_bytes: int = field(default=64 * 1024, metadata={"env": "MAX_TASK_ARGUMENT_BYTES"})
 
     def __post_init__(self) -> None:
         if self.port <= 0 or self.port > 65535:

@@ -51,8 +51,17 @@ What the layer adds, because Docket does not:
 - **Bounds.** MAX_TASKS_PER_CLIENT tasks not yet finished per client (its
   principal, else its address), held as numbered slots in the store (one
   more is a tool error, nothing started); MAX_TASK_RESULT_BYTES of result
-  JSON (a larger one ends the task with a tool error instead); and
-  TASK_TTL_SECONDS, how long a finished task is kept (Docket's execution TTL).
+  JSON (a larger one ends the task with a tool error instead);
+  MAX_TASK_ARGUMENT_BYTES of arguments, none the tool does not take (else a
+  tool error before anything is stored: Docket keeps them for the task's
+  life); and TASK_TTL_SECONDS, how long a finished task is kept (Docket's
+  execution TTL). Redis full or out of reach while a task is created is the
+  store's clear tool error, not an internal error (`_docket_answered`).
+- **No credentials kept.** fastmcp-tasks keeps each task's context snapshot
+  (its caller's access token and request headers) in Redis for the task's
+  life; the layer has it captured without the raw bearer token (the claims
+  that scope the task stay) and without credential headers
+  (`_sdk.scrub_task_snapshots`).
 - **Store errors** in a task body are answered as `errors.StoreErrors`
   answers them in a call (`_answered`), instead of fastmcp-tasks' masked
   "Error calling tool".
@@ -71,9 +80,9 @@ What the layer adds, because Docket does not:
   HA check, can tell which replica a fault must reach.
 
 Not given: a task is always run again from its start (its writes replay;
-`Session.resume()` and checkpoints let it skip work). fastmcp-tasks keeps each task's context snapshot (the
-caller's token and headers) in Redis for the task's life, unencrypted unless
-FASTMCP_TASKS_ENCRYPTION_KEY is set.
+`Session.resume()` and checkpoints let it skip work). The rest of a task's
+context snapshot (its other headers, its token's claims) is kept unencrypted
+unless FASTMCP_TASKS_ENCRYPTION_KEY is set.
 """
 
 from __future__ import annotations
@@ -112,6 +121,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, LoggingLevel
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
+from redis import exceptions as redis_exceptions
 
 from . import _sdk
 from .elicitation import InputNeeded
@@ -172,6 +182,11 @@ RESP = {"protocol": "2"}
 # Where `tasks/get` of a working task names the replica running it.
 RUNNER_META = "io.github.mcp-ha-kit/runner"
 AMBIGUOUS_CLIENT = "Refused: a client id holding '|' cannot own tasks (its task scope would be ambiguous)."
+UNKNOWN_ARGUMENTS = "Refused: {tool} takes no argument {names}. Nothing was started."
+ARGUMENTS_TOO_LARGE = (
+    "Refused: this task's arguments take {size} bytes of JSON; a task keeps at most {limit} "
+    "(MAX_TASK_ARGUMENT_BYTES). Nothing was started."
+)
 
 
 def docket_url(settings: Settings) -> str:
@@ -412,6 +427,17 @@ def _answered(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]
     return answered
 
 
+async def _docket_answered(creating: Awaitable[Any]) -> Any:
+    """A task's creation (fastmcp-tasks writes its snapshot and Docket its task), with Redis' refusals
+    answered as the kit's store's are: full, or out of reach, never an internal error."""
+    try:
+        return await creating
+    except redis_exceptions.OutOfMemoryError as exc:
+        raise ToolError(STORE_FULL) from exc
+    except (redis_exceptions.ConnectionError, redis_exceptions.TimeoutError) as exc:
+        raise ToolError(STORE_UNAVAILABLE) from exc
+
+
 class Progress:
     """The progress a task's client has seen, kept (in Docket's Redis, for the task's life) so that it only
     rises: across runs that take the task over, and across the legs of a task that asked for input."""
@@ -530,6 +556,8 @@ class HATasks(TasksExtension):
         self.kit_settings = settings
         self.store = store
         self.runs = TaskRuns(store, runs)
+        # A task's context snapshot stays in Redis for its life: never with its caller's credentials.
+        _sdk.scrub_task_snapshots()
 
     @asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
@@ -659,7 +687,7 @@ class HATasks(TasksExtension):
         if slot is None:
             return await super().intercept_tool_call(params, context, call_next)
         try:
-            outcome = await super().intercept_tool_call(params, context, call_next)
+            outcome = await _docket_answered(super().intercept_tool_call(params, context, call_next))
         except BaseException:
             await self._free(slot)
             raise
@@ -684,6 +712,7 @@ class HATasks(TasksExtension):
             return None  # the extension answers an unknown tool as usual
         if tool is None or not tool.task_config.supports_tasks():
             return None
+        self._check_arguments(tool, params.arguments or {})
         token = get_access_token()
         if token is not None and "|" in (token.client_id or ""):
             raise ToolError(AMBIGUOUS_CLIENT)
@@ -710,6 +739,16 @@ class HATasks(TasksExtension):
                 if await self.store.claim(slot, claimant, SLOT_PENDING_SECONDS, holder=client):
                     return slot, claimant, client
         raise ToolError(TOO_MANY_TASKS.format(n=self.kit_settings.max_tasks_per_client))
+
+    def _check_arguments(self, tool: Tool, arguments: Mapping[str, Any]) -> None:
+        """A task keeps its arguments for its life: none it does not take, and at most MAX_TASK_ARGUMENT_BYTES."""
+        known = (tool.parameters or {}).get("properties", {})
+        if unknown := sorted(set(arguments) - set(known)):
+            raise ToolError(UNKNOWN_ARGUMENTS.format(tool=tool.name, names=", ".join(map(repr, unknown))[:200]))
+        size = len(json.dumps(arguments, separators=(",", ":"), default=str).encode())
+        limit = self.kit_settings.max_task_argument_bytes
+        if size > limit:
+            raise ToolError(ARGUMENTS_TOO_LARGE.format(size=size, limit=limit))
 
     async def _finished(self, task_id: str) -> bool:
         """Whether the caller's task `task_id` has finished (or is gone), as `tasks/get` would say."""

@@ -530,6 +530,26 @@ def test_task_progress_is_where_the_layer_reads_it() -> None:
 
 
 @pytest.mark.quick
+def test_a_task_snapshot_is_captured_without_credentials() -> None:
+    """LOUD: fastmcp-tasks keeps a task's context snapshot (`TaskContextSnapshot.capture`: its caller's access
+    token and request headers) in Redis for the task's life; `_sdk.scrub_task_snapshots` wraps `capture` so it
+    keeps neither the raw token nor a credential header. If this fails after an upgrade, bearer tokens land in
+    Redis (and its AOF) again: fix `_sdk.scrub_task_snapshots` first."""
+    pytest.importorskip("fastmcp_tasks", reason="durable tasks need the kit's tasks extra")
+    import dataclasses
+
+    from fastmcp_tasks.context import TaskContextSnapshot
+    from fastmcp_tasks.creation import create_task
+
+    assert {"access_token_json", "http_headers"} <= {f.name for f in dataclasses.fields(TaskContextSnapshot)}
+    assert "TaskContextSnapshot.capture(" in inspect.getsource(create_task)
+    sdk_sessions.scrub_task_snapshots()
+    sdk_sessions.scrub_task_snapshots()  # idempotent: one wrapper
+    assert getattr(TaskContextSnapshot.capture, "_mcp_ha_scrubbed", False)
+    assert "original(cls" in inspect.getsource(TaskContextSnapshot.capture)
+
+
+@pytest.mark.quick
 def test_an_inline_client_never_asks_for_tasks() -> None:
     """LOUD: the HA check's sessionless kind is FastMCP's Client without its tasks extension, whatever the
     process imported (`_sdk.InlineClient`, through FastMCP's private `_auto_internal_extensions`). If this

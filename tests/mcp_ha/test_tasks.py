@@ -481,3 +481,30 @@ async def test_a_run_taken_for_dead_answers_with_the_outcome_of_the_run_that_end
     assert (await TaskRuns(store, two).run("task:z", quick, never)).content[0].text == "two"
     gate.set()
     assert (await first).content[0].text == "two"
+
+
+async def test_a_task_keeps_no_credentials_and_refuses_arguments_it_cannot_keep(
+    tasks_stack: Stack, alice: Client, auth_tokens: dict[str, str]
+) -> None:
+    """Docket keeps a task's arguments and context snapshot for the task's life: no bearer token or credential
+    header among them; an argument the tool does not take, or arguments past MAX_TASK_ARGUMENT_BYTES, refused
+    as a tool error before anything is stored."""
+    h = await handle(alice)
+    done = await call_tool_task(alice, "job", {"steps": 1, "step_seconds": 0.01, "session_id": h})
+    await until(done, ("completed",))
+    snapshots = tasks_stack.redis_command("redis", "KEYS", f"{DOCKET_NAME}:*{done.task_id}:snapshot")
+    assert isinstance(snapshots, list) and snapshots, snapshots
+    kept = str(tasks_stack.redis_command("redis", "GET", snapshots[0]))
+    assert auth_tokens["alice"] not in kept and "authorization" not in kept.lower(), kept[:300]
+
+    before = tasks_stack.redis_command("redis", "DBSIZE")
+    unknown = await alice.call_tool(
+        "job", {"steps": 1, "step_seconds": 0.01, "session_id": h, "extra": "x" * 1000}, raise_on_error=False
+    )
+    assert unknown.is_error and "no argument 'extra'" in unknown.content[0].text, unknown
+    limit = 64 * 1024  # MAX_TASK_ARGUMENT_BYTES' default
+    huge = await alice.call_tool(
+        "job", {"steps": 1, "step_seconds": "9" * limit, "session_id": h}, raise_on_error=False
+    )
+    assert huge.is_error and "MAX_TASK_ARGUMENT_BYTES" in huge.content[0].text, huge
+    assert tasks_stack.redis_command("redis", "DBSIZE") == before  # nothing was stored for either
