@@ -50,6 +50,11 @@ Refusing a replayed request state (`request_state.py`) needs a middleware
 of the same server's, just outside the SDK's `RequestStateBoundary`, which
 is where the sealed state is still on the request.
 
+Durable tasks (`tasks.py`) keep no credentials: fastmcp-tasks' public
+`TaskContextSnapshot.capture` is wrapped (`scrub_task_snapshots`), so the
+snapshot it keeps in Redis for a task's life leaves out the raw bearer
+token and credential headers.
+
 Bounds (`limits.py`, `adoption.py`) need two more things: a middleware of
 that server's around every request's handler, outermost (`CallsRunning`:
 a call in flight until its handler ends); and, to forget a client's least
@@ -566,7 +571,7 @@ def scrub_task_snapshots() -> None:
     from fastmcp_tasks.context import TaskContextSnapshot
 
     capture = TaskContextSnapshot.capture
-    if getattr(capture, "_mcp_ha_scrubbed", False):
+    if getattr(capture, "mcp_ha_scrubbed", False):
         return
     original = capture.__func__  # type: ignore[attr-defined]
 
@@ -582,7 +587,7 @@ def scrub_task_snapshots() -> None:
         }
         return dataclasses.replace(snapshot, access_token_json=token, http_headers=headers or None)
 
-    scrubbed._mcp_ha_scrubbed = True  # type: ignore[attr-defined]
+    scrubbed.mcp_ha_scrubbed = True  # type: ignore[attr-defined]
     TaskContextSnapshot.capture = classmethod(scrubbed)  # type: ignore[method-assign,assignment]
 
 

@@ -545,7 +545,7 @@ def test_a_task_snapshot_is_captured_without_credentials() -> None:
     assert "TaskContextSnapshot.capture(" in inspect.getsource(create_task)
     sdk_sessions.scrub_task_snapshots()
     sdk_sessions.scrub_task_snapshots()  # idempotent: one wrapper
-    assert getattr(TaskContextSnapshot.capture, "_mcp_ha_scrubbed", False)
+    assert getattr(TaskContextSnapshot.capture, "mcp_ha_scrubbed", False)
     assert "original(cls" in inspect.getsource(TaskContextSnapshot.capture)
 
 
