@@ -111,6 +111,8 @@ Every private attribute touched here, and nowhere else in the kit, those
 | `_STATE_KEY` | `fastmcp.server.sessions` | where that value holds the session's state |
 | `_mcp_server` | a FastMCP server | its low-level server, to add request handlers and a middleware to |
 | `_docket` | a FastMCP server | the Docket its tasks extension runs, while its lifespan runs (`tasks.py`) |
+| `_worker` | a FastMCP server | the Docket worker its tasks extension runs, to supervise it (`tasks.py`) |
+| `_run` | a Docket worker | its loop, which `run_forever` calls: started again when it ends on an error |
 | `_fastmcp_last_progress` | a Docket execution | a run taking a task over starts from its progress (`tasks.py`) |
 | `_auto_internal_extensions` | FastMCP's `Client` | a client that never asks for tasks (`InlineClient`) |
 | `_httpx_utils` | `mcp.shared` | the SDK transports' own HTTP client, for the HA check (`mcp_http_client`) |
@@ -589,6 +591,18 @@ def scrub_task_snapshots() -> None:
 
     scrubbed.mcp_ha_scrubbed = True  # type: ignore[attr-defined]
     TaskContextSnapshot.capture = classmethod(scrubbed)  # type: ignore[method-assign,assignment]
+
+
+def supervise_worker(
+    mcp: FastMCP, supervised: Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]
+) -> bool:
+    """Wrap what the server's Docket worker runs (`Worker._run`, which `run_forever` calls once its task
+    first runs) in `supervised`; False when the server runs no worker. Call it before the lifespan next waits."""
+    worker = mcp._worker
+    if worker is None:
+        return False
+    worker._run = supervised(worker._run)
+    return True
 
 
 def set_reported_progress(execution: Any, progress: float) -> None:

@@ -18,7 +18,8 @@ What is counted, and where:
 - store operations: latency by operation, errors by kind (`MeteredStore`, a
   wrapper around any `SessionStore`, so the stores stay unaware of it);
 - writes replayed from their op record (`IDEMPOTENT_REPLAYS`), which a
-  store reports through its `on_replay` hook (`count_replay`).
+  store reports through its `on_replay` hook (`count_replay`);
+- restarts of the task worker after an error (`TASK_WORKER_RESTARTS`, `tasks.py`).
 
 Labels only ever take values from fixed sets (tool names registered on the
 server, operation names of the store contract), never from requests, so a
@@ -109,6 +110,11 @@ IDEMPOTENT_REPLAYS = Counter(
     "mcp_idempotent_replays_total",
     "Writes of keyed tool calls that were already applied, answered from their op record instead of "
     "applied again (a client's or HAProxy's retry).",
+)
+TASK_WORKER_RESTARTS = Counter(
+    "mcp_task_worker_restarts_total",
+    "Restarts of this replica's task worker (Docket) after it stopped on an error, such as a Redis Cluster "
+    "none of whose nodes answered: tasks wait meanwhile, none is lost.",
 )
 
 STORE_SECONDS = Histogram(

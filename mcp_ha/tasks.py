@@ -127,6 +127,7 @@ from . import _sdk
 from .elicitation import InputNeeded
 from .errors import KEY_REUSED, SESSION_BUSY, SESSION_MOVED, STORE_FULL
 from .idempotency import current_call
+from .metrics import TASK_WORKER_RESTARTS
 from .principals import client_of
 from .session_store import (
     STORE_UNAVAILABLE,
@@ -150,6 +151,10 @@ DOCKET_NAME = "mcp:tasks"
 CHECK_INTERVAL = timedelta(milliseconds=500)
 # How soon a worker whose Redis connection failed connects again.
 RECONNECTION_DELAY = timedelta(seconds=1)
+# How soon the layer starts Docket's worker again after it stopped on an error (`HATasks._supervised`):
+# doubling from the first to the most, and back to the first once a worker ran that long.
+WORKER_RESTART_FIRST_SECONDS = 1.0
+WORKER_RESTART_MAX_SECONDS = 30.0
 # How often a delivery that waits for another replica's run of its task looks again.
 POLL_SECONDS = 0.5
 # How long a task's first run waits for its creator to note the call that created it (`_call_of`).
@@ -514,6 +519,29 @@ async def _task_context() -> Context | None:
     return ctx
 
 
+def _supervised(run: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """Docket's worker loop, started again whenever it ends on an error. Docket waits out a Redis error
+    itself, but not every outage raises one: a Redis Cluster none of whose nodes answers raises redis-py's
+    RedisClusterException, which ended the worker, and the replica ran no task until it was restarted."""
+
+    async def supervised(*args: Any, **kwargs: Any) -> None:
+        loop = asyncio.get_running_loop()
+        delay = WORKER_RESTART_FIRST_SECONDS
+        while True:
+            started = loop.time()
+            try:
+                return await run(*args, **kwargs)  # it returns only when told to stop
+            except Exception:
+                if loop.time() - started > WORKER_RESTART_MAX_SECONDS:
+                    delay = WORKER_RESTART_FIRST_SECONDS  # it had run a while: not the same failure again
+                TASK_WORKER_RESTARTS.inc()
+                log.exception("the task worker stopped on an error: starting it again in %.0f s", delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, WORKER_RESTART_MAX_SECONDS)
+
+    return supervised
+
+
 def _runner_key(docket: Any, task_id: str) -> str:
     """Where the latest run of a task names its replica (beside the task's Docket state)."""
     return cast(str, docket.key(f"mcp-ha:runner:{task_id}"))  # Docket.key -> str; `docket` is Any
@@ -566,6 +594,8 @@ class HATasks(TasksExtension):
         tools = [t for t in await self.server.get_tasks() if isinstance(t, Tool) and t.task_config.supports_tasks()]
         async with super().lifespan():
             docket = _sdk.docket_of(self.server)
+            # Before the worker's task first runs, so its first run is supervised too.
+            _sdk.supervise_worker(self.server, _supervised)
             if docket is not None:
                 docket.execution_ttl = timedelta(seconds=self.kit_settings.task_ttl_seconds)
                 for tool in tools:

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("fastmcp_tasks", reason="durable tasks need the kit's tasks extra (fastmcp-tasks)")
 
 import fastmcp_tasks
-from conftest import TASK_BOUNDS, running_stack
+from conftest import TASK_BOUNDS, replica_on, running_stack, stack_config
 from fastmcp import Client
 from fastmcp.exceptions import ToolError
 from fastmcp_tasks import ToolTask, call_tool_task
@@ -35,6 +35,8 @@ from mcp_ha.tasks import DOCKET_NAME, RUNNER_META, TaskRuns, docket_url
 assert fastmcp_tasks.__version__
 # Kill -9 runs of the takeover test: TASK_KILL_RUNS=5 pytest tests/mcp_ha/test_tasks.py -k kill -s prints them.
 KILL_RUNS = int(os.environ.get("TASK_KILL_RUNS", "1"))
+# How long the store outage test keeps every Redis node down: several of the worker's reconnection attempts.
+OUTAGE_SECONDS = 4
 
 
 def runs_log(stack: Stack) -> list[list[str]]:
@@ -342,6 +344,46 @@ async def test_tasks_run_on_redis_behind_sentinel(tmp_path: Path) -> None:
         primary = stack.redis_primary()
         assert primary is not None and stack.redis_command(primary, "ACL", "LOG") == []
         assert stack.redis_command(primary, "EXISTS", f"{DOCKET_NAME}:stream") == 1
+
+
+@pytest.mark.parametrize("mode", ["single", "cluster"])
+async def test_a_replica_runs_tasks_again_once_its_store_is_back(mode: str, tmp_path: Path) -> None:
+    """Every Redis node stopped while a replica's worker waits for work, then started again: the replica,
+    never restarted, runs the next task to its end (its worker came back by itself)."""
+    redis = Stack(stack_config(tmp_path / "redis", replicas=1, redis_mode=mode))
+    nodes = redis.config.redis_names()
+    env = {"REDIS_URL": "", "REDIS_CLUSTER_NODES": redis.config.cluster_nodes} if mode == "cluster" else {}
+
+    def start_store(gap: float = 0) -> None:
+        # One node at a time, `gap` apart, as a StatefulSet brings its pods back (OrderedReady).
+        for name in nodes:
+            redis.start(name)
+            time.sleep(gap)
+        if mode == "cluster":
+            redis.create_cluster()  # a cluster already made: waits for every slot served, loads the functions
+        else:
+            redis.load_functions("redis")
+
+    try:
+        start_store()
+        with replica_on(redis, tmp_path, "mcp-server-1", module="tests.mcp_ha.tasks_server", **env) as replica:
+            async with Client(replica.url, timeout=30) as client:
+                h = await handle(client)
+                task = await call_tool_task(client, "job", {"steps": 2, "step_seconds": 0.05, "session_id": h})
+                assert (await task.result()).data["counted"] == 2
+            redis.stop(*nodes)
+            await asyncio.sleep(OUTAGE_SECONDS)
+            start_store(gap=1)
+            assert replica.proc.poll() is None
+            async with Client(replica.url, timeout=30) as client:
+                h = await handle(client)
+                task = await call_tool_task(client, "job", {"steps": 2, "step_seconds": 0.05, "session_id": h})
+                final = await until(task, ("completed", "failed", "cancelled"), limit=30)
+            assert final.status == "completed", (final, replica.log.read_text()[-3000:])
+            assert final.result["structuredContent"]["instance"] == "mcp-server-1"
+            assert replica.proc.poll() is None
+    finally:
+        redis.down()
 
 
 def test_docket_asked_the_kits_redis_user_for_nothing_its_acl_refuses(tasks_stack: Stack) -> None:
