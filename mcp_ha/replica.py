@@ -224,7 +224,8 @@ class HighAvailability:
             # `@mcp.tool(task=True)` tools run as durable tasks on the kit's store (tasks.py).
             from .tasks import HATasks
 
-            mcp.add_extension(HATasks(self.settings, self.store, self.runs))
+            restarts = self._metrics.TASK_WORKER_RESTARTS.inc if self._metrics is not None else None
+            mcp.add_extension(HATasks(self.settings, self.store, self.runs, on_worker_restart=restarts))
         self._servers.add(mcp)
         return mcp
 

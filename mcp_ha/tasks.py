@@ -57,6 +57,12 @@ What the layer adds, because Docket does not:
   life); and TASK_TTL_SECONDS, how long a finished task is kept (Docket's
   execution TTL). Redis full or out of reach while a task is created is the
   store's clear tool error, not an internal error (`_docket_answered`).
+- **The worker outlives a store outage.** Docket waits out a Redis error
+  itself, but redis-py raises a non-Redis error when no node of a Redis
+  Cluster answers, which ended the worker: the replica ran no task until
+  restarted. The layer starts the worker again whenever it ends on an error
+  (`_supervised`: 1 s, doubling to 30 s), logged and counted
+  (`mcp_task_worker_restarts_total`, with metrics on).
 - **No credentials kept.** fastmcp-tasks keeps each task's context snapshot
   (its caller's access token and request headers) in Redis for the task's
   life; the layer has it captured without the raw bearer token (the claims
@@ -127,7 +133,6 @@ from . import _sdk
 from .elicitation import InputNeeded
 from .errors import KEY_REUSED, SESSION_BUSY, SESSION_MOVED, STORE_FULL
 from .idempotency import current_call
-from .metrics import TASK_WORKER_RESTARTS
 from .principals import client_of
 from .session_store import (
     STORE_UNAVAILABLE,
@@ -519,7 +524,9 @@ async def _task_context() -> Context | None:
     return ctx
 
 
-def _supervised(run: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+def _supervised(
+    run: Callable[..., Awaitable[None]], *, on_restart: Callable[[], None] | None
+) -> Callable[..., Awaitable[None]]:
     """Docket's worker loop, started again whenever it ends on an error. Docket waits out a Redis error
     itself, but not every outage raises one: a Redis Cluster none of whose nodes answers raises redis-py's
     RedisClusterException, which ended the worker, and the replica ran no task until it was restarted."""
@@ -534,7 +541,8 @@ def _supervised(run: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[
             except Exception:
                 if loop.time() - started > WORKER_RESTART_MAX_SECONDS:
                     delay = WORKER_RESTART_FIRST_SECONDS  # it had run a while: not the same failure again
-                TASK_WORKER_RESTARTS.inc()
+                if on_restart is not None:
+                    on_restart()
                 log.exception("the task worker stopped on an error: starting it again in %.0f s", delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, WORKER_RESTART_MAX_SECONDS)
@@ -572,7 +580,15 @@ class NamedTask(GetTaskResult):
 class HATasks(TasksExtension):
     """FastMCP's tasks extension on the kit's store and settings, with the layer's guarantees (module doc)."""
 
-    def __init__(self, settings: Settings, store: SessionStore, runs: Runs) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: SessionStore,
+        runs: Runs,
+        *,
+        on_worker_restart: Callable[[], None] | None = None,
+    ) -> None:
+        """`on_worker_restart`: told each time Docket's worker is started again after an error (a metric)."""
         super().__init__(
             url=docket_url(settings),
             name=DOCKET_NAME,
@@ -584,6 +600,7 @@ class HATasks(TasksExtension):
         self.kit_settings = settings
         self.store = store
         self.runs = TaskRuns(store, runs)
+        self.on_worker_restart = on_worker_restart
         # A task's context snapshot stays in Redis for its life: never with its caller's credentials.
         _sdk.scrub_task_snapshots()
 
@@ -595,7 +612,7 @@ class HATasks(TasksExtension):
         async with super().lifespan():
             docket = _sdk.docket_of(self.server)
             # Before the worker's task first runs, so its first run is supervised too.
-            _sdk.supervise_worker(self.server, _supervised)
+            _sdk.supervise_worker(self.server, functools.partial(_supervised, on_restart=self.on_worker_restart))
             if docket is not None:
                 docket.execution_ttl = timedelta(seconds=self.kit_settings.task_ttl_seconds)
                 for tool in tools:

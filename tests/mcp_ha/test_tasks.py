@@ -550,3 +550,45 @@ async def test_a_task_keeps_no_credentials_and_refuses_arguments_it_cannot_keep(
     )
     assert huge.is_error and "MAX_TASK_ARGUMENT_BYTES" in huge.content[0].text, huge
     assert tasks_stack.redis_command("redis", "DBSIZE") == before  # nothing was stored for either
+
+
+@pytest.mark.quick
+async def test_the_worker_is_started_again_after_an_error_until_it_stops_as_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mcp_ha import tasks
+
+    counted: list[None] = []
+
+    def restarts() -> float:
+        return len(counted)
+
+    waits: list[float] = []
+    sleep = asyncio.sleep
+
+    async def recorded(delay: float) -> None:  # the backoff's delays, without waiting them out
+        waits.append(delay)
+        await sleep(0)
+
+    monkeypatch.setattr(tasks, "WORKER_RESTART_MAX_SECONDS", 4.0)
+    monkeypatch.setattr(asyncio, "sleep", recorded)
+    runs = 0
+
+    async def run(*, forever: bool) -> None:
+        nonlocal runs
+        runs += 1
+        if runs <= 4:
+            raise RuntimeError("Redis Cluster cannot be connected")  # as redis-py's RedisClusterException
+
+    before = restarts()
+    await tasks._supervised(run, on_restart=lambda: counted.append(None))(
+        forever=True
+    )  # returns once a run returns: the worker was told to stop
+    assert runs == 5 and restarts() - before == 4
+    assert waits == [1.0, 2.0, 4.0, 4.0]  # doubling from the first, held at the most
+
+    async def stopped(*, forever: bool) -> None:
+        raise asyncio.CancelledError  # the lifespan cancelling it: not restarted
+
+    with pytest.raises(asyncio.CancelledError):
+        await tasks._supervised(stopped, on_restart=None)(forever=True)
