@@ -443,7 +443,7 @@ class InFlight:
                     try:
                         await place
                     finally:
-                        if not place.done():
+                        if place in self._waiting:  # cancelled (its wait ran out) before any call ended
                             self._waiting.remove(place)
                     call = self.admit(session_id, client)
         except TimeoutError:
@@ -464,7 +464,8 @@ class InFlight:
             # Every waiter tries again, in order: the place freed may suit only one further back.
             waiting, self._waiting = self._waiting, []
             for place in waiting:
-                place.set_result(None)
+                if not place.done():
+                    place.set_result(None)
 
 
 class CallsInFlight:
