@@ -909,8 +909,9 @@ class Stack:
         c = self.config
         store_env = {"REDIS_USERNAME": c.redis_user, "REDIS_PASSWORD": c.redis_password}
         if c.redis_mode == "cluster":
-            # A cluster promotes a replica ~2 s after its primary stops answering, later than Sentinel.
-            store_env |= {"REDIS_CLUSTER_NODES": c.cluster_nodes, "REDIS_RETRY_SECONDS": "8"}
+            # The default REDIS_RETRY_SECONDS (4) outlasts a promotion (~2.5 s); a longer window keeps a call
+            # in flight through a whole-cluster outage past a stock client's patience.
+            store_env |= {"REDIS_CLUSTER_NODES": c.cluster_nodes}
         elif c.redis_mode == "sentinel":
             store_env |= {
                 "REDIS_SENTINELS": c.sentinels,
