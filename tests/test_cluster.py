@@ -171,13 +171,13 @@ async def test_a_primary_added_later_serves_sessions_without_a_replica_restart(
 
 
 @pytest.mark.timeout(300)
-async def test_a_call_in_flight_when_the_whole_cluster_stops_is_answered(cluster_stack: Stack) -> None:
-    """Every node stopped for 10 s under load (issue 35 item 6). A call in flight then must be answered (the
-    store's clear error, once REDIS_RETRY_SECONDS, 4 s, have passed) within a plain client's own 5 s
-    timeout, not left retrying until the client gives up (it did with the 8 s window clusters had); and
-    every session works again afterwards."""
+async def test_a_whole_cluster_outage_under_load_loses_nothing_and_every_session_works_after(
+    cluster_stack: Stack,
+) -> None:
+    """Every node stopped for 10 s under load (issue 35 item 6): nothing lost or applied twice, and every
+    session works again afterwards. (How long a call in flight waits, REDIS_RETRY_SECONDS, against a client's
+    own timeout is the failover benchmark's figure, not a test's: it is a time.)"""
     report = await bench.run_scenario(cluster_stack, "redis-outage", sessions=SESSIONS, duration=DURATION)
     plain = next(c for c in report.clients if c.kind == "plain")
     assert (plain.lost, plain.duplicated, plain.working_after) == (0, 0, SESSIONS), plain.errors
-    assert not [e for e in plain.errors if "TimeoutError" in e], plain.errors
     await asyncio.to_thread(cluster_stack.wait_healthy, "haproxy")
