@@ -152,9 +152,19 @@ class Ownership:
         # (another replica adopted them since), or they were opened here only to
         # resume a stream. The next request that may write adopts them afresh.
         self.stale: set[str] = set()
+        # One lock per session being taken over (adopted, or taken back after a fence), so that concurrent
+        # requests take it once, in order; an entry disappears when no request holds or awaits its lock.
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     def epoch(self, session_id: str) -> int | None:
         return self.epochs.get(session_id)
+
+    def lock(self, session_id: str) -> asyncio.Lock:
+        """The lock a takeover of `session_id` holds: one at a time, whichever layer takes it."""
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = self._locks[session_id] = asyncio.Lock()
+        return lock
 
     def lost(self, session_id: str) -> None:
         self.stale.add(session_id)
@@ -290,7 +300,6 @@ class RetakeFenced(Middleware):
         self.ownership = ownership
         self.stalls = stalls
         self.on_adopt = on_adopt
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     async def on_call_tool(
         self, context: MiddlewareContext[CallToolRequestParams], call_next: CallNext[CallToolRequestParams, Any]
@@ -311,10 +320,7 @@ class RetakeFenced(Middleware):
 
     async def _retake(self, session_id: str, held: int) -> bool:
         """Own the session again, unless a concurrent call of it already did since `held`; False when gone."""
-        lock = self._locks.get(session_id)
-        if lock is None:
-            lock = self._locks[session_id] = asyncio.Lock()
-        async with lock:
+        async with self.ownership.lock(session_id):
             if self.ownership.epoch(session_id) not in (held, None) and session_id not in self.ownership.stale:
                 return True
             found = await self.store.adopt_session(session_id)
@@ -376,9 +382,6 @@ class AdoptSessions:
         self.path = path
         self.on_adopt = on_adopt
         self.on_serve = on_serve
-        # One lock per session being adopted, so concurrent first requests adopt
-        # once; an entry disappears when no request holds or awaits its lock.
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         # The SDK forgets idle sessions without telling anyone; prune when the
         # epochs outgrow this (doubling, so pruning costs O(1) per request).
         self._prune_at = 1000
@@ -441,10 +444,7 @@ class AdoptSessions:
         Only for the principal that opened it: checked before anything
         changes, so a stranger's attempt does not even advance the epoch.
         """
-        lock = self._locks.get(session_id)
-        if lock is None:
-            lock = self._locks[session_id] = asyncio.Lock()
-        async with lock:
+        async with self.ownership.lock(session_id):  # concurrent first requests adopt once
             if _sdk.holds(manager, session_id) and (session_id not in self.ownership.stale or not take_over):
                 return True  # a concurrent request adopted it while we waited, or reading needs no epoch
             if await self.store.owner(session_id) != owner(scope):
