@@ -27,8 +27,10 @@ you got it right.
   (`Fenced`). With `op` (an `Op`: which write of which call), the write applies
   at most once: a repeat returns the recorded result, the record commits
   together with the change, and the same op id sent for a different call is
-  refused (`OpReused`). A call's op records are kept for `op_ttl_seconds`
-  after its latest write. `apply` commits several writes together, only if
+  refused (`OpReused`). A call's op records are kept for at least
+  `op_ttl_seconds` after its latest write, and at most half as long again:
+  they share one key per session and per half op TTL (`op_span`), so a
+  record costs its fields, not a key of its own. `apply` commits several writes together, only if
   the entries the caller read are still what it read (else `Conflict`), and
   records a result of the caller's choosing under its op; `recall` reads that
   record back, so a retry can answer without running anything again.
@@ -152,6 +154,21 @@ def key_bytes(name: str) -> int:
 def entry_bytes(name: str, text: str) -> int:
     """What one entry of a hash is charged: its name and text, and its place in the hash."""
     return len(name.encode()) + len(text.encode()) + ENTRY_BYTES
+
+
+def op_fields(op: Op) -> tuple[str, str]:
+    """The fields a call's records take in its session's op bucket: the call's digest's, then this
+    write's result's. The call key goes first with its length in bytes, so no call's fields can be
+    another's, and the digest's field is where the result's begins."""
+    call = f"{len(op.call.encode())}:{op.call}"
+    return call, f"{call}>{op.write}"
+
+
+def op_span(op_ttl_seconds: int) -> int:
+    """How many seconds of writes one op bucket holds. A bucket lives until the op TTL after its span
+    ends, so a record lives between one op TTL and one and a half, and a write looks in the few
+    buckets that can still hold its call's records."""
+    return max(1, op_ttl_seconds // 2)
 
 
 def payer_of(holder: str) -> str:

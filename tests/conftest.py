@@ -196,7 +196,7 @@ ABUSE_BOUNDS = {
     "MAX_REPLAYS": "24",
     # Above what the notes-until-Redis-is-full test writes (Redis refuses first there), below 50 x 256 KiB.
     "MAX_CLIENT_BYTES": str(8 << 20),
-    # Each write through HAProxy keeps an op record (charged ~800 B) this long, counted in its client's bytes:
+    # Each write through HAProxy keeps an op record (charged ~260 B) this long, counted in its client's bytes:
     # the bystander's ~100 writes a second would pass MAX_CLIENT_BYTES within the module at the default 600.
     "OP_TTL_SECONDS": "60",
     "MAX_CALLS_PER_CLIENT": "16",

@@ -54,6 +54,7 @@ from mcp_ha.check.wire import (
     jsonrpc_messages,
     last_jsonrpc_message,
 )
+from mcp_ha.session_store import DEFAULT_MAX_BYTES_PER_HOLDER
 from mcp_ha.stack import Stack, http_status
 
 pytestmark = pytest.mark.timeout(90)
@@ -1344,6 +1345,46 @@ class TestOneClientCannotFillRedis:
         assert refusal is not None and "MAX_CLIENT_BYTES" in refusal, refusal
         assert outcome["copies"] * MAX_SESSION_STATE_BYTES <= MAX_CLIENT_BYTES, outcome
         assert outcome["refused_copy_notes"] == 0, "the refused copy was applied"
+
+
+class TestABusyClientAffordsItsOwnRecords:
+    """Issue 35: every call through HAProxy carries an X-Request-Id, so every write kept an op record, each a
+    key of its own charged ~800 bytes for OP_TTL_SECONDS: past ~70 writes a second a principal was refused by
+    its own records at the default MAX_CLIENT_BYTES. A gateway serving many users is one principal."""
+
+    async def test_a_thousand_writes_a_second_for_a_minute_fit_the_default_quota(self, abuse: Abuse) -> None:
+        """600 increments through HAProxy, 6 at a time. What their records are charged, per write, times
+        60,000 (1,000 writes a second for 60 s, all within the default op TTL, so none is freed meanwhile),
+        stays within the default MAX_CLIENT_BYTES, with room for the state itself. The charge, not Redis's
+        memory: the charge is what refuses a client, and it is exact where memory is noisy."""
+        stack, token = abuse.stack, abuse.tokens["other"]
+        writes = 600
+
+        async def attack() -> tuple[int, Counter[str]]:
+            async with attacker_http("127.0.0.31") as http:
+                session = await open_session(http, abuse.url, token, name="gateway")
+                payer = str(stack.redis_command("redis", "HGET", f"mcp:session:{session.session_id}", ".owner"))
+                usage = f"mcp:usage:{payer.strip(chr(34))}:bytes"
+
+                def op_charges() -> int:
+                    flat = stack.redis_command("redis", "HGETALL", usage)
+                    pairs = zip(flat[::2], flat[1::2], strict=True)  # type: ignore[index]
+                    return sum(int(value) for name, value in pairs if str(name).startswith("omcp:op"))
+
+                before = op_charges()
+
+                async def increment(_: int) -> str:
+                    return tool_error_text(await call(session, "increment_counter")) or "ok"
+
+                outcome = Counter(await bounded(writes, 60, increment, concurrency=6))
+                return op_charges() - before, outcome
+
+        charged, outcome = await abuse.under_attack("600 keyed writes (op records)", attack)
+        per_write = charged / writes
+        figure("op records of 600 keyed writes", f"{outcome}, {per_write:.0f} bytes charged per write")
+        assert outcome == Counter({"ok": writes}), outcome
+        assert per_write > 0, "the writes kept no op record: a retry would apply them twice"
+        assert 60_000 * per_write <= 0.75 * DEFAULT_MAX_BYTES_PER_HOLDER, f"{per_write:.0f} bytes a write"
 
 
 # -- finding 2: HTTP/2 past the per-address connection cap, and listen streams per client ---------------

@@ -27,7 +27,7 @@ def test_every_key_of_a_session_is_in_its_slot() -> None:
             LAYOUT.session(sid),
             LAYOUT.session(sid) + ":usage",
             LAYOUT.session(sid) + ":usage:bytes",
-            LAYOUT.op(sid, "call-1"),
+            LAYOUT.ops(sid) + ":5901234",  # an op bucket (_WRITE)
             LAYOUT.events(sid),
             LAYOUT.events(sid) + ":bytes",
             LAYOUT.copy(sid, "nonce"),

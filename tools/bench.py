@@ -1079,7 +1079,7 @@ async def session_key_sizes(redis: StackConfig, sid: str | None) -> dict[str, in
     keys = {
         "session": [f"mcp:session:{sid}"],
         "events": [f"mcp:events:{sid}"],
-        "op": await asyncio.to_thread(scan, redis, f"mcp:op:{sid}:*"),
+        "op": await asyncio.to_thread(scan, redis, f"mcp:ops:{sid}:*"),
     }
     sizes = {}
     for kind, names in keys.items():
@@ -1270,14 +1270,14 @@ def capacity_figures(shapes: dict[str, dict], at_rest: float | None, settings: S
 
 def _forget_transient(redis: StackConfig, sids: list[str | None]) -> None:
     wanted = {sid for sid in sids if sid}
-    keys = [k for k in scan(redis, "mcp:op:*") if k.split(":")[2] in wanted]
+    keys = [k for k in scan(redis, "mcp:ops:*") if k.split(":")[2] in wanted]
     delete_keys(redis, keys + [f"mcp:events:{sid}" for sid in wanted])
 
 
 def _forget_sessions(redis: StackConfig, sids: list[str]) -> None:
     """What the memory section made goes again (also on the running stack, which outlives the bench)."""
     wanted = set(sids)
-    keys = [k for k in scan(redis, "mcp:op:*") if k.split(":")[2] in wanted]
+    keys = [k for k in scan(redis, "mcp:ops:*") if k.split(":")[2] in wanted]
     for sid in sids:
         keys += [f"mcp:session:{sid}", f"mcp:events:{sid}"]
     delete_keys(redis, keys)
@@ -1479,7 +1479,7 @@ def memory_table(report: dict) -> Section:
     rows = [
         ["resident: mcp:session:<id> (state + adoption record)", f"{per['session']:.0f}"],
         ["transient: mcp:events:<id> (event TTL)", f"{per['events']:.0f}"],
-        [f"transient: mcp:op:<id>:* ({per['op_keys']:.0f} keys, op TTL)", f"{per['op']:.0f}"],
+        [f"transient: mcp:ops:<id>:* (its calls' op records, {per['op_keys']:.0f} key(s), op TTL)", f"{per['op']:.0f}"],
         [
             "used_memory delta / session, right after the calls (no client buffers)",
             f"{m['used_memory_delta_per_session']:.0f}",

@@ -1,5 +1,5 @@
-#!lua name=mcp_ha_c_0034c6fa9207
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_get', callback=function(K, A)
+#!lua name=mcp_ha_c_d7c1b14e508c
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_get', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -194,7 +194,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_items', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_items', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -389,7 +389,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_touch', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_touch', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -583,7 +583,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_write', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_write', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -894,17 +894,28 @@ function write.append(field, item)
   return tostring(count)
 end
 
+-- A call's records live in the session's op buckets (KEYS[3] .. ':' .. n: the calls written in the
+-- n-th span of `op_span` seconds, by the server's clock), each kept the op TTL past its span's end:
+-- the bucket now, and those before it that can still hold a record of the last op TTL.
+local bucket, bucket_ttl, digest_field
 if ARGV[5] ~= '' then
-  local recorded = redis.call('HGET', KEYS[3], '.digest')
-  if recorded and recorded ~= ARGV[5] then
-    return redis.error_reply('OPREUSED the idempotency key belongs to another call')
-  end
-  local done = redis.call('HGET', KEYS[3], ARGV[6])
-  if done then
-    -- A write of its own, so a WAIT after this replay covers the write it
-    -- replays, which may have been made on another connection.
-    touch()
-    return {done, 1}
+  local ttl = tonumber(ARGV[4])
+  local span, now = math.max(1, math.floor(ttl / 2)), tonumber(redis.call('TIME')[1])
+  local n = math.floor(now / span)
+  bucket, bucket_ttl = KEYS[3] .. ':' .. string.format('%d', n), (n + 1) * span + ttl - now
+  local length = string.match(ARGV[6], '^%d+')
+  digest_field = string.sub(ARGV[6], 1, #length + 1 + tonumber(length))
+  for m = n, n - math.ceil(ttl / span), -1 do
+    local found = redis.call('HMGET', KEYS[3] .. ':' .. string.format('%d', m), digest_field, ARGV[6])
+    if found[1] and found[1] ~= ARGV[5] then
+      return redis.error_reply('OPREUSED the idempotency key belongs to another call')
+    end
+    if found[2] then
+      -- A write of its own, so a WAIT after this replay covers the write it
+      -- replays, which may have been made on another connection.
+      touch()
+      return {found[2], 1}
+    end
   end
 end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], '.epoch') ~= ARGV[3] then
@@ -971,10 +982,11 @@ if payer then
     return bytes
   end
   charge(u, 's' .. KEYS[1], first_charge, ARGV[2], cost)
-  if ARGV[5] ~= '' then
-    -- So are a call's records; a call key used again once its records expired starts afresh.
-    local first = key_bytes(KEYS[3]) + entry_bytes('.digest', #ARGV[5])
-    charge(u, 'o' .. KEYS[3], first, ARGV[4], entry_bytes(ARGV[6], #result), redis.call('EXISTS', KEYS[3]) == 0)
+  if bucket then
+    -- So is the op bucket, by the fields this write adds to it.
+    local grow = entry_bytes(ARGV[6], #result)
+    if redis.call('HEXISTS', bucket, digest_field) == 0 then grow = grow + entry_bytes(digest_field, #ARGV[5]) end
+    charge(u, 'o' .. bucket, key_bytes(bucket), bucket_ttl, grow, redis.call('EXISTS', bucket) == 0)
   end
   local refused = over(u)
   if refused then return refused end
@@ -992,9 +1004,9 @@ else
   for _, field in ipairs(staged_order) do set_field(field, staged[field]) end
 end
 record_size(new_size)
-if ARGV[5] ~= '' then
-  redis.call('HSET', KEYS[3], '.digest', ARGV[5], ARGV[6], result)
-  redis.call('EXPIRE', KEYS[3], ARGV[4])
+if bucket then
+  redis.call('HSET', bucket, digest_field, ARGV[5], ARGV[6], result)
+  redis.call('EXPIRE', bucket, bucket_ttl)
 end
 if u then commit(u) end
 touch()
@@ -1006,7 +1018,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_count', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_count', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 local horizon = tonumber(redis.call('TIME')[1]) - tonumber(ARGV[1])
@@ -1014,7 +1026,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', horizon)
 return redis.call('ZCARD', KEYS[1])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_claim', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_claim', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -1198,7 +1210,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_release', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_release', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -1371,7 +1383,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_open', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_open', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -1603,7 +1615,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_read_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_read_record', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 local function record_fields()
@@ -1630,7 +1642,7 @@ if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return nil end
 return record()
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_update_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_update_record', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
@@ -1638,7 +1650,7 @@ redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_adopt', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_adopt', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -1855,7 +1867,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_end', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_end', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -2061,7 +2073,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_add_event', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_add_event', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[4], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -2262,7 +2274,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_events_after', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_events_after', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 local found, events = nil, {}
@@ -2283,7 +2295,7 @@ if not found then return false end
 return {found, events}
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_stream_since', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_stream_since', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 local want_ms, want_n = string.match(ARGV[1], '^(%d+)-(%d+)$')
@@ -2318,7 +2330,7 @@ local latest = later[1] and string.match(later[1], '^(%S+) ') or ARGV[1]
 return {latest, events}
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_grant', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_grant', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2375,7 +2387,7 @@ keep(H, Z)
 return {'OK', fmt(new), fmt(gx)}
 
 end}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_lower', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_lower', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2419,7 +2431,7 @@ if bytes ~= b then redis.call('HINCRBY', H, 'total', bytes - b) end
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_renew', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_renew', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2465,7 +2477,7 @@ keep(H, Z)
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_admit', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_admit', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2509,7 +2521,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_leave', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_leave', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2546,7 +2558,7 @@ end
 return redis.call('ZREM', KEYS[1], ARGV[1])
 
 end}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_index', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_index', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2585,7 +2597,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_0034c6fa9207_stash', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_stash', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()

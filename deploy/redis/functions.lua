@@ -1,5 +1,5 @@
-#!lua name=mcp_ha_ec74d2cf5e4a
-redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_get', callback=function(KEYS, ARGV)
+#!lua name=mcp_ha_301e4f54e959
+redis.register_function{function_name='mcp_ha_301e4f54e959_get', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -186,7 +186,7 @@ touch()
 return redis.call('HGET', KEYS[1], ARGV[3])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_items', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_301e4f54e959_items', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -373,7 +373,7 @@ touch()
 return redis.call('HGETALL', KEYS[1])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_touch', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_301e4f54e959_touch', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -559,7 +559,7 @@ end
 touch()
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_write', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_301e4f54e959_write', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -865,17 +865,28 @@ function write.append(field, item)
   return tostring(count)
 end
 
+-- A call's records live in the session's op buckets (KEYS[3] .. ':' .. n: the calls written in the
+-- n-th span of `op_span` seconds, by the server's clock), each kept the op TTL past its span's end:
+-- the bucket now, and those before it that can still hold a record of the last op TTL.
+local bucket, bucket_ttl, digest_field
 if ARGV[5] ~= '' then
-  local recorded = redis.call('HGET', KEYS[3], '.digest')
-  if recorded and recorded ~= ARGV[5] then
-    return redis.error_reply('OPREUSED the idempotency key belongs to another call')
-  end
-  local done = redis.call('HGET', KEYS[3], ARGV[6])
-  if done then
-    -- A write of its own, so a WAIT after this replay covers the write it
-    -- replays, which may have been made on another connection.
-    touch()
-    return {done, 1}
+  local ttl = tonumber(ARGV[4])
+  local span, now = math.max(1, math.floor(ttl / 2)), tonumber(redis.call('TIME')[1])
+  local n = math.floor(now / span)
+  bucket, bucket_ttl = KEYS[3] .. ':' .. string.format('%d', n), (n + 1) * span + ttl - now
+  local length = string.match(ARGV[6], '^%d+')
+  digest_field = string.sub(ARGV[6], 1, #length + 1 + tonumber(length))
+  for m = n, n - math.ceil(ttl / span), -1 do
+    local found = redis.call('HMGET', KEYS[3] .. ':' .. string.format('%d', m), digest_field, ARGV[6])
+    if found[1] and found[1] ~= ARGV[5] then
+      return redis.error_reply('OPREUSED the idempotency key belongs to another call')
+    end
+    if found[2] then
+      -- A write of its own, so a WAIT after this replay covers the write it
+      -- replays, which may have been made on another connection.
+      touch()
+      return {found[2], 1}
+    end
   end
 end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], '.epoch') ~= ARGV[3] then
@@ -942,10 +953,11 @@ if payer then
     return bytes
   end
   charge(u, 's' .. KEYS[1], first_charge, ARGV[2], cost)
-  if ARGV[5] ~= '' then
-    -- So are a call's records; a call key used again once its records expired starts afresh.
-    local first = key_bytes(KEYS[3]) + entry_bytes('.digest', #ARGV[5])
-    charge(u, 'o' .. KEYS[3], first, ARGV[4], entry_bytes(ARGV[6], #result), redis.call('EXISTS', KEYS[3]) == 0)
+  if bucket then
+    -- So is the op bucket, by the fields this write adds to it.
+    local grow = entry_bytes(ARGV[6], #result)
+    if redis.call('HEXISTS', bucket, digest_field) == 0 then grow = grow + entry_bytes(digest_field, #ARGV[5]) end
+    charge(u, 'o' .. bucket, key_bytes(bucket), bucket_ttl, grow, redis.call('EXISTS', bucket) == 0)
   end
   local refused = over(u)
   if refused then return refused end
@@ -963,9 +975,9 @@ else
   for _, field in ipairs(staged_order) do set_field(field, staged[field]) end
 end
 record_size(new_size)
-if ARGV[5] ~= '' then
-  redis.call('HSET', KEYS[3], '.digest', ARGV[5], ARGV[6], result)
-  redis.call('EXPIRE', KEYS[3], ARGV[4])
+if bucket then
+  redis.call('HSET', bucket, digest_field, ARGV[5], ARGV[6], result)
+  redis.call('EXPIRE', bucket, bucket_ttl)
 end
 if u then commit(u) end
 touch()
@@ -973,7 +985,7 @@ redis.call(CLUSTER and 'SPUBLISH' or 'PUBLISH', KEYS[5], ARGV[1])
 return {result, 0}
 
 end}
-redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_count', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_301e4f54e959_count', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local horizon = tonumber(redis.call('TIME')[1]) - tonumber(ARGV[1])
@@ -981,7 +993,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', horizon)
 return redis.call('ZCARD', KEYS[1])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_claim', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_301e4f54e959_claim', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1157,7 +1169,7 @@ if u then commit(u) end
 return ARGV[1]
 
 end}
-redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_release', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_301e4f54e959_release', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1322,7 +1334,7 @@ redis.call('HDEL', KEYS[1], 'holder', 'u', 'p')
 if set then uncharge(set, 'c' .. KEYS[1]) end
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_open', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_301e4f54e959_open', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1546,7 +1558,7 @@ touch()
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_read_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_301e4f54e959_read_record', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local function record_fields()
@@ -1573,7 +1585,7 @@ if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return nil end
 return record()
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_update_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_301e4f54e959_update_record', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
@@ -1581,7 +1593,7 @@ redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_adopt', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_301e4f54e959_adopt', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1790,7 +1802,7 @@ touch()
 return {epoch, record()}
 
 end}
-redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_end', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_301e4f54e959_end', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1988,7 +2000,7 @@ end
 return 1
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_add_event', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_301e4f54e959_add_event', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -2180,7 +2192,7 @@ redis.call(CLUSTER and 'SPUBLISH' or 'PUBLISH', KEYS[3], ARGV[6] .. ' ' .. ARGV[
 return position
 
 end}
-redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_events_after', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_301e4f54e959_events_after', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local found, events = nil, {}
@@ -2201,7 +2213,7 @@ if not found then return false end
 return {found, events}
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_ec74d2cf5e4a_stream_since', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_301e4f54e959_stream_since', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local want_ms, want_n = string.match(ARGV[1], '^(%d+)-(%d+)$')

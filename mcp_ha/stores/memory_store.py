@@ -37,6 +37,8 @@ from ..session_store import (
     event_position,
     key_bytes,
     mint_event_id,
+    op_fields,
+    op_span,
     over_quota,
     payer_of,
 )
@@ -94,8 +96,8 @@ def _session_key(session_id: str) -> str:
     return f"mcp:session:{session_id}"
 
 
-def _op_key(session_id: str, call: str) -> str:
-    return f"mcp:op:{session_id}:{call}"
+def _ops_key(session_id: str, n: int) -> str:
+    return f"mcp:ops:{session_id}:{n}"
 
 
 def _events_key(session_id: str) -> str:
@@ -108,15 +110,6 @@ def _claim_key(name: str) -> str:
 
 def _state_charge(session_id: str, data: Mapping[str, Any]) -> int:
     return key_bytes(_session_key(session_id)) + sum(entry_bytes(name, _json(v)) for name, v in data.items())
-
-
-def _op_charge(session_id: str, op: Op, results: Mapping[str, Any]) -> int:
-    key = _op_key(session_id, op.call)
-    return (
-        key_bytes(key)
-        + entry_bytes(".digest", op.digest)
-        + sum(entry_bytes(write, _json(result)) for write, result in results.items())
-    )
 
 
 def _payer_entry(payer: str, owner: Any) -> dict[str, str]:
@@ -149,6 +142,9 @@ class InMemorySessionStore(SessionStore):
         # Per (session, call): (digest, {write: result}, expiry), kept in expiry
         # order (one TTL for all), so expiry pops from the front too.
         self._ops: OrderedDict[tuple[str, str], tuple[str, dict[str, Any], float]] = OrderedDict()
+        # What the Redis store's op buckets would hold, for their charges: per (session, span), the calls
+        # whose digest it holds, and its expiry; in expiry order.
+        self._op_buckets: OrderedDict[tuple[str, int], tuple[set[str], float]] = OrderedDict()
         # Ordered by latest add, oldest first: expiry pops from the front.
         self._events: OrderedDict[str, _EventLog] = OrderedDict()
         self._watchers: set[_Watcher] = set()
@@ -184,8 +180,10 @@ class InMemorySessionStore(SessionStore):
             self._uncharge(f"e{_events_key(session_id)}")
         now = self._clock()
         while self._ops and next(iter(self._ops.values()))[2] <= now:
-            (session_id, call), _ = self._ops.popitem(last=False)
-            self._uncharge(f"o{_op_key(session_id, call)}")
+            self._ops.popitem(last=False)
+        while self._op_buckets and next(iter(self._op_buckets.values()))[1] <= now:
+            (session_id, n), _ = self._op_buckets.popitem(last=False)
+            self._uncharge(f"o{_ops_key(session_id, n)}")
         while self._claim_expiries and self._claim_expiries[0][0] <= now:
             _, name = heapq.heappop(self._claim_expiries)
             held = self._claims.get(name)
@@ -253,20 +251,30 @@ class InMemorySessionStore(SessionStore):
                 f"this session's state would take {after} bytes; the store keeps at most {self.max_state_bytes}"
             )
         holder, charges = self._payers.get(session_id), {}
-        results = {**self._ops.get((session_id, op.call), ("", {}, 0.0))[1], op.write: result} if op else {}
+        span = op_span(self.op_ttl_seconds)
+        n = int(self._clock() // span)  # the op bucket this write's record goes to, if it has an op
+        bucket = self._op_buckets.get((session_id, n)) or (set(), (n + 1) * span + self.op_ttl_seconds)
         if holder is not None:
             charges[f"s{_session_key(session_id)}"] = _state_charge(session_id, work)
             if op is not None:
-                charges[f"o{_op_key(session_id, op.call)}"] = _op_charge(session_id, op, results)
+                # The Redis store charges its op bucket by the fields each write adds.
+                member, (digest_field, result_field) = f"o{_ops_key(session_id, n)}", op_fields(op)
+                grown = self._charges.get(member, ("", key_bytes(_ops_key(session_id, n))))[1]
+                grown += entry_bytes(result_field, _json(result))
+                if op.call not in bucket[0]:
+                    grown += entry_bytes(digest_field, op.digest)
+                charges[member] = grown
             self._check(holder, charges)
         data.clear()
         data.update(work)
         self._send(session_id)
         if op is not None:
-            # Re-inserted last: the call's records expire the op TTL after its latest write.
-            self._ops.pop((session_id, op.call), None)
+            # Re-inserted last: a call's records live as long as the bucket of its latest write.
+            results = self._ops.pop((session_id, op.call), ("", {}, 0.0))[1]
             results[op.write] = copy.deepcopy(result)
-            self._ops[(session_id, op.call)] = (op.digest, results, self._clock() + self.op_ttl_seconds)
+            self._ops[(session_id, op.call)] = (op.digest, results, bucket[1])
+            bucket[0].add(op.call)
+            self._op_buckets[(session_id, n)] = bucket
         if holder is not None:
             self._charge(holder, charges)
         return result

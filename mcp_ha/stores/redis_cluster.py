@@ -201,8 +201,8 @@ class Layout:
     def session(self, session_id: str) -> str:
         return f"{self.prefix}:session:{_tag(session_id)}"
 
-    def op(self, session_id: str, call: str) -> str:
-        return f"{self.prefix}:op:{_tag(session_id)}:{call}"
+    def ops(self, session_id: str) -> str:
+        return f"{self.prefix}:ops:{_tag(session_id)}"
 
     def events(self, session_id: str) -> str:
         return f"{self.prefix}:events:{_tag(session_id)}"

@@ -16,10 +16,14 @@ Layout, with the default prefix `mcp`:
 - `mcp:sessions`: a sorted set of session ids scored by last-seen time (the
   Redis server's clock, so replicas never disagree). Counting live sessions
   trims and counts it: O(log n), never a SCAN.
-- `mcp:op:<id>:<call>`: one hash per keyed call, the call's digest
-  (`.digest`) and the result of each write it applied (for an `apply`, the
-  result its caller chose), kept the op TTL after its latest write, so a
-  retried call applies each write once; `recall` reads it (one HMGET).
+- `mcp:ops:<id>:<n>`: the session's op records, one hash per span of
+  `op_span` seconds (half the op TTL; n counts spans by the Redis server's
+  clock), kept the op TTL past its span's end: for each keyed call, its
+  digest and the result of each write it applied (for an `apply`, the result
+  its caller chose), in fields named by `session_store.op_fields`, so a
+  retried call applies each write once; `recall` reads them (one pipeline of
+  HMGETs). Fields in a few shared keys, not a key per call: a keyed write
+  costs ~290 bytes of Redis (a key of its own cost ~640).
 - `mcp:events:<id>`: the session's event log for resumable SSE streams, a
   list of "<position> <stream length> <stream><message>", trimmed to the
   last `max_events` within `max_log_bytes` on every add (`...:bytes` beside
@@ -125,6 +129,8 @@ from ..session_store import (
     check_key,
     event_position,
     mint_event_id,
+    op_fields,
+    op_span,
     payer_of,
 )
 from .redis_cluster import PAYER_FUNCTIONS, PAYER_HELPERS, Cluster, FeedLost, FeedWatch, Layout
@@ -404,7 +410,7 @@ end
 """
 
 # Every write, in one script, in this order (answering {result, replayed}):
-#   1. an op already applied (KEYS[3], the call's records, holds its result)
+#   1. an op already applied (the session's op buckets, named from KEYS[3], hold its result)
 #      is not applied again, and a call whose digest is not the recorded
 #      one (the same key sent with another call) is refused;
 #   2. a writer whose epoch is no longer the session's is refused (fencing);
@@ -415,7 +421,8 @@ end
 #   5. the change, the op's result and their charges commit together, so a
 #      replica that dies right after cannot leave a change without its record.
 # ARGV[3] epoch or '', ARGV[4] op ttl, ARGV[5] the op's digest or '' (no op),
-# ARGV[6] the write's name in the call, ARGV[7] the operation, ARGV[8] the
+# ARGV[6] the write's field in the op bucket (session_store.op_fields: the
+# digest's field, then the write), ARGV[7] the operation, ARGV[8] the
 # most bytes the state may take, ARGV[9] the most items an append may make
 # ('' for no bound), ARGV[10] the most bytes a holder's keys may take,
 # ARGV[11..] the operation's arguments; KEYS[4] a copy's source; KEYS[5] the changes channel (a
@@ -531,17 +538,28 @@ function write.append(field, item)
   return tostring(count)
 end
 
+-- A call's records live in the session's op buckets (KEYS[3] .. ':' .. n: the calls written in the
+-- n-th span of `op_span` seconds, by the server's clock), each kept the op TTL past its span's end:
+-- the bucket now, and those before it that can still hold a record of the last op TTL.
+local bucket, bucket_ttl, digest_field
 if ARGV[5] ~= '' then
-  local recorded = redis.call('HGET', KEYS[3], '.digest')
-  if recorded and recorded ~= ARGV[5] then
-    return redis.error_reply('OPREUSED the idempotency key belongs to another call')
-  end
-  local done = redis.call('HGET', KEYS[3], ARGV[6])
-  if done then
-    -- A write of its own, so a WAIT after this replay covers the write it
-    -- replays, which may have been made on another connection.
-    touch()
-    return {done, 1}
+  local ttl = tonumber(ARGV[4])
+  local span, now = math.max(1, math.floor(ttl / 2)), tonumber(redis.call('TIME')[1])
+  local n = math.floor(now / span)
+  bucket, bucket_ttl = KEYS[3] .. ':' .. string.format('%d', n), (n + 1) * span + ttl - now
+  local length = string.match(ARGV[6], '^%d+')
+  digest_field = string.sub(ARGV[6], 1, #length + 1 + tonumber(length))
+  for m = n, n - math.ceil(ttl / span), -1 do
+    local found = redis.call('HMGET', KEYS[3] .. ':' .. string.format('%d', m), digest_field, ARGV[6])
+    if found[1] and found[1] ~= ARGV[5] then
+      return redis.error_reply('OPREUSED the idempotency key belongs to another call')
+    end
+    if found[2] then
+      -- A write of its own, so a WAIT after this replay covers the write it
+      -- replays, which may have been made on another connection.
+      touch()
+      return {found[2], 1}
+    end
   end
 end
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[1], '.epoch') ~= ARGV[3] then
@@ -608,10 +626,11 @@ if payer then
     return bytes
   end
   charge(u, 's' .. KEYS[1], first_charge, ARGV[2], cost)
-  if ARGV[5] ~= '' then
-    -- So are a call's records; a call key used again once its records expired starts afresh.
-    local first = key_bytes(KEYS[3]) + entry_bytes('.digest', #ARGV[5])
-    charge(u, 'o' .. KEYS[3], first, ARGV[4], entry_bytes(ARGV[6], #result), redis.call('EXISTS', KEYS[3]) == 0)
+  if bucket then
+    -- So is the op bucket, by the fields this write adds to it.
+    local grow = entry_bytes(ARGV[6], #result)
+    if redis.call('HEXISTS', bucket, digest_field) == 0 then grow = grow + entry_bytes(digest_field, #ARGV[5]) end
+    charge(u, 'o' .. bucket, key_bytes(bucket), bucket_ttl, grow, redis.call('EXISTS', bucket) == 0)
   end
   local refused = over(u)
   if refused then return refused end
@@ -629,9 +648,9 @@ else
   for _, field in ipairs(staged_order) do set_field(field, staged[field]) end
 end
 record_size(new_size)
-if ARGV[5] ~= '' then
-  redis.call('HSET', KEYS[3], '.digest', ARGV[5], ARGV[6], result)
-  redis.call('EXPIRE', KEYS[3], ARGV[4])
+if bucket then
+  redis.call('HSET', bucket, digest_field, ARGV[5], ARGV[6], result)
+  redis.call('EXPIRE', bucket, bucket_ttl)
 end
 if u then commit(u) end
 touch()
@@ -1289,7 +1308,7 @@ class RedisSessionStore(SessionStore):
         max_items: int | None = None,
     ) -> Any:
         keys = self._keys(session_id)
-        keys.append(self._op_key(session_id, op) if op is not None else keys[0])
+        keys.append(self._ops_key(session_id) if op is not None else keys[0])
         keys.append(await self._source(source, session_id) if source is not None else keys[0])
         if self._cluster is None:
             keys.append(self._changes)
@@ -1299,7 +1318,7 @@ class RedisSessionStore(SessionStore):
             "" if epoch is None else epoch,
             self.op_ttl_seconds,
             "" if op is None else op.digest,
-            "" if op is None else op.write,
+            "" if op is None else op_fields(op)[1],
             operation,
             self.max_state_bytes,
             "" if max_items is None else max_items,
@@ -1317,10 +1336,11 @@ class RedisSessionStore(SessionStore):
             self.replayed(op)
         return json.loads(result)
 
-    def _op_key(self, session_id: str, op: Op) -> str:
+    def _ops_key(self, session_id: str) -> str:
+        """What the session's op buckets are named after (`_WRITE`)."""
         if self._layout is not None:
-            return self._layout.op(session_id, op.call)
-        return f"{self._prefix}:op:{session_id}:{op.call}"
+            return self._layout.ops(session_id)
+        return f"{self._prefix}:ops:{session_id}"
 
     async def _source(self, source_id: str, target_id: str) -> str:
         """A copy's source as the write reads it: on a cluster, a snapshot put beside the target first
@@ -1425,12 +1445,22 @@ class RedisSessionStore(SessionStore):
         )
 
     async def recall(self, session_id: str, op: Op) -> tuple[bool, Any]:
-        key = self._op_key(session_id, op)
-        digest, done = await self._read(lambda: self._redis.hmget(key, [".digest", op.write]))
-        if digest is None:
-            return False, None
-        if digest != op.digest:
-            raise OpReused(op.call)
+        # The buckets `_WRITE` looks in, by this machine's clock, and one more each side for its skew.
+        span, base, fields = op_span(self.op_ttl_seconds), self._ops_key(session_id), op_fields(op)
+        now = int(time.time()) // span
+        buckets = [f"{base}:{n}" for n in range(now + 1, now - math.ceil(self.op_ttl_seconds / span) - 2, -1)]
+
+        def read() -> Awaitable[list[Any]]:
+            pipe = self._redis.pipeline(transaction=False)
+            for bucket in buckets:
+                pipe.hmget(bucket, fields)
+            return pipe.execute()
+
+        done = None
+        for digest, result in await self._read(read):
+            if digest is not None and digest != op.digest:
+                raise OpReused(op.call)
+            done = done if result is None else result
         return (False, None) if done is None else (True, json.loads(done))
 
     async def items(self, session_id: str) -> dict[str, Any]:

@@ -89,7 +89,7 @@ def test_every_section_is_there_with_sane_values(report: dict) -> None:
     memory = report["memory"]
     # Bytes are not timings: the budget is asserted as it stands.
     assert 0 < memory["resident"] <= 288
-    assert memory["memory_usage_per_key"]["events"] > 0 and memory["memory_usage_per_key"]["op_keys"] == 4
+    assert memory["memory_usage_per_key"]["events"] > 0 and memory["memory_usage_per_key"]["op_keys"] in (1, 2)
     assert 0 < memory["used_memory_at_rest_per_session"] < memory["used_memory_delta_per_session"]
     durability = report["durability"]
     sane(durability["no_wait"])
