@@ -486,13 +486,17 @@ class SessionStore(ABC):
     # -- claims ---------------------------------------------------------------------------
 
     @abstractmethod
-    async def claim(self, name: str, claimant: str, ttl_seconds: int, *, holder: str | None = None) -> bool:
+    async def claim(
+        self, name: str, claimant: str, ttl_seconds: int, *, holder: str | None = None, charge: int = 0
+    ) -> bool:
         """Atomically take `name` for `claimant` for `ttl_seconds`, unless another claimant has it.
 
         True when `claimant` holds it now (it was free, or already theirs: a retry of the
         same claimant is not refused, and renews it for `ttl_seconds`); False when another
         claimant does. Names are data. The claim is charged to `holder` (the first one
-        given), `claimant` being what it keeps: refused (`LimitExceeded`) past its quota.
+        given), `claimant` being what it keeps, and `charge` more bytes (what the caller keeps
+        elsewhere for as long as the claim lasts, such as a task's data): refused (`LimitExceeded`)
+        past its quota. A renewal is charged its own `charge`, so it may lower it too.
         """
 
     @abstractmethod

@@ -1706,6 +1706,20 @@ async def test_claims_count_against_their_holder_until_released(quota_store: Cal
         assert await store.claim(f"call:{new_id()}", "r" * 3000, 60)
 
 
+async def test_a_claim_charges_what_its_claimant_keeps_elsewhere(quota_store: Callable[..., SessionStore]) -> None:
+    """`charge`: bytes kept outside the store (a durable task's data) counted with the claim, so they fill
+    the holder's quota; its claimant's renewal charges its own `charge`, lowering it too."""
+    store = quota_store()
+    name = f"task:{new_id()}"
+    assert await store.claim(name, "c", 60, holder="alice", charge=12_000)
+    with pytest.raises(LimitExceeded, match=QUOTA_REFUSAL):
+        await store.claim(f"task:{new_id()}", "c", 60, holder="alice", charge=12_000)
+    assert await store.claim(name, "c", 60, holder="alice", charge=1_000)  # lowered: room again
+    assert await store.claim(f"task:{new_id()}", "c", 60, holder="alice", charge=12_000)
+    await store.release(name)
+    assert await store.claim(f"task:{new_id()}", "c", 60, holder="alice", charge=5_000)
+
+
 async def test_what_expires_or_ends_frees_its_holders_quota(quota_store: Callable[..., SessionStore]) -> None:
     store = quota_store(ttl_seconds=1, op_ttl_seconds=1, event_ttl_seconds=1)
     sid = await opened(store, "alice")

@@ -1,5 +1,5 @@
-#!lua name=mcp_ha_c_d7c1b14e508c
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_get', callback=function(K, A)
+#!lua name=mcp_ha_c_3814bd5447b9
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_get', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -194,7 +194,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_items', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_items', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -389,7 +389,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_touch', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_touch', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -583,7 +583,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_write', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_write', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -1018,7 +1018,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_count', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_count', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 local horizon = tonumber(redis.call('TIME')[1]) - tonumber(ARGV[1])
@@ -1026,7 +1026,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', horizon)
 return redis.call('ZCARD', KEYS[1])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_claim', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_claim', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -1194,7 +1194,7 @@ if held and held ~= ARGV[1] then return held end
 local set, u = redis.call('HGET', KEYS[1], 'u') or (ARGV[4] == '1' and KEYS[2]), nil
 if set then
   u = usage(set, ARGV[3])
-  charge(u, 'c' .. KEYS[1], key_bytes(KEYS[1]) + #ARGV[1], ARGV[2])
+  charge(u, 'c' .. KEYS[1], key_bytes(KEYS[1]) + #ARGV[1] + tonumber(ARGV[5]), ARGV[2])
   local refused = over(u)
   if refused then return refused end
   redis.call('HSET', KEYS[1], 'u', set)
@@ -1210,7 +1210,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_release', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_release', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -1383,7 +1383,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_open', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_open', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -1615,7 +1615,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_read_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_read_record', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 local function record_fields()
@@ -1642,7 +1642,7 @@ if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return nil end
 return record()
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_update_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_update_record', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
@@ -1650,7 +1650,7 @@ redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_adopt', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_adopt', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -1867,7 +1867,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_end', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_end', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -2073,7 +2073,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_add_event', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_add_event', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[4], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -2274,7 +2274,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_events_after', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_events_after', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 local found, events = nil, {}
@@ -2295,7 +2295,7 @@ if not found then return false end
 return {found, events}
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_stream_since', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_stream_since', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 local want_ms, want_n = string.match(ARGV[1], '^(%d+)-(%d+)$')
@@ -2330,7 +2330,7 @@ local latest = later[1] and string.match(later[1], '^(%S+) ') or ARGV[1]
 return {latest, events}
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_grant', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_grant', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2387,7 +2387,7 @@ keep(H, Z)
 return {'OK', fmt(new), fmt(gx)}
 
 end}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_lower', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_lower', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2431,7 +2431,7 @@ if bytes ~= b then redis.call('HINCRBY', H, 'total', bytes - b) end
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_renew', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_renew', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2477,7 +2477,7 @@ keep(H, Z)
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_admit', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_admit', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2521,7 +2521,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_leave', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_leave', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2558,7 +2558,7 @@ end
 return redis.call('ZREM', KEYS[1], ARGV[1])
 
 end}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_index', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_index', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2597,7 +2597,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_d7c1b14e508c_stash', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_3814bd5447b9_stash', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()

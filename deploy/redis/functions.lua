@@ -1,5 +1,5 @@
-#!lua name=mcp_ha_301e4f54e959
-redis.register_function{function_name='mcp_ha_301e4f54e959_get', callback=function(KEYS, ARGV)
+#!lua name=mcp_ha_7857174a851e
+redis.register_function{function_name='mcp_ha_7857174a851e_get', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -186,7 +186,7 @@ touch()
 return redis.call('HGET', KEYS[1], ARGV[3])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_301e4f54e959_items', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_7857174a851e_items', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -373,7 +373,7 @@ touch()
 return redis.call('HGETALL', KEYS[1])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_301e4f54e959_touch', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_7857174a851e_touch', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -559,7 +559,7 @@ end
 touch()
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_301e4f54e959_write', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_7857174a851e_write', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -985,7 +985,7 @@ redis.call(CLUSTER and 'SPUBLISH' or 'PUBLISH', KEYS[5], ARGV[1])
 return {result, 0}
 
 end}
-redis.register_function{function_name='mcp_ha_301e4f54e959_count', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_7857174a851e_count', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local horizon = tonumber(redis.call('TIME')[1]) - tonumber(ARGV[1])
@@ -993,7 +993,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', horizon)
 return redis.call('ZCARD', KEYS[1])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_301e4f54e959_claim', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_7857174a851e_claim', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1157,7 +1157,7 @@ if held and held ~= ARGV[1] then return held end
 local set, u = redis.call('HGET', KEYS[1], 'u') or (ARGV[4] == '1' and KEYS[2]), nil
 if set then
   u = usage(set, ARGV[3])
-  charge(u, 'c' .. KEYS[1], key_bytes(KEYS[1]) + #ARGV[1], ARGV[2])
+  charge(u, 'c' .. KEYS[1], key_bytes(KEYS[1]) + #ARGV[1] + tonumber(ARGV[5]), ARGV[2])
   local refused = over(u)
   if refused then return refused end
   redis.call('HSET', KEYS[1], 'u', set)
@@ -1169,7 +1169,7 @@ if u then commit(u) end
 return ARGV[1]
 
 end}
-redis.register_function{function_name='mcp_ha_301e4f54e959_release', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_7857174a851e_release', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1334,7 +1334,7 @@ redis.call('HDEL', KEYS[1], 'holder', 'u', 'p')
 if set then uncharge(set, 'c' .. KEYS[1]) end
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_301e4f54e959_open', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_7857174a851e_open', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1558,7 +1558,7 @@ touch()
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_301e4f54e959_read_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_7857174a851e_read_record', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local function record_fields()
@@ -1585,7 +1585,7 @@ if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return nil end
 return record()
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_301e4f54e959_update_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_7857174a851e_update_record', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
@@ -1593,7 +1593,7 @@ redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_301e4f54e959_adopt', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_7857174a851e_adopt', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1802,7 +1802,7 @@ touch()
 return {epoch, record()}
 
 end}
-redis.register_function{function_name='mcp_ha_301e4f54e959_end', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_7857174a851e_end', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -2000,7 +2000,7 @@ end
 return 1
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_301e4f54e959_add_event', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_7857174a851e_add_event', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -2192,7 +2192,7 @@ redis.call(CLUSTER and 'SPUBLISH' or 'PUBLISH', KEYS[3], ARGV[6] .. ' ' .. ARGV[
 return position
 
 end}
-redis.register_function{function_name='mcp_ha_301e4f54e959_events_after', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_7857174a851e_events_after', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local found, events = nil, {}
@@ -2213,7 +2213,7 @@ if not found then return false end
 return {found, events}
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_301e4f54e959_stream_since', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_7857174a851e_stream_since', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local want_ms, want_n = string.match(ARGV[1], '^(%d+)-(%d+)$')

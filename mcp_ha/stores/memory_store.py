@@ -466,13 +466,15 @@ class InMemorySessionStore(SessionStore):
         self._expire()
         return self._owners.get(session_id)
 
-    async def claim(self, name: str, claimant: str, ttl_seconds: int, *, holder: str | None = None) -> bool:
+    async def claim(
+        self, name: str, claimant: str, ttl_seconds: int, *, holder: str | None = None, charge: int = 0
+    ) -> bool:
         self._expire()
         held = self._claims.get(name)
         if held is not None and held[0] != claimant:
             return False
         payer = holder if held is None else held[2]  # its claimant renews it, charged as it was
-        charges = {f"c{_claim_key(name)}": key_bytes(_claim_key(name)) + len(claimant.encode())}
+        charges = {f"c{_claim_key(name)}": key_bytes(_claim_key(name)) + len(claimant.encode()) + charge}
         if payer is not None:
             self._check(payer, charges)
         until = self._clock() + ttl_seconds

@@ -791,7 +791,8 @@ return 1
 
 # Take KEYS[1] for ARGV[1] for ARGV[2] seconds unless someone else holds it; the holder after.
 # Charged, within ARGV[3] bytes, to the usage set it records (`u`: the first one it was charged to),
-# else to KEYS[2] when ARGV[4] is '1' (a holder was given), else to nobody.
+# else to KEYS[2] when ARGV[4] is '1' (a holder was given), else to nobody: its key, its holder, and
+# ARGV[5] bytes more (what the caller keeps elsewhere while the claim lasts).
 _CLAIM = (
     _USAGE
     + """
@@ -800,7 +801,7 @@ if held and held ~= ARGV[1] then return held end
 local set, u = redis.call('HGET', KEYS[1], 'u') or (ARGV[4] == '1' and KEYS[2]), nil
 if set then
   u = usage(set, ARGV[3])
-  charge(u, 'c' .. KEYS[1], key_bytes(KEYS[1]) + #ARGV[1], ARGV[2])
+  charge(u, 'c' .. KEYS[1], key_bytes(KEYS[1]) + #ARGV[1] + tonumber(ARGV[5]), ARGV[2])
   local refused = over(u)
   if refused then return refused end
   redis.call('HSET', KEYS[1], 'u', set)
@@ -1621,13 +1622,15 @@ class RedisSessionStore(SessionStore):
             return self._layout.claim(name)
         return f"{self._prefix}:claim:{hashlib.sha256(name.encode()).hexdigest()}"
 
-    async def claim(self, name: str, claimant: str, ttl_seconds: int, *, holder: str | None = None) -> bool:
+    async def claim(
+        self, name: str, claimant: str, ttl_seconds: int, *, holder: str | None = None, charge: int = 0
+    ) -> bool:
         key = self._claim_key(name)
         payer = "" if holder is None else payer_of(holder)
         # On a cluster a claim is charged in a ledger of its own beside it, within its payer's grant.
         ledger = f"{key}:usage" if self._cluster is not None else f"{self._prefix}:usage:{payer}"
         keys = [key, key if holder is None else ledger]
-        args = [claimant, ttl_seconds, self.max_bytes_per_holder, "" if holder is None else "1"]
+        args = [claimant, ttl_seconds, self.max_bytes_per_holder, "" if holder is None else "1", charge]
         # Replayed safely: a retry by the same claimant finds its own claim.
         held = await self._call(lambda: self._read(lambda: self._durable(self._claim, keys, args, payer=payer)))
         return bool(held == claimant)
