@@ -55,7 +55,12 @@ What the layer adds, because Docket does not:
   MAX_TASK_ARGUMENT_BYTES of arguments, none the tool does not take (else a
   tool error before anything is stored: Docket keeps them for the task's
   life); and TASK_TTL_SECONDS, how long a finished task is kept (Docket's
-  execution TTL). Redis full or out of reach while a task is created is the
+  execution TTL). What a task keeps in Redis (its arguments, twice, its
+  context snapshot, its result and Docket's own keys) is charged to its
+  client's MAX_CLIENT_BYTES: while it runs with the most its result may take,
+  then what it keeps, until Docket lets it go; a creation past the quota is a
+  tool error naming it, nothing started. A task that fails frees its slot as
+  one that succeeds does, its data still charged. Redis full or out of reach while a task is created is the
   store's clear tool error, not an internal error (`_docket_answered`).
 - **The worker outlives a store outage.** Docket waits out a Redis error
   itself, but redis-py raises a non-Redis error when no node of a Redis
@@ -105,7 +110,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import asynccontextmanager, suppress
 from contextvars import ContextVar
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import mcp_types
@@ -175,6 +180,10 @@ DONE_TTL_SECONDS = 60
 SLOT_PENDING_SECONDS = 60
 SLOT_TTL_SECONDS = 24 * 3600
 SWEEP_SECONDS = 1
+# What Docket, fastmcp-tasks and the layer keep of a task besides its arguments, its caller's headers and
+# its result, charged with them: a dozen small keys and the snapshot's frame (measured on Redis 7.0: a task
+# of small arguments took 4.8 KB, one of 60 KB arguments 137 KB, twice them and the allocator's rounding).
+TASK_KEPT_BYTES = 4096
 
 TOO_MANY_TASKS = (
     "Refused: this client has {n} tasks not yet finished (MAX_TASKS_PER_CLIENT). Wait for one to finish or "
@@ -244,6 +253,12 @@ def _wire(result: ToolResult) -> mcp_types.CallToolResult:
     if isinstance(wire, list):
         return mcp_types.CallToolResult(content=wire)
     return wire
+
+
+def _wire_bytes(result: ToolResult | mcp_types.CallToolResult) -> int:
+    """The bytes of JSON `result` takes as the client gets it (and as Docket keeps it)."""
+    wire = _wire(result) if isinstance(result, ToolResult) else result
+    return len(wire.model_dump_json(by_alias=True, exclude_none=True).encode())
 
 
 def _outcome(done: str) -> Any:
@@ -555,6 +570,17 @@ def _runner_key(docket: Any, task_id: str) -> str:
     return cast(str, docket.key(f"mcp-ha:runner:{task_id}"))  # Docket.key -> str; `docket` is Any
 
 
+class _Slot(NamedTuple):
+    """One of a client's MAX_TASKS_PER_CLIENT slots, taken for a task being created, charged to `client`
+    what the task may keep until it ends (`reserved`); `kept`, what it keeps once ended, but its result."""
+
+    name: str
+    claimant: str
+    client: str
+    kept: int
+    reserved: int
+
+
 def _slot_records(slot: str, task_id: str) -> tuple[str, ...]:
     """What a client's slot holds for its task in the store (`_note`), freed together."""
     return (f"{slot}:task", slot, f"task-slot:{task_id}", f"task-call:{task_id}")
@@ -666,14 +692,14 @@ class HATasks(TasksExtension):
                 result = await self.runs.run(_leg_name(current_execution.get().key), body, cancelled)
             except asyncio.CancelledError:
                 if ran and await asyncio.shield(cancelled()):
-                    await self._end_slot(info.task_id)
+                    await self._end_slot(info.task_id, 0)
                 raise
-            except MCPError:
+            except Exception as exc:  # the task failed: kept with its error
                 if ran:
-                    await self._end_slot(info.task_id)
+                    await self._end_slot(info.task_id, len(str(exc).encode()))
                 raise
             if ran and result is not None:  # None: a leg that asks for input, still the client's task
-                await self._end_slot(info.task_id)
+                await self._end_slot(info.task_id, _wire_bytes(result) if isinstance(result, ToolResult) else 0)
             return result
 
         fenced.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
@@ -699,7 +725,7 @@ class HATasks(TasksExtension):
         if raw is None or isinstance(raw, mcp_types.InputRequiredResult | InputRequiredToolResult):
             return raw
         result = _wire(tool.convert_result(raw))
-        size = len(result.model_dump_json(by_alias=True, exclude_none=True).encode())
+        size = _wire_bytes(result)
         limit = self.kit_settings.max_task_result_bytes
         if size > limit:
             log.warning("task of %s: result of %d bytes not kept (MAX_TASK_RESULT_BYTES=%d)", tool.name, size, limit)
@@ -744,8 +770,8 @@ class HATasks(TasksExtension):
             await self._free(slot)  # run inline after all (a tool another tool called)
         return outcome
 
-    async def _reserve(self, params: Any, context: Context) -> tuple[str, str, str] | None:
-        """(slot, its claimant, the client) when this call may start a task; None when it cannot."""
+    async def _reserve(self, params: Any, context: Context) -> _Slot | None:
+        """The slot this call's task takes, charged what the task may keep; None when it is no task's."""
         request = context.request_context
         if (
             request is None
@@ -759,36 +785,45 @@ class HATasks(TasksExtension):
             return None  # the extension answers an unknown tool as usual
         if tool is None or not tool.task_config.supports_tasks():
             return None
-        self._check_arguments(tool, params.arguments or {})
+        arguments = self._check_arguments(tool, params.arguments or {})
+        # Docket keeps them twice (the task's and its run's); an eighth more for the allocator's size classes.
+        kept = TASK_KEPT_BYTES + 2 * arguments * 9 // 8
         token = get_access_token()
         if token is not None and "|" in (token.client_id or ""):
             raise ToolError(AMBIGUOUS_CLIENT)
         try:
-            client = client_of(get_http_request().scope)
+            http = get_http_request()
+            client = client_of(http.scope)
+            kept += sum(len(name) + len(value) for name, value in http.scope["headers"])  # its snapshot
         except RuntimeError:
             client = "local"
         claimant = secrets.token_hex(8)
+        # Until it ends, the most it may keep: its result, and its arguments once more in Docket's queue.
+        reserved = kept + arguments + self.kit_settings.max_task_result_bytes
         slots = [f"tasks:{client}:{n}" for n in range(self.kit_settings.max_tasks_per_client)]
-        for slot in slots:
-            if await self.store.claim(slot, claimant, SLOT_PENDING_SECONDS, holder=client):
-                return slot, claimant, client
-        # Every slot taken: free all those whose task has finished, at most once per SWEEP_SECONDS per client.
-        if await self.store.claim(f"tasks:{client}:sweep", claimant, SWEEP_SECONDS):
-            freed = []
+        try:
             for slot in slots:
-                task_id = await self.store.claimed(f"{slot}:task")
-                if task_id is None or not await self._finished(task_id):
-                    continue  # being created (or its creator stopped first: it lapses), or still live
-                for name in _slot_records(slot, task_id):
-                    await self.store.release(name)
-                freed.append(slot)
-            for slot in freed:
-                if await self.store.claim(slot, claimant, SLOT_PENDING_SECONDS, holder=client):
-                    return slot, claimant, client
+                if await self.store.claim(slot, claimant, SLOT_PENDING_SECONDS, holder=client, charge=reserved):
+                    return _Slot(slot, claimant, client, kept, reserved)
+            # Every slot taken: free all those whose task has finished, at most once per SWEEP_SECONDS per client.
+            if await self.store.claim(f"tasks:{client}:sweep", claimant, SWEEP_SECONDS):
+                freed = []
+                for slot in slots:
+                    task_id = await self.store.claimed(f"{slot}:task")
+                    if task_id is None or not await self._finished(task_id):
+                        continue  # being created (or its creator stopped first: it lapses), or still live
+                    await self._end_slot(task_id, 0)
+                    freed.append(slot)
+                for slot in freed:
+                    if await self.store.claim(slot, claimant, SLOT_PENDING_SECONDS, holder=client, charge=reserved):
+                        return _Slot(slot, claimant, client, kept, reserved)
+        except LimitExceeded as exc:
+            raise ToolError(f"Refused: {exc}. Nothing was started.") from exc
         raise ToolError(TOO_MANY_TASKS.format(n=self.kit_settings.max_tasks_per_client))
 
-    def _check_arguments(self, tool: Tool, arguments: Mapping[str, Any]) -> None:
-        """A task keeps its arguments for its life: none it does not take, and at most MAX_TASK_ARGUMENT_BYTES."""
+    def _check_arguments(self, tool: Tool, arguments: Mapping[str, Any]) -> int:
+        """A task keeps its arguments for its life: none it does not take, and at most MAX_TASK_ARGUMENT_BYTES.
+        Their bytes, once they pass."""
         known = (tool.parameters or {}).get("properties", {})
         if unknown := sorted(set(arguments) - set(known)):
             raise ToolError(UNKNOWN_ARGUMENTS.format(tool=tool.name, names=", ".join(map(repr, unknown))[:200]))
@@ -796,6 +831,7 @@ class HATasks(TasksExtension):
         limit = self.kit_settings.max_task_argument_bytes
         if size > limit:
             raise ToolError(ARGUMENTS_TOO_LARGE.format(size=size, limit=limit))
+        return size
 
     async def _finished(self, task_id: str) -> bool:
         """Whether the caller's task `task_id` has finished (or is gone), as `tasks/get` would say."""
@@ -805,29 +841,40 @@ class HATasks(TasksExtension):
             return True  # not found: expired, or never created
         return got.status in ("completed", "failed", "cancelled")
 
-    async def _note(self, slot: tuple[str, str, str], task_id: str, call: tuple[str, str]) -> None:
+    async def _note(self, slot: _Slot, task_id: str, call: tuple[str, str]) -> None:
         """The task's call (`_call_of`); and slot and task, each findable from the other: the run that ends
         the task frees the slot (`_end_slot`), and a full client's sweep frees the slot of a task that ended
-        otherwise (cancelled before it ran)."""
-        name, claimant, client = slot
+        otherwise (cancelled before it ran). The slot stays charged what the task may keep."""
         try:
-            await self.store.claim(f"task-call:{task_id}", json.dumps(call), SLOT_TTL_SECONDS, holder=client)
-            await self.store.claim(f"{name}:task", task_id, SLOT_TTL_SECONDS, holder=client)
-            await self.store.claim(f"task-slot:{task_id}", name, SLOT_TTL_SECONDS, holder=client)
-            await self.store.claim(name, claimant, SLOT_TTL_SECONDS, holder=client)
+            await self.store.claim(f"task-call:{task_id}", json.dumps(call), SLOT_TTL_SECONDS, holder=slot.client)
+            await self.store.claim(f"{slot.name}:task", task_id, SLOT_TTL_SECONDS, holder=slot.client)
+            noted = json.dumps([slot.name, slot.client, slot.kept])
+            await self.store.claim(f"task-slot:{task_id}", noted, SLOT_TTL_SECONDS, holder=slot.client)
+            await self.store.claim(slot.name, slot.claimant, SLOT_TTL_SECONDS, holder=slot.client, charge=slot.reserved)
         except (StoreUnavailable, LimitExceeded) as exc:
             log.warning("task %s not noted in its client's slot (it lapses): %s", task_id, exc)
 
-    async def _end_slot(self, task_id: str) -> None:
-        """Free the slot of a task whose run just ended it."""
+    async def _end_slot(self, task_id: str, result_bytes: int) -> None:
+        """Free the slot of a task that ended, and charge its client what the task keeps instead (its
+        arguments, snapshot and result, for TASK_TTL_SECONDS): never more than the slot was charged."""
         try:
-            slot = await self.store.claimed(f"task-slot:{task_id}")
-            if slot is not None:
-                for name in _slot_records(slot, task_id):
-                    await self.store.release(name)
+            noted = await self.store.claimed(f"task-slot:{task_id}")
+            if noted is None:
+                return
+            if not noted.startswith("["):  # noted by a replica of an earlier version: the slot's name
+                noted = json.dumps([noted, None, 0])
+            name, client, kept = json.loads(noted)
+            for record in _slot_records(name, task_id):
+                await self.store.release(record)
+            if client is not None:
+                charge = kept + result_bytes
+                ttl = self.kit_settings.task_ttl_seconds
+                await self.store.claim(f"task-kept:{task_id}", "1", ttl, holder=client, charge=charge)
         except StoreUnavailable as exc:
             log.warning("slot of task %s not freed (the next sweep frees it): %s", task_id, exc)
+        except LimitExceeded as exc:  # the client filled the room the slot left, in the moment between
+            log.warning("task %s is kept uncharged: %s", task_id, exc)
 
-    async def _free(self, slot: tuple[str, str, str]) -> None:
+    async def _free(self, slot: _Slot) -> None:
         with suppress(StoreUnavailable):
-            await self.store.release(slot[0])
+            await self.store.release(slot.name)

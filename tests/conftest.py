@@ -221,6 +221,8 @@ ABUSE_PRINCIPALS = (
     "listener",
     "writer",
     "opener",
+    "gateway",
+    "tasker",
 )
 
 

@@ -1357,7 +1357,7 @@ class TestABusyClientAffordsItsOwnRecords:
         60,000 (1,000 writes a second for 60 s, all within the default op TTL, so none is freed meanwhile),
         stays within the default MAX_CLIENT_BYTES, with room for the state itself. The charge, not Redis's
         memory: the charge is what refuses a client, and it is exact where memory is noisy."""
-        stack, token = abuse.stack, abuse.tokens["other"]
+        stack, token = abuse.stack, abuse.tokens["gateway"]
         writes = 600
 
         async def attack() -> tuple[int, Counter[str]]:
@@ -1385,6 +1385,50 @@ class TestABusyClientAffordsItsOwnRecords:
         assert outcome == Counter({"ok": writes}), outcome
         assert per_write > 0, "the writes kept no op record: a retry would apply them twice"
         assert 60_000 * per_write <= 0.75 * DEFAULT_MAX_BYTES_PER_HOLDER, f"{per_write:.0f} bytes a write"
+
+
+class TestTasksStayWithinTheirClientsShare:
+    """Issue 35: a durable task's arguments and context snapshot were kept in Redis for its life (and
+    TASK_TTL_SECONDS after), charged to nobody, and a task that failed at once freed its slot, so
+    MAX_TASKS_PER_CLIENT never bound: one principal took Redis from 2 MB to its maxmemory in 7.7 s."""
+
+    async def test_tasks_that_fail_at_once_stop_at_max_client_bytes(self, abuse: Abuse) -> None:
+        """Up to 400 analyze_data tasks, 2 at a time, each with a 60 KB session_id (within
+        MAX_TASK_ARGUMENT_BYTES; no such session, so each fails at once), through FastMCP's own client
+        with its tasks extension: a creation past the client's MAX_CLIENT_BYTES is refused by name,
+        nothing started; Redis grows by at most the quota and a half; the bystander is untouched."""
+        from fastmcp import Client
+
+        outcome: dict[str, Any] = {"created": 0, "refusal": None}
+
+        async def attack() -> None:
+            async with Client(abuse.url, auth=abuse.tokens["tasker"], timeout=30) as client:
+
+                async def create(_: int) -> None:
+                    if outcome["refusal"] is not None:
+                        return
+                    # As fastmcp_tasks.call_tool_task sends it, but keeping a refusal's text (it raises instead).
+                    arguments = {"num_items": 0, "session_id": "s" * 60_000}
+                    answer = await client.session.call_tool("analyze_data", arguments, allow_claimed=True)
+                    if getattr(answer, "task_id", None) is not None:  # a CreateTaskResult
+                        outcome["created"] += 1
+                    else:
+                        outcome["refusal"] = " ".join(getattr(part, "text", "") for part in answer.content)
+
+                await bounded(400, 40, create, concurrency=2)
+
+        try:
+            await abuse.under_attack(
+                "failing tasks (MAX_CLIENT_BYTES)", attack, memory_bound=MAX_CLIENT_BYTES * 3 // 2
+            )
+        finally:
+            figure(
+                "tasks of 60 KB arguments",
+                f"{outcome['created']} created, then {(outcome['refusal'] or 'no refusal')[:100]!r}",
+            )
+        refusal = outcome["refusal"]
+        assert refusal is not None and "MAX_CLIENT_BYTES" in refusal, refusal
+        assert outcome["created"] * 60_000 <= MAX_CLIENT_BYTES, outcome
 
 
 # -- finding 2: HTTP/2 past the per-address connection cap, and listen streams per client ---------------
