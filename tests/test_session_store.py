@@ -1016,13 +1016,8 @@ def test_a_redis_store_takes_a_url_or_sentinels_not_both() -> None:
         RedisSessionStore("redis://127.0.0.1:1/0", wait_replicas=-1)
 
 
-@pytest.mark.timeout(30)
-async def test_a_write_no_replica_acknowledged_fails_and_its_retry_applies_it_once(sentinel_stack: Stack) -> None:
-    """WAIT: with the Redis replica paused, a write reaches only the primary, so the call is not acknowledged.
-
-    The write did happen there; sent again with the same op once the replica is back, it is
-    replayed (counted once), and now acknowledged.
-    """
+def waiting_store(sentinel_stack: Stack) -> tuple[RedisSessionStore, str, str]:
+    """A store whose writes wait up to 300 ms for one replica; the Redis primary's name, and its replica's."""
     store = RedisSessionStore(
         sentinels=sentinels_of(sentinel_stack),
         **auth_of(sentinel_stack),
@@ -1030,9 +1025,20 @@ async def test_a_write_no_replica_acknowledged_fails_and_its_retry_applies_it_on
         wait_replicas=1,
         wait_timeout_ms=300,
     )
-    sid = new_id()
     primary = sentinel_stack.redis_primary()
-    replica = next(n for n in ("redis-1", "redis-2") if n != primary)
+    assert primary is not None
+    return store, primary, next(n for n in ("redis-1", "redis-2") if n != primary)
+
+
+@pytest.mark.timeout(30)
+async def test_a_write_no_replica_acknowledged_fails_and_its_retry_applies_it_once(sentinel_stack: Stack) -> None:
+    """WAIT: with the Redis replica paused, a write reaches only the primary, so the call is not acknowledged.
+
+    The write did happen there; sent again with the same op once the replica is back, it is
+    replayed (counted once), and now acknowledged.
+    """
+    store, _, replica = waiting_store(sentinel_stack)
+    sid = new_id()
     try:
         assert await store.incr(sid, "counter", op=Op("a", "d")) == 1
         assert await store.open_session(sid, {"version": "2025-11-25"}) == 1
@@ -1059,6 +1065,37 @@ async def test_a_write_no_replica_acknowledged_fails_and_its_retry_applies_it_on
         finally:
             sentinel_stack.signal(replica, signal.SIGCONT)
             await fast.aclose()
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.timeout(60)
+async def test_with_no_replica_left_writes_wait_for_none_until_one_is_back(sentinel_stack: Stack) -> None:
+    """Right after a failover the new primary has no replica until the old primary is back as one and
+    synced: a write that waits for a replica there failed every call for ~10 s. With the replica gone (not
+    merely slow), writes wait for the replicas there are; once it is back they wait for it again."""
+    store, primary, replica = waiting_store(sentinel_stack)
+    sid = new_id()
+    try:
+        assert await store.incr(sid, "counter", op=Op("a", "d")) == 1
+        sentinel_stack.stop(replica)
+        try:
+            for n in range(2, 12):  # across more than one recount
+                assert await store.incr(sid, "counter", op=Op(f"k{n}", "d")) == n
+                await asyncio.sleep(0.15)
+        finally:
+            sentinel_stack.start(replica)
+        deadline = time.monotonic() + 20
+        while sentinel_stack.redis_info(primary, "replication").get("slave0", "").find("state=online") < 0:
+            assert time.monotonic() < deadline, "the replica did not come back"
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.1)  # past the recount: waited for again, so a paused replica holds a write up
+        sentinel_stack.signal(replica, signal.SIGSTOP)
+        try:
+            with pytest.raises(StoreUnavailable, match="0 of 1 replica"):
+                await store.incr(sid, "counter", op=Op("late", "d"))
+        finally:
+            sentinel_stack.signal(replica, signal.SIGCONT)
     finally:
         await store.aclose()
 
