@@ -1418,9 +1418,7 @@ class TestTasksStayWithinTheirClientsShare:
                 await bounded(400, 40, create, concurrency=2)
 
         try:
-            await abuse.under_attack(
-                "failing tasks (MAX_CLIENT_BYTES)", attack, memory_bound=MAX_CLIENT_BYTES * 3 // 2
-            )
+            await abuse.under_attack("failing tasks (MAX_CLIENT_BYTES)", attack, memory_bound=MAX_CLIENT_BYTES * 3 // 2)
         finally:
             figure(
                 "tasks of 60 KB arguments",
