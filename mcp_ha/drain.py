@@ -59,6 +59,8 @@ BALANCER_CHECK_HEADER = "x-balancer-check"
 # How many balancers a replica keeps track of: a handful run in front of it,
 # and a client reaching a replica directly could name any number.
 MAX_BALANCERS = 32
+# A balancer silent for twice its time between checks and this much more is taken for gone (`Drain._watching`).
+SILENCE_SLACK_SECONDS = 0.25
 
 
 class Drain:
@@ -78,8 +80,10 @@ class Drain:
         self.timeout_seconds = timeout_seconds
         self.draining = False
         self.in_flight = 0
-        # Per balancer: when it last checked, and how many checks it got "draining" for.
+        # Per balancer: when it last checked, the time between its last two checks, and how many checks
+        # it got "draining" for.
         self._last_check: dict[str, float] = {}
+        self._gap: dict[str, float] = {}
         self._refused: dict[str, int] = {}
         self._shedding: ASGIApp | None = None
         self._calls_done = False
@@ -98,18 +102,34 @@ class Drain:
             if balancer not in self._last_check and len(self._last_check) >= MAX_BALANCERS:
                 oldest = min(self._last_check, key=self._last_check.__getitem__)
                 del self._last_check[oldest]
+                self._gap.pop(oldest, None)
                 self._refused.pop(oldest, None)
-            self._last_check[balancer] = time.monotonic()
+            now = time.monotonic()
+            if balancer in self._last_check:
+                self._gap[balancer] = now - self._last_check[balancer]
+            self._last_check[balancer] = now
             if self._calls_done:
                 self._refused[balancer] = self._refused.get(balancer, 0) + 1
             if self._notice_since is not None and self._noticed_by_all(self._notice_since):
                 self._noticed.set()
         return not self._calls_done
 
+    def _watching(self, since: float) -> dict[str, float]:
+        """The balancers that checked this replica lately and still do, each with when it would count as
+        gone: silent for twice its time between checks and SILENCE_SLACK_SECONDS (a balancer stopped,
+        as a stack going down stops its HAProxy first, sends nothing more to notice)."""
+        watching = {}
+        for balancer, at in self._last_check.items():
+            gap = self._gap.get(balancer)
+            gone = since + self.notice_seconds if gap is None else at + 2 * gap + SILENCE_SLACK_SECONDS
+            if at >= since - self.notice_seconds and gone > time.monotonic():
+                watching[balancer] = gone
+        return watching
+
     def _noticed_by_all(self, since: float) -> bool:
-        """Whether every balancer that checked this replica lately has had `notice_checks` refusals."""
-        watching = [b for b, at in self._last_check.items() if at >= since - self.notice_seconds]
-        return bool(watching) and all(self._refused.get(b, 0) >= self.notice_checks for b in watching)
+        """Whether every balancer still watching this replica has had `notice_checks` refusals: at once
+        when none is."""
+        return all(self._refused.get(b, 0) >= self.notice_checks for b in self._watching(since))
 
     def shed(self, response: ASGIApp | None) -> None:
         """Answer new work with `response` instead of doing it; None: take work again."""
@@ -142,11 +162,13 @@ class Drain:
         except TimeoutError:
             log.warning("drain bound reached with %d calls still in flight", self.in_flight)
         self._calls_done = True
-        # Only a balancer's check can complete the notice (`health_checked`), so wait for that, not on a timer.
-        self._notice_since = time.monotonic()
-        if not self._noticed_by_all(self._notice_since):
+        # Only a balancer's check can complete the notice (`health_checked`), so wait for that, not on a timer;
+        # or until the balancers not yet told fall silent.
+        since = self._notice_since = time.monotonic()
+        while not self._noticed_by_all(since) and (left := since + self.notice_seconds - time.monotonic()) > 0:
+            silent = min(self._watching(since).values(), default=since) - time.monotonic()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._noticed.wait(), self.notice_seconds)
+                await asyncio.wait_for(self._noticed.wait(), min(left, max(silent, 0.01)))
         log.info("drained in %.1f s", time.monotonic() - started)
 
 

@@ -84,9 +84,12 @@ async def test_a_rolling_restart_fails_no_call_of_a_plain_client(healed_stack: S
 
 
 async def test_a_drain_waits_for_each_balancers_checks_and_no_one_elses() -> None:
+    """Two balancers each checking every 0.4 s: the drain ends once each has had its two refusals."""
     drain = Drain(notice_checks=2, notice_seconds=30.0, timeout_seconds=1.0)
-    for balancer in ("haproxy-a/1", "haproxy-b/1"):
-        assert drain.health_checked(balancer=balancer) is True
+    for _ in range(2):
+        for balancer in ("haproxy-a/1", "haproxy-b/1"):
+            assert drain.health_checked(balancer=balancer) is True
+        await asyncio.sleep(0.4)
     run = asyncio.create_task(drain.run())
     await asyncio.sleep(0.05)  # nothing in flight: the calls are done at once
     # Docker's HEALTHCHECK, a probe or a person polling /health: told "draining", but not counted.
@@ -95,13 +98,26 @@ async def test_a_drain_waits_for_each_balancers_checks_and_no_one_elses() -> Non
     # Two checks, one from each HAProxy: neither has seen the two failures it marks a server down on.
     assert drain.health_checked(balancer="haproxy-a/1") is False
     assert drain.health_checked(balancer="haproxy-b/1") is False
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.4)
     assert not run.done(), "the replica would exit while its balancers still have it up"
     assert drain.health_checked(balancer="haproxy-a/1") is False
     await asyncio.sleep(0.2)
     assert not run.done()
     assert drain.health_checked(balancer="haproxy-b/1") is False
     await asyncio.wait_for(run, 5)
+
+
+@pytest.mark.quick
+async def test_a_drain_waits_for_no_balancer_that_stopped_checking() -> None:
+    """A balancer that fell silent (stopped: a stack going down stops HAProxy first) is not waited for
+    until NOTICE seconds: only until it has been silent twice its time between checks, and a little."""
+    drain = Drain(notice_checks=2, notice_seconds=30.0, timeout_seconds=1.0)
+    for _ in range(3):
+        assert drain.health_checked(balancer="haproxy/1") is True
+        await asyncio.sleep(0.1)
+    await asyncio.wait_for(drain.run(), 5)
+    # And with no balancer at all, nothing to wait for.
+    await asyncio.wait_for(Drain(notice_seconds=30.0).run(), 5)
 
 
 @pytest.mark.quick

@@ -16,9 +16,19 @@ from pathlib import Path
 
 import click
 import pytest
+from click.testing import CliRunner
 from conftest import ROOT
 
 from mcp_ha.stack import free_ports
+
+
+def refused(*args: str) -> subprocess.CompletedProcess:
+    """`run_bench`, run in this process, for what the benchmark refuses before anything starts: no Python
+    started again (seconds each) for an answer that starts nothing."""
+    from tools.bench import main
+
+    done = CliRunner().invoke(main, list(args))
+    return subprocess.CompletedProcess(args, done.exit_code, done.stdout, done.stderr)
 
 
 def run_bench(*args: str, env: dict[str, str] | None = None, timeout: float = 150) -> subprocess.CompletedProcess:
@@ -288,11 +298,11 @@ def test_the_capacity_markers_are_optional_but_a_run_must_write_somewhere(tmp_pa
         markdown_blocks(doc, every, reference=False)
     # Only capacity, into a file without its markers: refused before anything starts.
     doc.write_text(f"{START}\nkept\n{END}\n")
-    done = run_bench("--quick", "--own-stack", "--sections", "capacity", "--markdown", str(doc), timeout=60)
+    done = refused("--quick", "--own-stack", "--sections", "capacity", "--markdown", str(doc))
     assert done.returncode == 2 and CAP_START in done.stderr.replace("\n", ""), done.stdout + done.stderr
     assert "Traceback" not in done.stderr and "starting a stack" not in done.stdout
     assert doc.read_text() == f"{START}\nkept\n{END}\n"
-    done = run_bench("--quick", "--sections", "scale,nonesuch", timeout=60)
+    done = refused("--quick", "--sections", "scale,nonesuch")
     assert done.returncode == 2 and "nonesuch: not a section" in done.stderr
 
 
@@ -303,7 +313,7 @@ def test_the_capacity_markers_are_optional_but_a_run_must_write_somewhere(tmp_pa
 def test_a_markdown_file_without_its_markers_is_refused_before_anything_runs(tmp_path: Path, text: str) -> None:
     doc = tmp_path / "doc.md"
     doc.write_text(text)
-    done = run_bench("--quick", "--own-stack", "--markdown", str(doc), timeout=60)
+    done = refused("--quick", "--own-stack", "--markdown", str(doc))
     assert done.returncode == 2, done.stdout + done.stderr
     assert START in done.stderr and END in done.stderr and str(doc) in done.stderr.replace("\n", "")
     assert "Traceback" not in done.stderr and "starting a stack" not in done.stdout
@@ -311,15 +321,9 @@ def test_a_markdown_file_without_its_markers_is_refused_before_anything_runs(tmp
 
 
 @pytest.mark.quick
-def test_a_chart_without_matplotlib_says_what_to_install() -> None:
-    hidden = "import sys; sys.modules['matplotlib'] = None; from tools.bench import main; main()"
-    done = subprocess.run(
-        [sys.executable, "-c", hidden, "--quick", "--own-stack", "--chart", "out.png"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def test_a_chart_without_matplotlib_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed: importing it fails
+    done = refused("--quick", "--own-stack", "--chart", "out.png")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "matplotlib" in done.stderr and "uv sync --group bench" in done.stderr
     assert "Traceback" not in done.stderr and "starting a stack" not in done.stdout
@@ -570,7 +574,7 @@ def test_reference_without_its_markers_is_refused_before_anything_runs(tmp_path:
     text = f"{START}\nbench figures\n{END}\nno reference markers\n"
     doc.write_text(text)
     checkout = made_up_checkout(tmp_path / "reference")
-    done = run_bench("--quick", "--own-stack", "--reference", str(checkout), "--markdown", str(doc), timeout=60)
+    done = refused("--quick", "--own-stack", "--reference", str(checkout), "--markdown", str(doc))
     assert done.returncode == 2, done.stdout + done.stderr
     stderr = done.stderr.replace("\n", "")
     assert REF_START in stderr and REF_END in stderr and str(doc) in stderr
@@ -580,11 +584,11 @@ def test_reference_without_its_markers_is_refused_before_anything_runs(tmp_path:
 
 @pytest.mark.quick
 def test_reference_refuses_what_is_not_a_checkout_and_sessionless_clients(tmp_path: Path) -> None:
-    done = run_bench("--quick", "--own-stack", "--reference", str(tmp_path), timeout=60)
+    done = refused("--quick", "--own-stack", "--reference", str(tmp_path))
     assert done.returncode == 2 and "is not a checkout of the reference kit" in done.stderr.replace("\n", " ")
     assert "Traceback" not in done.stderr and "starting a stack" not in done.stdout
     checkout = made_up_checkout(tmp_path / "reference")
-    done = run_bench("--quick", "--reference", str(checkout), "--generation", "sessionless", timeout=60)
+    done = refused("--quick", "--reference", str(checkout), "--generation", "sessionless")
     assert done.returncode == 2 and "session-era MCP only" in done.stderr.replace("\n", " ")
 
 

@@ -11,11 +11,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from conftest import ROOT
 
 START, END = "<!-- failover:start -->", "<!-- failover:end -->"
 BEFORE = "# Failover\r\n\nBy hand \u2014 kept as is.\n\n".encode()
 AFTER = b"\n\n<!-- bench:start -->\nanother tool's figures\n<!-- bench:end -->\n"
+
+
+def refused(*args: str) -> subprocess.CompletedProcess:
+    """`run_failover_bench`, run in this process, for what it refuses before anything starts."""
+    from tools.failover_bench import main
+
+    done = CliRunner().invoke(main, list(args))
+    return subprocess.CompletedProcess(args, done.exit_code, done.stdout, done.stderr)
 
 
 def run_failover_bench(*args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -66,7 +75,7 @@ def test_markdown_replaces_only_what_lies_between_the_markers(tmp_path: Path) ->
 def test_a_markdown_file_without_its_markers_is_refused_before_anything_runs(tmp_path: Path, text: str) -> None:
     doc = tmp_path / "benchmarks.md"
     doc.write_text(text)
-    done = run_failover_bench("--scenario", "kill", "--own-stack", "--markdown", str(doc), timeout=60)
+    done = refused("--scenario", "kill", "--own-stack", "--markdown", str(doc))
     assert done.returncode == 2, done.stdout + done.stderr
     assert START in done.stderr and END in done.stderr and str(doc) in done.stderr.replace("\n", "")
     assert "Traceback" not in done.stderr and "starting a stack" not in done.stdout
