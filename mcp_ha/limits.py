@@ -61,8 +61,8 @@ answered with a clear error when hit (docs/operations.md lists them).
   bound (same queue, same 429, naming FAIR_SHARE_CALLS). A count, not a
   clock, because what a replica's calls cost a bystander is their turns on
   the one event loop: a streamed call's notifications come in bursts, and
-  64 of one client's kept a bystander's quick call behind theirs (p99 x6
-  on loopback, x28 through HAProxy). A client is active while it has calls
+  64 of one client's kept a bystander's quick call behind theirs (p99 x7
+  to x11 on one replica; x28 through HAProxy in issue 35). A client is active while it has calls
   in flight or waiting, and ACTIVE_SECONDS after: one that calls now and
   then keeps its share between its calls. A call running is never cut
   short: a client whose calls filled the replica before another came gets
@@ -446,11 +446,6 @@ class InFlight:
         idle = client not in self._per_client and client not in self._queued and client not in self._lapsing
         return busy + len(self._lapsing) + idle
 
-    def share(self, client: str) -> int:
-        """How many calls `client` may have in flight on this replica now."""
-        active = self.active(client)
-        return self.max_per_client if active <= 1 else max(1, min(self.max_per_client, self.fair_share // active))
-
     def admit(self, session_id: str | None, client: str) -> Call | str:
         """A new call, held (its caller drops it); or, past a bound or its client's share, why not."""
         if session_id is not None and self._per_session[session_id] >= self.max_per_session:
@@ -463,12 +458,13 @@ class InFlight:
                 f"You have {self.max_per_client} calls in flight on this replica, the most one client may "
                 "(MAX_CALLS_PER_CLIENT): wait for one to answer, then send this again"
             )
-        share = self.share(client)
-        if self._per_client[client] >= share:
+        # Every client's share is at least one call: only one with calls in flight needs the count.
+        active = self.active(client) if self._per_client[client] else 1
+        if active > 1 and self._per_client[client] >= max(1, self.fair_share // active):
             return (
                 f"You have {self._per_client[client]} calls in flight on this replica, your share while "
-                f"{self.active(client)} clients use it (FAIR_SHARE_CALLS {self.fair_share} shared "
-                "between them): wait for one to answer, then send this again"
+                f"{active} clients use it (FAIR_SHARE_CALLS {self.fair_share} shared between them): wait for "
+                "one to answer, then send this again"
             )
         call = Call(self, session_id, client)
         call.hold()
