@@ -97,7 +97,7 @@ import json
 import operator
 import time
 from collections import Counter, OrderedDict
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 from starlette.datastructures import Headers
@@ -391,6 +391,14 @@ class Call:
             self.in_flight.count(self, -1)
 
 
+class _Waiter(NamedTuple):
+    """A call waiting for a place (InFlight.wait_for_place): its `Call` is set on `place` when it has one."""
+
+    place: asyncio.Future[Call]
+    session_id: str | None
+    client: str
+
+
 # A client counts as active on a replica this long after its last call there ended, so that one calling now
 # and then (a person, a model between turns) still has its share when its next call comes.
 ACTIVE_SECONDS = 5.0
@@ -407,7 +415,7 @@ class InFlight:
         max_per_client: int,
         queue_seconds: float = 0.0,
         max_queued_per_client: int = 0,
-        fair_share: int = 16,
+        fair_share: int = 8,
     ) -> None:
         self.max_per_session = max_per_session
         self.max_per_client = max_per_client
@@ -421,8 +429,9 @@ class InFlight:
         self._queued: Counter[str] = Counter()
         # Clients with nothing in flight or waiting, still active until when (time.monotonic), soonest first.
         self._lapsing: OrderedDict[str, float] = OrderedDict()
-        # The calls waiting for a place, each woken when any call ends to try again, in the order they came.
-        self._waiting: list[asyncio.Future[None]] = []
+        # The calls waiting for a place, in the order they came: each call that ends offers its place to them.
+        self._waiting: list[_Waiter] = []
+        self._lapse_timer: asyncio.TimerHandle | None = None
 
     def take(self, session_id: str, request_id: str) -> bool:
         """Mark `request_id` in flight on `session_id`; False if it already is."""
@@ -482,35 +491,55 @@ class InFlight:
             return f"{call}. {self.max_queued_per_client} more of your calls wait here (MAX_QUEUED_CALLS_PER_CLIENT)"
         self._queued[client] += 1
         self._lapsing.pop(client, None)
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), session_id, client)
+        self._waiting.append(waiter)
+        self._watch_lapses()
         try:
             async with asyncio.timeout(self.queue_seconds):
-                while isinstance(call, str):
-                    place: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                    self._waiting.append(place)
-                    try:
-                        # Until a call ends, or the next idle client stops being active: either may make room.
-                        await asyncio.wait([place], timeout=self._until_next_lapse())
-                    finally:
-                        if place in self._waiting:  # cancelled, or timed out, before any call ended
-                            self._waiting.remove(place)
-                    call = self.admit(session_id, client)
+                # Until a call that ends, or a client that stops being active, leaves it a place. Shielded: a
+                # place handed over as the wait runs out is seen below, not lost with a cancelled future.
+                await asyncio.shield(waiter.place)
         except TimeoutError:
-            return f"{call}, having waited {self.queue_seconds:g} s for a place (CALL_QUEUE_SECONDS)"
+            if not waiter.place.done():
+                return f"{call}, having waited {self.queue_seconds:g} s for a place (CALL_QUEUE_SECONDS)"
+        except BaseException:
+            if waiter.place.done():
+                waiter.place.result().drop()  # given a place just as its request was cancelled
+            raise
         finally:
+            if waiter in self._waiting:
+                self._waiting.remove(waiter)
             self._queued[client] -= 1
             if self._queued[client] <= 0:
                 del self._queued[client]
                 self._lapse(client)
-        return call
+        return waiter.place.result()
+
+    def _offer(self, waiter: _Waiter) -> None:
+        """Admit `waiter`'s call if it now has a place, and hand it over."""
+        call = self.admit(waiter.session_id, waiter.client)
+        if not isinstance(call, str):
+            self._waiting.remove(waiter)
+            waiter.place.set_result(call)
 
     def _forget_lapsed(self) -> None:
         now = time.monotonic()
         while self._lapsing and next(iter(self._lapsing.values())) <= now:
             self._lapsing.popitem(last=False)
 
-    def _until_next_lapse(self) -> float | None:
+    def _watch_lapses(self) -> None:
+        """While calls wait, offer them the places a client that stops being active leaves: when the first
+        still active only for ACTIVE_SECONDS stops."""
+        if self._waiting and self._lapsing and self._lapse_timer is None:
+            ends = next(iter(self._lapsing.values()))
+            self._lapse_timer = asyncio.get_running_loop().call_later(ends - time.monotonic(), self._lapsed)
+
+    def _lapsed(self) -> None:
+        self._lapse_timer = None
         self._forget_lapsed()
-        return next(iter(self._lapsing.values())) - time.monotonic() if self._lapsing else None
+        for waiter in list(self._waiting):
+            self._offer(waiter)
+        self._watch_lapses()
 
     def _lapse(self, client: str) -> None:
         """`client` has nothing in flight or waiting any more: active ACTIVE_SECONDS more."""
@@ -528,12 +557,12 @@ class InFlight:
             self._lapsing.pop(call.client, None)
         else:
             self._lapse(call.client)
-        if change < 0 and self._waiting:
-            # Every waiter tries again, in order: the place freed may suit only one further back.
-            waiting, self._waiting = self._waiting, []
-            for place in waiting:
-                if not place.done():
-                    place.set_result(None)
+        if change < 0:
+            # Each waiter tries the place freed, in order, here rather than woken to try (a waiter woken costs
+            # the event loop far more than a check): it may suit only one further back.
+            for waiter in list(self._waiting):
+                self._offer(waiter)
+            self._watch_lapses()
 
 
 class CallsInFlight:
