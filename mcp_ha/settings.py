@@ -144,7 +144,7 @@ class Settings:
     max_queued_calls_per_client: int = field(default=64, metadata={"env": "MAX_QUEUED_CALLS_PER_CLIENT"})
     # Calls in flight on one replica that the clients active there share: while others are active too, a
     # client's next call waits (as one past a bound) until it has fewer than this / their number in flight.
-    fair_share_calls: int = field(default=16, metadata={"env": "FAIR_SHARE_CALLS"})
+    fair_share_calls: int = field(default=8, metadata={"env": "FAIR_SHARE_CALLS"})
     # A request body's JSON: keys and array elements in all, and how deep it nests.
     max_request_items: int = field(default=10_000, metadata={"env": "MAX_REQUEST_ITEMS"})
     max_request_depth: int = field(default=32, metadata={"env": "MAX_REQUEST_DEPTH"})
