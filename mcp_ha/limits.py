@@ -61,7 +61,7 @@ answered with a clear error when hit (docs/operations.md lists them).
   bound (same queue, same 429, naming FAIR_SHARE_CALLS). A count, not a
   clock, because what a replica's calls cost a bystander is their turns on
   the one event loop: a streamed call's notifications come in bursts, and
-  64 of one client's kept a bystander's quick call behind theirs (p99 x7
+  64 of one client's kept a bystander's quick call behind theirs (p99 x4
   to x11 on one replica; x28 through HAProxy in issue 35). A client is active while it has calls
   in flight or waiting, and ACTIVE_SECONDS after: one that calls now and
   then keeps its share between its calls. A call running is never cut
