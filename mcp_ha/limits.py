@@ -52,8 +52,23 @@ answered with a clear error when hit (docs/operations.md lists them).
   bound is served rather than refused (stock clients do not retry a 429);
   past that wait, or with MAX_QUEUED_CALLS_PER_CLIENT of its client's calls
   already waiting, it gets 429 with Retry-After and a JSON-RPC error naming
-  the bound, before the SDK reads it. A
-  call is in flight from its request's receipt until both its answer has
+  the bound, before the SDK reads it.
+
+  And a client's share of the replica's time: while others have calls on
+  the replica too, a client may start one only while it has fewer than
+  FAIR_SHARE_CALLS / (the clients active there) in flight (at least one);
+  alone, MAX_CALLS_PER_CLIENT. Past its share a call waits like one past a
+  bound (same queue, same 429, naming FAIR_SHARE_CALLS). A count, not a
+  clock, because what a replica's calls cost a bystander is their turns on
+  the one event loop: a streamed call's notifications come in bursts, and
+  64 of one client's kept a bystander's quick call behind theirs (p99 x4
+  to x11 on one replica; x28 through HAProxy in issue 35). A client is active while it has calls
+  in flight or waiting, and ACTIVE_SECONDS after: one that calls now and
+  then keeps its share between its calls. A call running is never cut
+  short: a client whose calls filled the replica before another came gets
+  back to its share as they end.
+
+  A call is in flight from its request's receipt until both its answer has
   gone and its handler has ended (`CallsRunning`, a middleware of the SDK's):
   a call whose client hung up runs on, so it still counts. A
   `subscriptions/listen` stream is no call: its own bounds count it
@@ -80,8 +95,9 @@ import asyncio
 import itertools
 import json
 import operator
-from collections import Counter
-from typing import Any
+import time
+from collections import Counter, OrderedDict
+from typing import Any, NamedTuple
 
 import anyio
 from starlette.datastructures import Headers
@@ -375,24 +391,47 @@ class Call:
             self.in_flight.count(self, -1)
 
 
+class _Waiter(NamedTuple):
+    """A call waiting for a place (InFlight.wait_for_place): its `Call` is set on `place` when it has one."""
+
+    place: asyncio.Future[Call]
+    session_id: str | None
+    client: str
+
+
+# A client counts as active on a replica this long after its last call there ended, so that one calling now
+# and then (a person, a model between turns) still has its share when its next call comes.
+ACTIVE_SECONDS = 5.0
+
+
 class InFlight:
     """On this replica: the JSON-RPC ids in flight on each session, and the calls in flight per session
-    and per client."""
+    and per client, each client's within its fair share while others are active."""
 
     def __init__(
-        self, *, max_per_session: int, max_per_client: int, queue_seconds: float = 0.0, max_queued_per_client: int = 0
+        self,
+        *,
+        max_per_session: int,
+        max_per_client: int,
+        queue_seconds: float = 0.0,
+        max_queued_per_client: int = 0,
+        fair_share: int = 8,
     ) -> None:
         self.max_per_session = max_per_session
         self.max_per_client = max_per_client
         self.queue_seconds = queue_seconds
         self.max_queued_per_client = max_queued_per_client
+        self.fair_share = fair_share
         self._ids: dict[str, set[str]] = {}
         # A Counter drops no key by itself: `count` does, so a session or client gone costs nothing.
         self._per_session: Counter[str] = Counter()
         self._per_client: Counter[str] = Counter()
         self._queued: Counter[str] = Counter()
-        # The calls waiting for a place, each woken when any call ends to try again, in the order they came.
-        self._waiting: list[asyncio.Future[None]] = []
+        # Clients with nothing in flight or waiting, still active until when (time.monotonic), soonest first.
+        self._lapsing: OrderedDict[str, float] = OrderedDict()
+        # The calls waiting for a place, in the order they came: each call that ends offers its place to them.
+        self._waiting: list[_Waiter] = []
+        self._lapse_timer: asyncio.TimerHandle | None = None
 
     def take(self, session_id: str, request_id: str) -> bool:
         """Mark `request_id` in flight on `session_id`; False if it already is."""
@@ -409,8 +448,15 @@ class InFlight:
             if not ids:
                 del self._ids[session_id]
 
+    def active(self, client: str) -> int:
+        """How many clients are active on this replica, `client` (about to call) among them."""
+        self._forget_lapsed()
+        busy = len(self._per_client) + sum(1 for c in self._queued if c not in self._per_client)
+        idle = client not in self._per_client and client not in self._queued and client not in self._lapsing
+        return busy + len(self._lapsing) + idle
+
     def admit(self, session_id: str | None, client: str) -> Call | str:
-        """A new call, held (its caller drops it); or, past a bound, why not."""
+        """A new call, held (its caller drops it); or, past a bound or its client's share, why not."""
         if session_id is not None and self._per_session[session_id] >= self.max_per_session:
             return (
                 f"This session has {self.max_per_session} calls in flight on this replica, the most one session "
@@ -421,38 +467,85 @@ class InFlight:
                 f"You have {self.max_per_client} calls in flight on this replica, the most one client may "
                 "(MAX_CALLS_PER_CLIENT): wait for one to answer, then send this again"
             )
+        # Every client's share is at least one call: only one with calls in flight needs the count.
+        active = self.active(client) if self._per_client[client] else 1
+        if active > 1 and self._per_client[client] >= max(1, self.fair_share // active):
+            return (
+                f"You have {self._per_client[client]} calls in flight on this replica, your share while "
+                f"{active} clients use it (FAIR_SHARE_CALLS {self.fair_share} shared between them): wait for "
+                "one to answer, then send this again"
+            )
         call = Call(self, session_id, client)
         call.hold()
         return call
 
     async def wait_for_place(self, session_id: str | None, client: str) -> Call | str:
         """`admit`, but a call past a bound waits up to `queue_seconds` for a place first (one of the same
-        session's or client's calls ending), so a burst a little past a bound is served, not refused; at most
-        `max_queued_per_client` of a client's calls wait, the next is refused at once."""
+        session's or client's calls ending, or another client no longer active), so a burst a little past a
+        bound is served, not refused; at most `max_queued_per_client` of a client's calls wait, the next is
+        refused at once."""
         call = self.admit(session_id, client)
         if not isinstance(call, str) or self.queue_seconds <= 0:
             return call
         if self._queued[client] >= self.max_queued_per_client:
             return f"{call}. {self.max_queued_per_client} more of your calls wait here (MAX_QUEUED_CALLS_PER_CLIENT)"
         self._queued[client] += 1
+        self._lapsing.pop(client, None)
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), session_id, client)
+        self._waiting.append(waiter)
+        self._watch_lapses()
         try:
             async with asyncio.timeout(self.queue_seconds):
-                while isinstance(call, str):
-                    place: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                    self._waiting.append(place)
-                    try:
-                        await place
-                    finally:
-                        if place in self._waiting:  # cancelled (its wait ran out) before any call ended
-                            self._waiting.remove(place)
-                    call = self.admit(session_id, client)
+                # Until a call that ends, or a client that stops being active, leaves it a place. Shielded: a
+                # place handed over as the wait runs out is seen below, not lost with a cancelled future.
+                await asyncio.shield(waiter.place)
         except TimeoutError:
-            return f"{call}, having waited {self.queue_seconds:g} s for a place (CALL_QUEUE_SECONDS)"
+            if not waiter.place.done():
+                return f"{call}, having waited {self.queue_seconds:g} s for a place (CALL_QUEUE_SECONDS)"
+        except BaseException:
+            if waiter.place.done():
+                waiter.place.result().drop()  # given a place just as its request was cancelled
+            raise
         finally:
+            if waiter in self._waiting:
+                self._waiting.remove(waiter)
             self._queued[client] -= 1
             if self._queued[client] <= 0:
                 del self._queued[client]
-        return call
+                self._lapse(client)
+        return waiter.place.result()
+
+    def _offer(self, waiter: _Waiter) -> None:
+        """Admit `waiter`'s call if it now has a place, and hand it over."""
+        call = self.admit(waiter.session_id, waiter.client)
+        if not isinstance(call, str):
+            self._waiting.remove(waiter)
+            waiter.place.set_result(call)
+
+    def _forget_lapsed(self) -> None:
+        now = time.monotonic()
+        while self._lapsing and next(iter(self._lapsing.values())) <= now:
+            self._lapsing.popitem(last=False)
+
+    def _watch_lapses(self) -> None:
+        """While calls wait, offer them the places a client that stops being active leaves: when the first
+        still active only for ACTIVE_SECONDS stops."""
+        if self._waiting and self._lapsing and self._lapse_timer is None:
+            ends = next(iter(self._lapsing.values()))
+            self._lapse_timer = asyncio.get_running_loop().call_later(ends - time.monotonic(), self._lapsed)
+
+    def _lapsed(self) -> None:
+        self._lapse_timer = None
+        self._forget_lapsed()
+        for waiter in list(self._waiting):
+            self._offer(waiter)
+        self._watch_lapses()
+
+    def _lapse(self, client: str) -> None:
+        """`client` has nothing in flight or waiting any more: active ACTIVE_SECONDS more."""
+        if client not in self._per_client and client not in self._queued:
+            self._lapsing[client] = time.monotonic() + ACTIVE_SECONDS
+            self._lapsing.move_to_end(client)
 
     def count(self, call: Call, change: int) -> None:
         for counter, key in ((self._per_session, call.session_id), (self._per_client, call.client)):
@@ -460,12 +553,16 @@ class InFlight:
                 counter[key] += change
                 if counter[key] <= 0:
                     del counter[key]
-        if change < 0 and self._waiting:
-            # Every waiter tries again, in order: the place freed may suit only one further back.
-            waiting, self._waiting = self._waiting, []
-            for place in waiting:
-                if not place.done():
-                    place.set_result(None)
+        if change > 0:
+            self._lapsing.pop(call.client, None)
+        else:
+            self._lapse(call.client)
+        if change < 0:
+            # Each waiter tries the place freed, in order, here rather than woken to try (a waiter woken costs
+            # the event loop far more than a check): it may suit only one further back.
+            for waiter in list(self._waiting):
+                self._offer(waiter)
+            self._watch_lapses()
 
 
 class CallsInFlight:

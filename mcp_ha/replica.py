@@ -453,6 +453,7 @@ class _Parts:
             max_per_client=s.max_calls_per_client,
             queue_seconds=s.call_queue_seconds,
             max_queued_per_client=s.max_queued_calls_per_client,
+            fair_share=s.fair_share_calls,
         )
         self.transports = Transports(s.max_transports_per_client)
         self.reruns = Reruns()

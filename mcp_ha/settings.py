@@ -50,6 +50,7 @@ POSITIVE = (
     "max_calls_per_session",
     "max_calls_per_client",
     "max_queued_calls_per_client",
+    "fair_share_calls",
     "max_request_items",
     "max_request_depth",
     "max_replays_per_session",
@@ -141,6 +142,9 @@ class Settings:
     # this many of one client's calls wait on one replica at once.
     call_queue_seconds: float = field(default=10.0, metadata={"env": "CALL_QUEUE_SECONDS"})
     max_queued_calls_per_client: int = field(default=64, metadata={"env": "MAX_QUEUED_CALLS_PER_CLIENT"})
+    # Calls in flight on one replica that the clients active there share: while others are active too, a
+    # client's next call waits (as one past a bound) until it has fewer than this / their number in flight.
+    fair_share_calls: int = field(default=8, metadata={"env": "FAIR_SHARE_CALLS"})
     # A request body's JSON: keys and array elements in all, and how deep it nests.
     max_request_items: int = field(default=10_000, metadata={"env": "MAX_REQUEST_ITEMS"})
     max_request_depth: int = field(default=32, metadata={"env": "MAX_REQUEST_DEPTH"})

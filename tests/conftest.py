@@ -202,6 +202,9 @@ ABUSE_BOUNDS = {
     "MAX_CALLS_PER_CLIENT": "16",
     # Past those, refused at once: the attacks measure the bounds themselves (test_limits.py tests the queue).
     "CALL_QUEUE_SECONDS": "0",
+    # Shares as large as the bounds: what one client may have is what they say (TestOneClientCannotStarveAnother
+    # tests the share, at its default).
+    "FAIR_SHARE_CALLS": "1024",
     "MAX_LISTEN_STREAMS_PER_CLIENT": "16",
     "ABANDONED_CALL_SECONDS": "2",
 }
@@ -223,6 +226,7 @@ ABUSE_PRINCIPALS = (
     "opener",
     "gateway",
     "tasker",
+    "hog",
 )
 
 

@@ -22,8 +22,9 @@ from fastmcp import Client
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mcp_ha import limits
 from mcp_ha.check.wire import ACCEPT, PROTOCOL, RawSession, SessionlessSession, final_message
-from mcp_ha.limits import structure, structure_bound, unescaped
+from mcp_ha.limits import Call, InFlight, structure, structure_bound, unescaped
 from mcp_ha.stack import Stack
 
 pytestmark = pytest.mark.timeout(60)
@@ -508,3 +509,39 @@ async def test_a_call_that_waits_past_call_queue_seconds_or_past_the_queues_boun
                 await anext(aiter(stream))
                 served = await fresh.post("tools/call", INCREMENT)
             assert final_message(served)["result"]["structuredContent"]["counter"] == 1
+
+
+@pytest.mark.quick
+async def test_while_others_are_active_a_client_has_its_share_of_fair_share_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Alone, a client has MAX_CALLS_PER_CLIENT; with another active, FAIR_SHARE_CALLS / 2 (named when it
+    binds), while the other is under its share served at once; a call past its share waits for one of its
+    own to end, or for the other to stop being active (ACTIVE_SECONDS after its last call), and no longer
+    than CALL_QUEUE_SECONDS."""
+    monkeypatch.setattr(limits, "ACTIVE_SECONDS", 0.2)
+    in_flight = InFlight(max_per_session=16, max_per_client=6, fair_share=4, queue_seconds=1, max_queued_per_client=4)
+    hog = [in_flight.admit(None, "hog") for _ in range(5)]
+    assert all(isinstance(call, Call) for call in hog)  # alone: past the share, within its bound
+    other = in_flight.admit(None, "other")
+    assert isinstance(other, Call)
+    refused = in_flight.admit(None, "hog")
+    assert isinstance(refused, str) and "FAIR_SHARE_CALLS" in refused
+    second = in_flight.admit(None, "other")
+    assert isinstance(second, Call)  # 2 of 2: its share
+    assert isinstance(in_flight.admit(None, "other"), str)
+    second.drop()
+    # The hog's next waits: three of its own end (5 - 3 < 2), or the other's last call does and it lapses.
+    waiting = asyncio.create_task(in_flight.wait_for_place(None, "hog"))
+    for call in hog[:2]:
+        call.drop()  # 3 in flight: still past its share
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    other.drop()
+    started = time.monotonic()
+    assert isinstance(await waiting, Call)
+    assert 0.1 <= time.monotonic() - started < 0.5  # when "other" stopped being active, not before
+    # And with "other" active again, a wait past CALL_QUEUE_SECONDS gets a 429 naming both.
+    assert isinstance(in_flight.admit(None, "other"), Call)
+    late = await in_flight.wait_for_place(None, "hog")
+    assert isinstance(late, str) and "FAIR_SHARE_CALLS" in late and "CALL_QUEUE_SECONDS" in late
