@@ -440,7 +440,9 @@ class SessionStore(ABC):
         """Forget the session's record, so nobody adopts it again; whether there was one.
 
         With the `holder` it was opened for, it no longer counts against that holder's
-        sessions. Its payer is charged only what is left of the record (and its state, while it lives).
+        sessions. Its event log and call records go at once (a request naming an ended session gets
+        404, so nothing resumes or replays them), and its payer is charged only what is left of the
+        record (and its state, while it lives).
 
         The record's `owner` entry stays while the state lives.
         """

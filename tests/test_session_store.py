@@ -1791,6 +1791,25 @@ async def test_ending_a_session_frees_what_its_record_held(quota_store: Callable
     assert 1 <= reopened < 5
 
 
+async def test_ending_a_session_drops_its_log_and_call_records_and_their_charges(
+    quota_store: Callable[..., SessionStore],
+) -> None:
+    """A request naming an ended session gets 404: nothing resumes its log or replays its calls, so both go
+    with it and their charges are free again. Its state stays (`resume_session` may still copy it)."""
+    store = quota_store()
+    sid = await opened(store, "alice")
+    first = await store.add_event(sid, "s", "x" * 6000)
+    for n in range(30):  # each call's record ~150 bytes
+        await store.incr(sid, "counter", op=Op(f"call-{n}", "d"))
+    with pytest.raises(LimitExceeded, match=QUOTA_REFUSAL):
+        await store.set(await opened(store, "alice"), "a", "x" * 9000)
+    assert await store.end_session(sid, holder="alice")
+    assert await store.events_after(sid, first) is None
+    assert await store.recall(sid, Op("call-0", "d")) == (False, None)
+    assert await store.get(sid, "counter") == 30
+    await store.set(await opened(store, "alice"), "a", "x" * 9000)
+
+
 async def test_a_charge_lasts_as_long_as_reads_keep_what_it_counts(quota_store: Callable[..., SessionStore]) -> None:
     store = quota_store(ttl_seconds=2)
     sid = await opened(store, "alice")

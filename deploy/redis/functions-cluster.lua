@@ -1,5 +1,5 @@
-#!lua name=mcp_ha_c_3814bd5447b9
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_get', callback=function(K, A)
+#!lua name=mcp_ha_c_66c7b0c7b080
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_get', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -194,7 +194,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_items', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_items', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -389,7 +389,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_touch', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_touch', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -583,7 +583,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_write', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_write', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -1018,7 +1018,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_count', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_count', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 local horizon = tonumber(redis.call('TIME')[1]) - tonumber(ARGV[1])
@@ -1026,7 +1026,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', horizon)
 return redis.call('ZCARD', KEYS[1])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_claim', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_claim', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -1210,7 +1210,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_release', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_release', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -1383,7 +1383,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_open', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_open', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -1615,7 +1615,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_read_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_read_record', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 local function record_fields()
@@ -1642,7 +1642,7 @@ if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return nil end
 return record()
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_update_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_update_record', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
@@ -1650,7 +1650,7 @@ redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_adopt', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_adopt', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -1867,7 +1867,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_end', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_end', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[1], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -2057,14 +2057,26 @@ for _, name in ipairs(record_fields()) do
   if name ~= '.owner' then names[#names + 1] = name end
 end
 redis.call('HDEL', KEYS[1], unpack(names))
+-- Its event log and op records serve nobody now (a request naming an ended session gets 404, so
+-- nothing resumes or replays them): they go at once, and so do their charges. KEYS[4] the log,
+-- KEYS[5] its size, KEYS[6] what the op buckets are named after (_WRITE's KEYS[3]), ARGV[2] the op TTL.
+local dropped = {KEYS[4], KEYS[5]}
+local ttl = tonumber(ARGV[2])
+local span = math.max(1, math.floor(ttl / 2))
+local n = math.floor(tonumber(redis.call('TIME')[1]) / span)
+for m = n + 1, n - math.ceil(ttl / span) - 1, -1 do dropped[#dropped + 1] = KEYS[6] .. ':' .. string.format('%d', m) end
+for _, key in ipairs(dropped) do redis.call('EXPIRE', key, 0) end  -- EXPIRE, not DEL: the kit's ACL has no DEL
 local payer = payer_of(KEYS[1])
 if payer then
-  local u = usage(usage_set(KEYS[3], payer), 0)
+  local set = usage_set(KEYS[3], payer)
+  local u = usage(set, 0)
   local left = key_bytes(KEYS[1]) + entry_bytes('.owner', redis.call('HSTRLEN', KEYS[1], '.owner'))
   left = left + entry_bytes('..h', redis.call('HSTRLEN', KEYS[1], '..h'))
   charge(u, 'r' .. KEYS[1], left, redis.call('PTTL', KEYS[1]) / 1000)
   over(u)
   commit(u)
+  uncharge(set, 'e' .. KEYS[4])
+  for i = 3, #dropped do uncharge(set, 'o' .. dropped[i]) end
 end
 return 1
 
@@ -2073,7 +2085,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_add_event', callback=function(K, A)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_add_event', callback=function(K, A)
 local CLUSTER, HINTS, KEYS, ARGV = true, {}, K, {}
 local OWNER, PAYER = K[4], A[2] ~= '' and A[2] or nil
 local GRANT, SLACK, LEASE = {A[3], A[4], A[5], A[6]}, tonumber(A[7]), tonumber(A[8])
@@ -2274,7 +2286,7 @@ if type(result) == 'table' and result.err then return result end
 if result == nil then result = false end
 return {result, HINTS}
 end}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_events_after', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_events_after', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 local found, events = nil, {}
@@ -2295,7 +2307,7 @@ if not found then return false end
 return {found, events}
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_stream_since', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_stream_since', callback=function(KEYS, ARGV)
 local CLUSTER = true
 
 local want_ms, want_n = string.match(ARGV[1], '^(%d+)-(%d+)$')
@@ -2330,7 +2342,7 @@ local latest = later[1] and string.match(later[1], '^(%S+) ') or ARGV[1]
 return {latest, events}
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_grant', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_grant', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2387,7 +2399,7 @@ keep(H, Z)
 return {'OK', fmt(new), fmt(gx)}
 
 end}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_lower', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_lower', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2431,7 +2443,7 @@ if bytes ~= b then redis.call('HINCRBY', H, 'total', bytes - b) end
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_renew', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_renew', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2477,7 +2489,7 @@ keep(H, Z)
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_admit', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_admit', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2521,7 +2533,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_leave', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_leave', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2558,7 +2570,7 @@ end
 return redis.call('ZREM', KEYS[1], ARGV[1])
 
 end}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_index', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_index', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()
@@ -2597,7 +2609,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_c_3814bd5447b9_stash', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_c_66c7b0c7b080_stash', callback=function(KEYS, ARGV)
 
 local function fmt(n) return string.format('%.0f', n) end
 local function now_ms()

@@ -1,5 +1,5 @@
-#!lua name=mcp_ha_7857174a851e
-redis.register_function{function_name='mcp_ha_7857174a851e_get', callback=function(KEYS, ARGV)
+#!lua name=mcp_ha_41c4ef483134
+redis.register_function{function_name='mcp_ha_41c4ef483134_get', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -186,7 +186,7 @@ touch()
 return redis.call('HGET', KEYS[1], ARGV[3])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_7857174a851e_items', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_41c4ef483134_items', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -373,7 +373,7 @@ touch()
 return redis.call('HGETALL', KEYS[1])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_7857174a851e_touch', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_41c4ef483134_touch', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -559,7 +559,7 @@ end
 touch()
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_7857174a851e_write', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_41c4ef483134_write', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -985,7 +985,7 @@ redis.call(CLUSTER and 'SPUBLISH' or 'PUBLISH', KEYS[5], ARGV[1])
 return {result, 0}
 
 end}
-redis.register_function{function_name='mcp_ha_7857174a851e_count', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_41c4ef483134_count', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local horizon = tonumber(redis.call('TIME')[1]) - tonumber(ARGV[1])
@@ -993,7 +993,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', horizon)
 return redis.call('ZCARD', KEYS[1])
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_7857174a851e_claim', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_41c4ef483134_claim', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1169,7 +1169,7 @@ if u then commit(u) end
 return ARGV[1]
 
 end}
-redis.register_function{function_name='mcp_ha_7857174a851e_release', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_41c4ef483134_release', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1334,7 +1334,7 @@ redis.call('HDEL', KEYS[1], 'holder', 'u', 'p')
 if set then uncharge(set, 'c' .. KEYS[1]) end
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_7857174a851e_open', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_41c4ef483134_open', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1558,7 +1558,7 @@ touch()
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_7857174a851e_read_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_41c4ef483134_read_record', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local function record_fields()
@@ -1585,7 +1585,7 @@ if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return nil end
 return record()
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_7857174a851e_update_record', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_41c4ef483134_update_record', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 if redis.call('HEXISTS', KEYS[1], '.epoch') == 0 then return 0 end
@@ -1593,7 +1593,7 @@ redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 
 end}
-redis.register_function{function_name='mcp_ha_7857174a851e_adopt', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_41c4ef483134_adopt', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1802,7 +1802,7 @@ touch()
 return {epoch, record()}
 
 end}
-redis.register_function{function_name='mcp_ha_7857174a851e_end', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_41c4ef483134_end', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -1988,19 +1988,31 @@ for _, name in ipairs(record_fields()) do
   if name ~= '.owner' then names[#names + 1] = name end
 end
 redis.call('HDEL', KEYS[1], unpack(names))
+-- Its event log and op records serve nobody now (a request naming an ended session gets 404, so
+-- nothing resumes or replays them): they go at once, and so do their charges. KEYS[4] the log,
+-- KEYS[5] its size, KEYS[6] what the op buckets are named after (_WRITE's KEYS[3]), ARGV[2] the op TTL.
+local dropped = {KEYS[4], KEYS[5]}
+local ttl = tonumber(ARGV[2])
+local span = math.max(1, math.floor(ttl / 2))
+local n = math.floor(tonumber(redis.call('TIME')[1]) / span)
+for m = n + 1, n - math.ceil(ttl / span) - 1, -1 do dropped[#dropped + 1] = KEYS[6] .. ':' .. string.format('%d', m) end
+for _, key in ipairs(dropped) do redis.call('EXPIRE', key, 0) end  -- EXPIRE, not DEL: the kit's ACL has no DEL
 local payer = payer_of(KEYS[1])
 if payer then
-  local u = usage(usage_set(KEYS[3], payer), 0)
+  local set = usage_set(KEYS[3], payer)
+  local u = usage(set, 0)
   local left = key_bytes(KEYS[1]) + entry_bytes('.owner', redis.call('HSTRLEN', KEYS[1], '.owner'))
   left = left + entry_bytes('..h', redis.call('HSTRLEN', KEYS[1], '..h'))
   charge(u, 'r' .. KEYS[1], left, redis.call('PTTL', KEYS[1]) / 1000)
   over(u)
   commit(u)
+  uncharge(set, 'e' .. KEYS[4])
+  for i = 3, #dropped do uncharge(set, 'o' .. dropped[i]) end
 end
 return 1
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_7857174a851e_add_event', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_41c4ef483134_add_event', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 local KEY_BYTES, ENTRY_BYTES, EVENT_BYTES = 384, 64, 16
 
@@ -2192,7 +2204,7 @@ redis.call(CLUSTER and 'SPUBLISH' or 'PUBLISH', KEYS[3], ARGV[6] .. ' ' .. ARGV[
 return position
 
 end}
-redis.register_function{function_name='mcp_ha_7857174a851e_events_after', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_41c4ef483134_events_after', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local found, events = nil, {}
@@ -2213,7 +2225,7 @@ if not found then return false end
 return {found, events}
 
 end, flags={'allow-oom'}}
-redis.register_function{function_name='mcp_ha_7857174a851e_stream_since', callback=function(KEYS, ARGV)
+redis.register_function{function_name='mcp_ha_41c4ef483134_stream_since', callback=function(KEYS, ARGV)
 local CLUSTER, HINTS, OWNER, PAYER, SLACK, LEASE, GRANT = false
 
 local want_ms, want_n = string.match(ARGV[1], '^(%d+)-(%d+)$')

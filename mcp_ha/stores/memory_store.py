@@ -251,9 +251,10 @@ class InMemorySessionStore(SessionStore):
                 f"this session's state would take {after} bytes; the store keeps at most {self.max_state_bytes}"
             )
         holder, charges = self._payers.get(session_id), {}
-        span = op_span(self.op_ttl_seconds)
-        n = int(self._clock() // span)  # the op bucket this write's record goes to, if it has an op
-        bucket = self._op_buckets.get((session_id, n)) or (set(), (n + 1) * span + self.op_ttl_seconds)
+        if op is not None:
+            span = op_span(self.op_ttl_seconds)
+            n = int(self._clock() // span)  # the op bucket this write's record goes to
+            bucket = self._op_buckets.get((session_id, n)) or (set(), (n + 1) * span + self.op_ttl_seconds)
         if holder is not None:
             charges[f"s{_session_key(session_id)}"] = _state_charge(session_id, work)
             if op is not None:
@@ -453,6 +454,14 @@ class InMemorySessionStore(SessionStore):
             self._release(session_id)
         if self._records.pop(session_id, None) is None:
             return False
+        # Its event log and op records serve nobody now (as the Redis store drops them).
+        if self._events.pop(session_id, None) is not None:
+            self._uncharge(f"e{_events_key(session_id)}")
+        for call in [call for owner_id, call in self._ops if owner_id == session_id]:
+            del self._ops[(session_id, call)]
+        for n in [n for owner_id, n in self._op_buckets if owner_id == session_id]:
+            del self._op_buckets[(session_id, n)]
+            self._uncharge(f"o{_ops_key(session_id, n)}")
         payer = self._payers.get(session_id)
         if payer is not None:
             # What is left of the record stays charged while the state lives (as the Redis store does).

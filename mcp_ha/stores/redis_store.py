@@ -782,14 +782,26 @@ for _, name in ipairs(record_fields()) do
   if name ~= '.owner' then names[#names + 1] = name end
 end
 redis.call('HDEL', KEYS[1], unpack(names))
+-- Its event log and op records serve nobody now (a request naming an ended session gets 404, so
+-- nothing resumes or replays them): they go at once, and so do their charges. KEYS[4] the log,
+-- KEYS[5] its size, KEYS[6] what the op buckets are named after (_WRITE's KEYS[3]), ARGV[2] the op TTL.
+local dropped = {KEYS[4], KEYS[5]}
+local ttl = tonumber(ARGV[2])
+local span = math.max(1, math.floor(ttl / 2))
+local n = math.floor(tonumber(redis.call('TIME')[1]) / span)
+for m = n + 1, n - math.ceil(ttl / span) - 1, -1 do dropped[#dropped + 1] = KEYS[6] .. ':' .. string.format('%d', m) end
+for _, key in ipairs(dropped) do redis.call('EXPIRE', key, 0) end  -- EXPIRE, not DEL: the kit's ACL has no DEL
 local payer = payer_of(KEYS[1])
 if payer then
-  local u = usage(usage_set(KEYS[3], payer), 0)
+  local set = usage_set(KEYS[3], payer)
+  local u = usage(set, 0)
   local left = key_bytes(KEYS[1]) + entry_bytes('.owner', redis.call('HSTRLEN', KEYS[1], '.owner'))
   left = left + entry_bytes('..h', redis.call('HSTRLEN', KEYS[1], '..h'))
   charge(u, 'r' .. KEYS[1], left, redis.call('PTTL', KEYS[1]) / 1000)
   over(u)
   commit(u)
+  uncharge(set, 'e' .. KEYS[4])
+  for i = 3, #dropped do uncharge(set, 'o' .. dropped[i]) end
 end
 return 1
 """
@@ -1592,9 +1604,12 @@ class RedisSessionStore(SessionStore):
         return None if found is None else (_record_of(found[1]), int(found[0]))
 
     async def end_session(self, session_id: str, *, holder: str | None = None) -> bool:
+        events = self._events_key(session_id)
+        dropped = [events, f"{events}:bytes", self._ops_key(session_id)]
+        args = [session_id if holder is not None else "", self.op_ttl_seconds]
         if self._cluster is not None:
             cluster, keys = self._cluster, self._keys(session_id) * 2
-            ended = await self._read(lambda: self._end(keys=keys[:3], args=[session_id if holder is not None else ""]))
+            ended = await self._read(lambda: self._end(keys=[*keys[:3], *dropped], args=args))
             if holder is not None:
                 holder_key = self._holder_key(holder)
                 await self._read(lambda: cluster.fcall("leave", [holder_key], [session_id]))
@@ -1603,9 +1618,10 @@ class RedisSessionStore(SessionStore):
             self._keys(session_id)[0],
             self._holder_key(holder) if holder is not None else self._index,
             self._index,
+            *dropped,
         ]
         # Without a holder, ZREM from the index: the session's state (and its place there) lives on.
-        return bool(await self._read(lambda: self._end(keys=keys, args=[session_id if holder is not None else ""])))
+        return bool(await self._read(lambda: self._end(keys=keys, args=args)))
 
     async def owner(self, session_id: str) -> str | None:
         key = self._keys(session_id)[0]
