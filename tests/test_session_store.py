@@ -42,7 +42,7 @@ from mcp_ha.session_store import (
 from mcp_ha.stack import Stack
 from mcp_ha.stores.memory_store import InMemorySessionStore
 from mcp_ha.stores.redis_store import CLUSTER_LIBRARY, LIBRARY, RedisSessionStore
-from mcp_ha.stores.replica_wait import SHORT_RECOUNT_SECONDS
+from mcp_ha.stores.replica_wait import SHORT_RECOUNT_SECONDS, online_replicas
 
 
 def new_id() -> str:
@@ -1120,6 +1120,23 @@ async def test_with_no_replica_left_writes_wait_for_none_until_one_is_back(senti
         await without_the_replica_then_with_it(sentinel_stack, store, new_id(), primary, replica)
     finally:
         await store.aclose()
+
+
+@pytest.mark.quick
+def test_only_a_primary_counts_its_replicas_online() -> None:
+    """INFO replication as redis-py parses it. A node that answers as a replica (on a cluster, an old
+    primary back as one, still named by a stale slot map) has fields named slave_* that are no replicas,
+    and no count to lower a write's wait by."""
+    primary = {
+        "role": "master",
+        "connected_slaves": 2,
+        "slave0": {"ip": "127.0.0.1", "port": 7001, "state": "online", "offset": 10, "lag": 0},
+        "slave1": {"ip": "127.0.0.1", "port": 7002, "state": "wait_bgsave", "offset": 0, "lag": 0},
+        "master_repl_offset": 10,
+    }
+    replica = {"role": "slave", "master_link_status": "up", "slave_repl_offset": 10, "slave_priority": 100}
+    assert online_replicas(primary) == 1
+    assert online_replicas(replica) is None
 
 
 def replica_of(cluster: Stack, primary: str) -> str:

@@ -344,7 +344,7 @@ class Cluster:
         await replicas.check(acknowledged, wanted, wait[1])
         return result
 
-    async def _online_replicas(self, node: ClusterNode) -> int:
+    async def _online_replicas(self, node: ClusterNode) -> int | None:
         info = await self._bounded(self.redis.execute_command("INFO", "replication", target_nodes=node), node)
         return online_replicas(info)
 

@@ -1397,7 +1397,7 @@ class RedisSessionStore(SessionStore):
         await self._replicas.check(acknowledged, wanted, self._wait_timeout_ms)
         return result
 
-    async def _online_replicas(self) -> int:
+    async def _online_replicas(self) -> int | None:
         return online_replicas(await self._redis.info("replication"))
 
     async def get(self, session_id: str, key: str) -> Any | None:

@@ -13,6 +13,7 @@ primary node.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -25,18 +26,27 @@ log = logging.getLogger(__name__)
 SHORT_RECOUNT_SECONDS = 1.0
 
 
-def online_replicas(info: Mapping[str, Any]) -> int:
-    """The replicas online in a primary's INFO replication, as redis-py parses it."""
+def online_replicas(info: Mapping[str, Any]) -> int | None:
+    """The replicas online in a primary's INFO replication, as redis-py parses it; None when the node that
+    answered is not a primary. On a cluster that is an old primary back as a replica, still named by a
+    slot map that has not seen the failover yet: its count says nothing of the new primary's replicas,
+    and its own fields (`slave_repl_offset`, ...) are not replicas."""
+    if info.get("role") != "master":
+        return None
     return sum(
-        1 for name, replica in info.items() if name.startswith("slave") and dict(replica).get("state") == "online"
+        1
+        for name, replica in info.items()
+        if re.fullmatch(r"slave\d+", name) and dict(replica).get("state") == "online"
     )
 
 
 class ReplicaWait:
     """One primary's replicas, as writes on it wait for them: `replicas`, or all it has online while it
-    has fewer. `count` asks the primary how many it has online now."""
+    has fewer. `count` asks the primary how many it has online now (None: the node is no primary)."""
 
-    def __init__(self, replicas: int, count: Callable[[], Awaitable[int]], *, primary: str = "the primary") -> None:
+    def __init__(
+        self, replicas: int, count: Callable[[], Awaitable[int | None]], *, primary: str = "the primary"
+    ) -> None:
         self.replicas = replicas
         self._count = count
         self._primary = primary
@@ -58,6 +68,9 @@ class ReplicaWait:
 
     async def recount(self) -> int:
         online = await self._count()
+        if online is None:
+            # Not a primary (yet, or any more): only a primary's own count lowers the wait. Asked again next time.
+            return self.replicas
         was = self._short
         if online >= self.replicas:
             if was is not None and was[0] < self.replicas:
