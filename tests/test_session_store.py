@@ -1147,19 +1147,24 @@ def replica_of(cluster: Stack, primary: str) -> str:
     )
 
 
+def cluster_waiting_store(cluster: Stack) -> RedisSessionStore:
+    """A store on `cluster` whose writes wait up to 300 ms for one replica of their primary."""
+    return RedisSessionStore(
+        cluster_nodes=nodes_of(cluster),
+        **cluster.config.redis_auth,
+        prefix=f"mcp:t{new_id()[:8]}",
+        wait_replicas=1,
+        wait_timeout_ms=300,
+    )
+
+
 @pytest.mark.timeout(120)
 async def test_on_a_cluster_a_primary_with_no_replica_left_takes_writes_until_one_is_back(own_cluster: Stack) -> None:
     """The same on a cluster, per primary: right after a shard's failover its new primary has no replica,
     and every waited write to that shard failed, each after the whole WAIT timeout. With the replica of a
     session's shard gone, writes there wait for the replicas it has, while another shard still waits for
     its own; once the replica is back, writes wait for it again."""
-    store = RedisSessionStore(
-        cluster_nodes=nodes_of(own_cluster),
-        **own_cluster.config.redis_auth,
-        prefix=f"mcp:t{new_id()[:8]}",
-        wait_replicas=1,
-        wait_timeout_ms=300,
-    )
+    store = cluster_waiting_store(own_cluster)
     sid = new_id()
     primary = slot_owner(own_cluster, key_slot(sid.encode()))
     # A session on another shard, whose replica stays.
@@ -1171,6 +1176,30 @@ async def test_on_a_cluster_a_primary_with_no_replica_left_takes_writes_until_on
         replica = replica_of(own_cluster, primary)
         other_shard_still_waits = functools.partial(held_up_by_a_paused, own_cluster, other_replica, store, other)
         await without_the_replica_then_with_it(own_cluster, store, sid, primary, replica, other_shard_still_waits)
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.timeout(120)
+async def test_on_a_cluster_a_shard_whose_primary_is_killed_for_good_takes_writes_again(own_cluster: Stack) -> None:
+    """kill -9 of a session's primary, never restarted: its replica is promoted and has no replica of its
+    own, for good. Waited writes to that session go on there once it is promoted, each applied once."""
+    store = cluster_waiting_store(own_cluster)
+    sid = new_id()
+    try:
+        assert await store.incr(sid, "counter", op=Op("a", "d")) == 1
+        own_cluster.signal(slot_owner(own_cluster, key_slot(sid.encode())), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while True:  # the same op until it is acknowledged: the promotion takes a few seconds
+            try:
+                assert await store.incr(sid, "counter", op=Op("b", "d")) == 2
+                break
+            except StoreUnavailable:
+                assert time.monotonic() < deadline, "the shard took no write after its primary was killed"
+                await asyncio.sleep(0.2)
+        for n in range(3, 13):  # across more than one recount
+            assert await store.incr(sid, "counter", op=Op(f"k{n}", "d")) == n
+            await asyncio.sleep(0.15)
     finally:
         await store.aclose()
 

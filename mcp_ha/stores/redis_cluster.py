@@ -345,6 +345,9 @@ class Cluster:
         return result
 
     async def _online_replicas(self, node: ClusterNode) -> int | None:
+        # A command of its own, not in the pipeline: its connection error is what has redis-py ask for the
+        # slot map again (a failed pipeline, its retries off, does not), so after a primary dies for good
+        # the count before the next write finds the promoted one instead of the dead one forever.
         info = await self._bounded(self.redis.execute_command("INFO", "replication", target_nodes=node), node)
         return online_replicas(info)
 
