@@ -129,10 +129,11 @@ def redis_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         s.down()
 
 
-@pytest.fixture(scope="session")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """A Redis Cluster alone (redis-1..6: three primaries, a replica each), with the kit's functions."""
-    s = Stack(stack_config(tmp_path_factory.mktemp("cluster"), replicas=1, redis_mode="cluster"))
+@contextlib.contextmanager
+def running_cluster(state_dir: Path) -> Iterator[Stack]:
+    """A Redis Cluster alone (redis-1..6: three primaries, a replica each), with the kit's functions, taken
+    down afterwards however the tests went."""
+    s = Stack(stack_config(state_dir, replicas=1, redis_mode="cluster"))
     try:
         for name in s.config.redis_names():
             s.start(name, wait=False)
@@ -142,6 +143,20 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield s
     finally:
         s.down()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A Redis Cluster the tests share; one that stops its nodes takes `own_cluster`."""
+    with running_cluster(tmp_path_factory.mktemp("cluster")) as s:
+        yield s
+
+
+@pytest.fixture
+def own_cluster(tmp_path: Path) -> Iterator[Stack]:
+    """A Redis Cluster of the test's own, which it may stop nodes of."""
+    with running_cluster(tmp_path / "cluster") as s:
+        yield s
 
 
 def slot_owner(cluster: Stack, slot: int) -> str:

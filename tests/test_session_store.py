@@ -8,6 +8,7 @@ with every write waiting for a Redis replica's acknowledgement.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import signal
 import subprocess
@@ -41,6 +42,7 @@ from mcp_ha.session_store import (
 from mcp_ha.stack import Stack
 from mcp_ha.stores.memory_store import InMemorySessionStore
 from mcp_ha.stores.redis_store import CLUSTER_LIBRARY, LIBRARY, RedisSessionStore
+from mcp_ha.stores.replica_wait import SHORT_RECOUNT_SECONDS, online_replicas
 
 
 def new_id() -> str:
@@ -1069,33 +1071,135 @@ async def test_a_write_no_replica_acknowledged_fails_and_its_retry_applies_it_on
         await store.aclose()
 
 
+async def without_the_replica_then_with_it(
+    stack: Stack,
+    store: RedisSessionStore,
+    sid: str,
+    primary: str,
+    replica: str,
+    meanwhile: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """`sid` lives on `primary`, replicated by `replica`. With the replica gone (not merely slow), writes
+    go on, waiting for the replicas there are (and `meanwhile` runs); once it is back online, and past the
+    recount, they wait for it again, so a paused replica holds a write up."""
+    assert await store.incr(sid, "counter", op=Op("a", "d")) == 1
+    stack.stop(replica)
+    try:
+        for n in range(2, 12):  # across more than one recount
+            assert await store.incr(sid, "counter", op=Op(f"k{n}", "d")) == n
+            await asyncio.sleep(0.15)
+        if meanwhile is not None:
+            await meanwhile()
+    finally:
+        stack.start(replica)
+    deadline = time.monotonic() + 20
+    while stack.redis_info(primary, "replication").get("slave0", "").find("state=online") < 0:
+        assert time.monotonic() < deadline, "the replica did not come back"
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(SHORT_RECOUNT_SECONDS + 0.1)
+    await held_up_by_a_paused(stack, replica, store, sid)
+
+
+async def held_up_by_a_paused(stack: Stack, replica: str, store: RedisSessionStore, sid: str) -> None:
+    """With `replica` paused, a write to `sid` that waits for it fails: not acknowledged."""
+    stack.signal(replica, signal.SIGSTOP)
+    try:
+        with pytest.raises(StoreUnavailable, match="0 of 1 replica"):
+            await store.incr(sid, "counter", op=Op("late", "d"))
+    finally:
+        stack.signal(replica, signal.SIGCONT)
+
+
 @pytest.mark.timeout(60)
 async def test_with_no_replica_left_writes_wait_for_none_until_one_is_back(sentinel_stack: Stack) -> None:
     """Right after a failover the new primary has no replica until the old primary is back as one and
     synced: a write that waits for a replica there failed every call for ~10 s. With the replica gone (not
     merely slow), writes wait for the replicas there are; once it is back they wait for it again."""
     store, primary, replica = waiting_store(sentinel_stack)
+    try:
+        await without_the_replica_then_with_it(sentinel_stack, store, new_id(), primary, replica)
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.quick
+def test_only_a_primary_counts_its_replicas_online() -> None:
+    """INFO replication as redis-py parses it. A node that answers as a replica (on a cluster, an old
+    primary back as one, still named by a stale slot map) has fields named slave_* that are no replicas,
+    and no count to lower a write's wait by."""
+    primary = {
+        "role": "master",
+        "connected_slaves": 2,
+        "slave0": {"ip": "127.0.0.1", "port": 7001, "state": "online", "offset": 10, "lag": 0},
+        "slave1": {"ip": "127.0.0.1", "port": 7002, "state": "wait_bgsave", "offset": 0, "lag": 0},
+        "master_repl_offset": 10,
+    }
+    replica = {"role": "slave", "master_link_status": "up", "slave_repl_offset": 10, "slave_priority": 100}
+    assert online_replicas(primary) == 1
+    assert online_replicas(replica) is None
+
+
+def replica_of(cluster: Stack, primary: str) -> str:
+    """The cluster node replicating `primary`."""
+    port = str(cluster.service(primary).port)
+    return next(
+        n for n in cluster.config.redis_names() if cluster.redis_info(n, "replication").get("master_port") == port
+    )
+
+
+def cluster_waiting_store(cluster: Stack) -> RedisSessionStore:
+    """A store on `cluster` whose writes wait up to 300 ms for one replica of their primary."""
+    return RedisSessionStore(
+        cluster_nodes=nodes_of(cluster),
+        **cluster.config.redis_auth,
+        prefix=f"mcp:t{new_id()[:8]}",
+        wait_replicas=1,
+        wait_timeout_ms=300,
+    )
+
+
+@pytest.mark.timeout(120)
+async def test_on_a_cluster_a_primary_with_no_replica_left_takes_writes_until_one_is_back(own_cluster: Stack) -> None:
+    """The same on a cluster, per primary: right after a shard's failover its new primary has no replica,
+    and every waited write to that shard failed, each after the whole WAIT timeout. With the replica of a
+    session's shard gone, writes there wait for the replicas it has, while another shard still waits for
+    its own; once the replica is back, writes wait for it again."""
+    store = cluster_waiting_store(own_cluster)
+    sid = new_id()
+    primary = slot_owner(own_cluster, key_slot(sid.encode()))
+    # A session on another shard, whose replica stays.
+    other = next(s for s in iter(new_id, "") if slot_owner(own_cluster, key_slot(s.encode())) != primary)
+    other_replica = replica_of(own_cluster, slot_owner(own_cluster, key_slot(other.encode())))
+
+    try:
+        assert await store.incr(other, "counter", op=Op("a", "d")) == 1
+        replica = replica_of(own_cluster, primary)
+        other_shard_still_waits = functools.partial(held_up_by_a_paused, own_cluster, other_replica, store, other)
+        await without_the_replica_then_with_it(own_cluster, store, sid, primary, replica, other_shard_still_waits)
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.timeout(120)
+async def test_on_a_cluster_a_shard_whose_primary_is_killed_for_good_takes_writes_again(own_cluster: Stack) -> None:
+    """kill -9 of a session's primary, never restarted: its replica is promoted and has no replica of its
+    own, for good. Waited writes to that session go on there once it is promoted, each applied once."""
+    store = cluster_waiting_store(own_cluster)
     sid = new_id()
     try:
         assert await store.incr(sid, "counter", op=Op("a", "d")) == 1
-        sentinel_stack.stop(replica)
-        try:
-            for n in range(2, 12):  # across more than one recount
-                assert await store.incr(sid, "counter", op=Op(f"k{n}", "d")) == n
-                await asyncio.sleep(0.15)
-        finally:
-            sentinel_stack.start(replica)
-        deadline = time.monotonic() + 20
-        while sentinel_stack.redis_info(primary, "replication").get("slave0", "").find("state=online") < 0:
-            assert time.monotonic() < deadline, "the replica did not come back"
-            await asyncio.sleep(0.2)
-        await asyncio.sleep(1.1)  # past the recount: waited for again, so a paused replica holds a write up
-        sentinel_stack.signal(replica, signal.SIGSTOP)
-        try:
-            with pytest.raises(StoreUnavailable, match="0 of 1 replica"):
-                await store.incr(sid, "counter", op=Op("late", "d"))
-        finally:
-            sentinel_stack.signal(replica, signal.SIGCONT)
+        own_cluster.signal(slot_owner(own_cluster, key_slot(sid.encode())), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while True:  # the same op until it is acknowledged: the promotion takes a few seconds
+            try:
+                assert await store.incr(sid, "counter", op=Op("b", "d")) == 2
+                break
+            except StoreUnavailable:
+                assert time.monotonic() < deadline, "the shard took no write after its primary was killed"
+                await asyncio.sleep(0.2)
+        for n in range(3, 13):  # across more than one recount
+            assert await store.incr(sid, "counter", op=Op(f"k{n}", "d")) == n
+            await asyncio.sleep(0.15)
     finally:
         await store.aclose()
 

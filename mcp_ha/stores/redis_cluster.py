@@ -23,8 +23,8 @@ renewal (at most LEASE/8 later).
 
 `Cluster` is the client side: a `RedisCluster` with redis-py's own retries off (the store retries),
 every FCALL sent to the node owning its first key (no COMMAND GETKEYS round trip), FCALL and WAIT on
-one connection of that node, and a bound on calls in flight (redis-py's cluster pool refuses at once
-when full instead of queueing).
+one connection of that node (waiting for the replicas that primary has: replica_wait.py), and a
+bound on calls in flight (redis-py's cluster pool refuses at once when full instead of queueing).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, ResponseError, SlotNotCoveredError
 
 from ..session_store import RESYNC, LimitExceeded, StoreUnavailable, over_quota, payer_of
+from .replica_wait import ReplicaWait, online_replicas
 
 log = logging.getLogger(__name__)
 
@@ -295,6 +296,8 @@ class Cluster:
             **self.node_options,
         )
         self._in_flight = asyncio.Semaphore(max_connections)
+        # What waited writes wait for on each primary, by node name (replica_wait.py).
+        self._replicas: dict[str, ReplicaWait] = {}
 
     async def _bounded(self, command: Any, node: ClusterNode | None = None) -> Any:
         try:
@@ -324,20 +327,34 @@ class Cluster:
         command = ("FCALL", f"{self.library}_{name}", len(keys), *keys, *args)
         if wait is None:
             return await self._bounded(self.redis.execute_command(*command, target_nodes=node), node)
+        replicas = self._replicas.get(node.name)
+        if replicas is None:
+            replicas = self._replicas[node.name] = ReplicaWait(
+                wait[0], functools.partial(self._online_replicas, node), primary=node.name
+            )
+        wanted = await replicas.wanted()
         pipe = self.redis.pipeline(transaction=False)
         pipe.execute_command(*command, target_nodes=node)
-        pipe.execute_command("WAIT", *wait, target_nodes=node)
+        pipe.execute_command("WAIT", wanted, wait[1], target_nodes=node)
         result, acknowledged = await self._bounded(pipe.execute(raise_on_error=False), node)
         if isinstance(result, Exception):
             raise result
         if isinstance(acknowledged, Exception):
             raise RedisConnectionError(f"redis: WAIT failed: {acknowledged}")
-        if acknowledged < wait[0]:
-            raise StoreUnavailable(
-                f"redis: the write reached the primary but {acknowledged} of {wait[0]} replica(s) "
-                f"acknowledged it within {wait[1]} ms; it may not survive a failover"
-            )
+        await replicas.check(acknowledged, wanted, wait[1])
         return result
+
+    async def _online_replicas(self, node: ClusterNode) -> int | None:
+        # A command of its own, not in the pipeline: its connection error is what has redis-py ask for the
+        # slot map again (a failed pipeline, its retries off, does not), so after a primary dies for good
+        # the count before the next write finds the promoted one instead of the dead one forever.
+        info = await self._bounded(self.redis.execute_command("INFO", "replication", target_nodes=node), node)
+        return online_replicas(info)
+
+    def forget_replicas(self) -> None:
+        """Perhaps a failover: each primary is asked what replicas it has before its next waited write."""
+        for replicas in self._replicas.values():
+            replicas.forget()
 
     async def call(
         self,

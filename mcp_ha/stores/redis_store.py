@@ -77,7 +77,7 @@ writes; with `wait_replicas=N` every state write (an `apply` and a
 `delete` included), session record and adoption is acknowledged only once
 N replicas have it (Redis WAIT), or all the primary has online while it has
 fewer (after a failover, until the old primary is back as its replica:
-`_recount_replicas`), and otherwise fails with StoreUnavailable, which a
+replica_wait.py; on a cluster, per primary), and otherwise fails with StoreUnavailable, which a
 retry with the same op replays. Event logs and TTL touches are not waited for: losing one costs a
 stream resumption or a few seconds of TTL, not state.
 
@@ -137,14 +137,13 @@ from ..session_store import (
     payer_of,
 )
 from .redis_cluster import PAYER_FUNCTIONS, PAYER_HELPERS, Cluster, FeedLost, FeedWatch, Layout
+from .replica_wait import ReplicaWait, online_replicas
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 # On a cluster also: a slot with no primary yet (a failover), a key mid-move, redirections run out.
 RETRYABLE = (RedisConnectionError, RedisTimeoutError, ClusterError, TryAgainError)
-# While the primary has fewer replicas online than a write waits for, they are counted again this often.
-SHORT_RECOUNT_SECONDS = 1.0
 # The change feed (`watch`) pings its channel this often, and gives up on one silent this long.
 WATCH_PING_SECONDS = 1.0
 WATCH_SILENCE_SECONDS = 5.0
@@ -1191,8 +1190,8 @@ class RedisSessionStore(SessionStore):
         self._failing_since: float | None = None
         self._wait_replicas = wait_replicas
         self._wait_timeout_ms = wait_timeout_ms
-        # While the primary has fewer replicas online than wait_replicas: how many, and until when (`_waited`).
-        self._short: tuple[int, float] | None = None
+        # What writes wait for on the primary (`_waited`); a cluster keeps one per primary instead.
+        self._replicas = ReplicaWait(wait_replicas, self._online_replicas)
         # Only when given: redis-py would let a None here override credentials in the url.
         credentials = {k: v for k, v in (("username", username), ("password", password)) if v is not None}
         self._layout = Layout(prefix) if cluster_nodes else None
@@ -1284,9 +1283,11 @@ class RedisSessionStore(SessionStore):
         if self._failing_since is None:
             self._failing_since = now
         if self._wait_replicas:
-            # Perhaps a failover: the next write asks the primary it reaches what replicas it has first,
-            # rather than wait its 1 s for a replica a new primary does not have yet.
-            self._short = (self._wait_replicas, 0.0)
+            # Perhaps a failover: a new primary is asked what replicas it has before a write waits there.
+            if self._cluster is not None:
+                self._cluster.forget_replicas()
+            else:
+                self._replicas.forget()
         return self._failing_since + self._retry_seconds - now
 
     async def _read(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -1389,7 +1390,7 @@ class RedisSessionStore(SessionStore):
 
     async def _waited(self, function: _Function, keys: list[str], args: list[Any]) -> Any:
         """The function and WAIT on one connection, so WAIT covers this write."""
-        wanted = await self._replicas_wanted()
+        wanted = await self._replicas.wanted()
         for attempt in range(2):
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.fcall(function.name, len(keys), *keys, *args)
@@ -1405,44 +1406,11 @@ class RedisSessionStore(SessionStore):
         if isinstance(acknowledged, Exception):
             # e.g. WAIT sent to a server demoted a moment ago: a failover, retried like one.
             raise RedisConnectionError(f"redis: WAIT failed: {acknowledged}")
-        if acknowledged < wanted and acknowledged < await self._recount_replicas():
-            raise StoreUnavailable(
-                f"redis: the write reached the primary but {acknowledged} of {wanted} replica(s) "
-                f"acknowledged it within {self._wait_timeout_ms} ms; it may not survive a failover"
-            )
+        await self._replicas.check(acknowledged, wanted, self._wait_timeout_ms)
         return result
 
-    async def _replicas_wanted(self) -> int:
-        """How many replicas a write waits for: `wait_replicas`, or all the primary has online while it
-        has fewer (counted again every SHORT_RECOUNT_SECONDS)."""
-        if self._short is None:
-            return self._wait_replicas
-        online, until = self._short
-        return online if time.monotonic() < until else await self._recount_replicas()
-
-    async def _recount_replicas(self) -> int:
-        """The replicas a write can wait for now, as the primary says (INFO replication): right after a
-        failover the new primary has none until the old one is back as its replica and synced, and a
-        write waiting for one then failed every call for ~10 s. It waits for those there are instead:
-        a second failure in that window can lose what was written meanwhile (docs/deploy.md)."""
-        info = await self._redis.info("replication")
-        online = sum(
-            1 for name, replica in info.items() if name.startswith("slave") and dict(replica).get("state") == "online"
-        )
-        if online >= self._wait_replicas:
-            if self._short is not None:
-                log.warning("redis: %d replica(s) online again: writes wait for %d", online, self._wait_replicas)
-            self._short = None
-            return self._wait_replicas
-        if self._short is None:
-            log.warning(
-                "redis: the primary has %d of the %d replica(s) REDIS_WAIT_REPLICAS asks for online: writes "
-                "wait for those there are until it has them again",
-                online,
-                self._wait_replicas,
-            )
-        self._short = (online, time.monotonic() + SHORT_RECOUNT_SECONDS)
-        return online
+    async def _online_replicas(self) -> int | None:
+        return online_replicas(await self._redis.info("replication"))
 
     async def get(self, session_id: str, key: str) -> Any | None:
         args = [session_id, self.ttl_seconds, check_key(key)]
