@@ -14,7 +14,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
-from conftest import scrubbed, stack_ports
+from conftest import scrubbed, stack_ports, starts
 
 ROOT = Path(__file__).resolve().parent.parent
 UV = shutil.which("uv") or str(ROOT / ".tools" / "uv" / "bin" / "uv")
@@ -23,6 +23,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
+@starts("slow")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
     built = subprocess.run(

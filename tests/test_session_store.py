@@ -63,12 +63,19 @@ def nodes_of(stack: Stack) -> list[tuple[str, int]]:
     return [(stack.config.host, port) for port in stack.config.cluster_ports]
 
 
+# The stores' parameters beyond memory, marked by what their fixtures start (`getfixturevalue` below, which
+# conftest's hook cannot see): the memory cases stay quick.
+REDIS = pytest.param("redis", marks=pytest.mark.redis)
+SENTINEL = pytest.param("sentinel", marks=[pytest.mark.redis, pytest.mark.haproxy, pytest.mark.slow])
+CLUSTER = pytest.param("cluster", marks=[pytest.mark.redis, pytest.mark.slow])
+
+
 def auth_of(stack: Stack) -> dict[str, str]:
     """The replicas' credentials, for the servers and the sentinels."""
     return {**stack.config.redis_auth, **stack.config.sentinel_auth}
 
 
-@pytest.fixture(params=["memory", "redis", "sentinel", "cluster"])
+@pytest.fixture(params=["memory", REDIS, SENTINEL, CLUSTER])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
     if request.param == "memory":
         yield InMemorySessionStore()
@@ -1126,7 +1133,7 @@ def test_session_ids_have_exactly_the_minted_form() -> None:
 # -- session events, for resumable streams ----------------------------------------------
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", REDIS])
 async def store_of_5_events(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
     if request.param == "memory":
         yield InMemorySessionStore(max_events=5)
@@ -1182,7 +1189,6 @@ async def test_an_event_id_of_another_session_finds_nothing(store: SessionStore)
     assert await store.events_after(b, pairs[0][1]) == ("1", [(event_of_b, '"of b"') for _, event_of_b in pairs[1:]])
 
 
-@pytest.mark.quick
 async def test_a_session_keeps_its_last_max_events(store_of_5_events: SessionStore) -> None:
     store, sid = store_of_5_events, new_id()
     ids = [await store.add_event(sid, "s", str(i)) for i in range(8)]
@@ -1329,7 +1335,7 @@ async def test_redis_store_expires_event_logs(redis_stack: Stack) -> None:
 
 
 @pytest.mark.parametrize("kind", ["memory", "redis"])
-@pytest.mark.quick
+@pytest.mark.redis
 async def test_a_store_reports_each_write_it_replays(kind: str, request: pytest.FixtureRequest) -> None:
     replays: list[Op] = []
     if kind == "memory":
@@ -1498,7 +1504,7 @@ async def test_a_records_entries_can_be_updated_but_not_its_owner(store: Session
 # -- bounds: nothing one client sends can take what every client shares -----------------
 
 
-@pytest.fixture(params=["memory", "redis", "cluster"])
+@pytest.fixture(params=["memory", REDIS, CLUSTER])
 async def bounded_store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
     limits = {"max_state_bytes": 200, "max_log_bytes": 300, "max_sessions": 6, "max_sessions_per_holder": 2}
     if request.param == "memory":
@@ -1604,7 +1610,7 @@ QUOTA_REFUSAL = (
 )
 
 
-@pytest.fixture(params=["memory", "redis", "cluster"])
+@pytest.fixture(params=["memory", REDIS, CLUSTER])
 async def quota_store(request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., SessionStore]]:
     """Stores with a 20,000-byte quota per holder (and any other limits a test gives)."""
     made: list[SessionStore] = []
