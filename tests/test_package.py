@@ -207,8 +207,11 @@ def test_a_server_in_its_own_project_runs_as_the_stack_and_passes_the_ha_check(w
         assert rolled.returncode == 0, rolled.stdout + rolled.stderr
         url = f"http://127.0.0.1:{ports['MCP_HTTP_PORT']}/mcp"
         report = project / "report.xml"
+        # Lean: two kinds of client, one session each. The full check, every kind of client, runs on each
+        # example's server shape in tests/examples/test_servers.py; here it is the user's install that is tested.
+        lean = ["--clients", "plain,resilient", "--sessions", "1"]
         checked = run(
-            [mcp_ha, "check", url, "--shape", "ha_shape.py", "--faults", "local", "--junit", str(report)],
+            [mcp_ha, "check", url, "--shape", "ha_shape.py", "--faults", "local", *lean, "--junit", str(report)],
             project,
             user_env,
             600,
