@@ -1,7 +1,7 @@
 # Two commands on a fresh Debian/Ubuntu machine:
 #   make demo   install what is missing, start the stack, show the walkthrough, leave it up
-#   make test   install what is missing, run the whole suite
-# And: make test-quick (no process started), make lint (ruff and mypy, as CI runs them).
+#   make test   install what is missing, run the default tier (every guarantee end to end)
+# And: make test-long (the rest), make test-quick (no process started), make lint (ruff and mypy, as CI runs them).
 # Python dependencies go to .venv at the repo root, pinned by uv.lock.
 
 SHELL := /bin/bash
@@ -12,7 +12,7 @@ UV := $(or $(shell command -v uv 2>/dev/null),.tools/uv/bin/uv)
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-quick test-newest lint test-docker down up deps system-deps python-deps node-deps lock
+.PHONY: demo test test-long test-quick test-newest lint test-docker down up deps system-deps python-deps node-deps lock
 
 demo: deps
 	$(PY) stack.py up -d
@@ -27,8 +27,13 @@ up: deps
 down:
 	@if [ -x $(PY) ]; then $(PY) stack.py down; fi
 
+# The default tier: every guarantee end to end at least once, all but the tests marked `long`.
 test: deps node-deps
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not long" $(PYTEST_ARGS)
+
+# The rest (tests/conftest.py's LONG: duplicate full HA checks, benchmarks, the abuse suite); CI runs both.
+test-long: deps node-deps
+	$(PY) -m pytest -m long $(PYTEST_ARGS)
 
 # The tests that start no process (redis, haproxy, replicas): seconds, for every edit.
 test-quick: python-deps

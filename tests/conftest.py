@@ -63,6 +63,82 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"{sum(HOSTILE_INPUTS.values()):>6}  in all")
 
 
+# The markers a test gets from the processes its fixtures start (pyproject registers them): `quick` is exactly
+# the tests with none of them, so `make test-quick` cannot start a process by a fixture.
+PROCESS_MARKS = frozenset({"redis", "haproxy", "node", "docker", "slow", "process"})
+
+
+def starts(*marks: str) -> Callable[[Callable[..., object]], Callable[..., object]]:
+    """Declares what a fixture starts (a subset of PROCESS_MARKS); every test using it, however indirectly,
+    is marked so. Put it under `@pytest.fixture`, on the function itself."""
+    assert set(marks) <= PROCESS_MARKS, marks
+
+    def declare(fixture: Callable[..., object]) -> Callable[..., object]:
+        fixture.starts = frozenset(marks)  # type: ignore[attr-defined]
+        return fixture
+
+    return declare
+
+
+def process_marks(item: pytest.Item) -> set[str]:
+    """The process markers a test has: from the fixtures it uses (the active definition of each name in its
+    closure) and from its own marks, for a test that starts a process in its body."""
+    marks = {m.name for m in item.iter_markers() if m.name in PROCESS_MARKS}
+    definitions = getattr(item, "_fixtureinfo", None)
+    for name in getattr(item, "fixturenames", ()):
+        defs = definitions.name2fixturedefs.get(name) if definitions else None
+        if defs:
+            marks |= getattr(defs[-1].func, "starts", frozenset())
+    return marks
+
+
+# `make test-long`: what `make test` leaves out, each for its duration (CI's per-file figures, docs/testing.md)
+# and for a guarantee the default tier already holds end to end. By node id prefix; the reason beside each.
+LONG = (
+    # 70 s and 42 s: one full HA check per server shape stays by default (the demo's); these are the others.
+    "tests/examples/test_servers.py::test_every_promise_holds_under_the_ha_check[jobs]",
+    "tests/examples/test_servers.py::test_every_promise_holds_under_the_ha_check[cart]",
+    # 57 s: a balancer killed under load; tests/test_stack.py kills either of two HAProxys by default.
+    "tests/mcp_ha/check/test_cli.py::test_a_balancer_killed_under_load_keeps_every_session_on_its_replica",
+    # The benchmarks (45 s of set-up alone) and the failover benchmark's scenarios: figures, not guarantees the
+    # default tier lacks (adoption after a kill, Sentinel, both HAProxys are held there).
+    "tests/tools/test_bench.py",
+    "tests/test_failover.py",
+    # Timing-sensitive ratios under attack, each bound also tested by test_limits.py and test_session_store.py.
+    "tests/test_abuse.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    wrong = []
+    for item in items:
+        marks = process_marks(item)
+        # A quick test stays in the default tier wherever it lives: it costs nothing there.
+        if marks and item.nodeid.startswith(LONG):
+            item.add_marker("long")
+        for name in marks - {m.name for m in item.iter_markers()}:
+            item.add_marker(name)
+        if not marks:
+            item.add_marker("quick")
+        elif item.get_closest_marker("quick"):
+            wrong.append(f"{item.nodeid}: marked quick but starts {', '.join(sorted(marks))}")
+    if wrong:
+        raise pytest.UsageError("\n".join(wrong))
+
+
+@pytest.fixture(autouse=True)
+def _quick_starts_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quick test that starts a process anyway (in its body, or by a fixture no hook sees) fails, naming
+    the fix: the derived tier stays true."""
+    if request.node.get_closest_marker("quick") is None:
+        return
+
+    def refuse(popen: subprocess.Popen, command: object, *args: object, **kwargs: object) -> None:
+        raise AssertionError(f"{request.node.nodeid} is quick but starts {command!r}: mark it by what it starts")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+
+
 def stack_config(state_dir: Path, replicas: int = 3, **options: object) -> StackConfig:
     return StackConfig.on_free_ports(state_dir, replicas=replicas, **options)
 
@@ -79,6 +155,7 @@ def running_stack(state_dir: Path, replicas: int = 3, **options: object) -> Iter
 
 
 @pytest.fixture(scope="session")
+@starts("redis", "haproxy", "slow")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The whole stack: redis, three replicas and haproxy."""
     with running_stack(tmp_path_factory.mktemp("stack")) as s:
@@ -97,6 +174,7 @@ def healed_stack(stack: Stack) -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="session")
+@starts("redis", "haproxy", "slow")
 def sentinel_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Redis with Sentinel (redis-1 primary at start, redis-2, sentinel-1..3), two replicas that wait
     for a Redis replica's acknowledgement of every write, and haproxy."""
@@ -107,6 +185,7 @@ def sentinel_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="session")
+@starts("redis", "haproxy", "slow")
 def limited_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """One replica behind an HAProxy with a low rate limit (40 requests per 10 s) and two allowed Origins."""
     with running_stack(
@@ -119,6 +198,7 @@ def limited_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="session")
+@starts("redis")
 def redis_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A lone redis-server, for the store's own tests."""
     s = Stack(stack_config(tmp_path_factory.mktemp("redis"), replicas=1))
@@ -146,6 +226,7 @@ def running_cluster(state_dir: Path) -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="session")
+@starts("redis", "slow")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A Redis Cluster the tests share; one that stops its nodes takes `own_cluster`."""
     with running_cluster(tmp_path_factory.mktemp("cluster")) as s:
@@ -153,6 +234,7 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 @pytest.fixture
+@starts("redis", "slow")
 def own_cluster(tmp_path: Path) -> Iterator[Stack]:
     """A Redis Cluster of the test's own, which it may stop nodes of."""
     with running_cluster(tmp_path / "cluster") as s:
@@ -251,6 +333,7 @@ def abuse_tokens() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
+@starts("redis", "haproxy", "slow")
 def abuse_stack(tmp_path_factory: pytest.TempPathFactory, abuse_tokens: dict[str, str]) -> Iterator[Stack]:
     """Redis, two replicas and HAProxy for the abuse suite: static-token authentication for ABUSE_PRINCIPALS,
     and the replicas started with ABUSE_BOUNDS."""
@@ -386,6 +469,7 @@ def auth_tokens() -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
+@starts("redis", "haproxy", "slow")
 def auth_stack(tmp_path_factory: pytest.TempPathFactory, auth_tokens: dict[str, str]) -> Iterator[Stack]:
     """The whole stack with static-token authentication on (`mcp_ha/auth.py`): principals alice and bob."""
     tokens = ",".join(f"{name}:{token}" for name, token in auth_tokens.items())
@@ -434,6 +518,7 @@ JWT_ISSUER, JWT_AUDIENCE = "https://issuer.tests.invalid", "mcp-ha-kit-tests"
 
 
 @pytest.fixture(scope="session")
+@starts("redis", "haproxy", "slow")
 def jwt_stack(tmp_path_factory: pytest.TempPathFactory, jwks_url: str) -> Iterator[Stack]:
     """One replica and HAProxy, verifying JWTs against `jwks_url` for JWT_ISSUER and JWT_AUDIENCE."""
     settings = {
@@ -462,6 +547,7 @@ class _RecordHeaders(BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
+@starts("haproxy")
 def header_probe(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], list]]:
     """The stack's haproxy.cfg and TLS certificate in front of a server that records what reaches it:
     (HAProxy's addresses, each request that reached the server: its path as ":path", its headers)."""
@@ -532,6 +618,7 @@ TASK_BOUNDS = {"MAX_TASKS_PER_CLIENT": "3", "MAX_TASK_RESULT_BYTES": "4096", "TA
 
 
 @pytest.fixture(scope="module")
+@starts("redis", "haproxy", "slow")
 def tasks_stack(tmp_path_factory: pytest.TempPathFactory, auth_tokens: dict[str, str]) -> Iterator[Stack]:
     """Redis, two replicas of tests/mcp_ha/tasks_server.py and HAProxy, for durable tasks: static-token
     authentication for alice and bob, TASK_BOUNDS, and each task body's start and end logged to the stack

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from conftest import free_ports, running_stack
+from conftest import free_ports, running_stack, starts
 
 from mcp_ha.check.wire import RawSession
 from mcp_ha.stack import Stack, redis_command
@@ -28,6 +28,7 @@ DURATION = 4.0
 
 
 @pytest.fixture(scope="module")
+@starts("redis", "haproxy", "slow")
 def cluster_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with running_stack(
         tmp_path_factory.mktemp("cluster-stack"), redis_mode="cluster", redis_wait_replicas=1, balancers=2

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from conftest import ROOT, running_stack
+from conftest import ROOT, running_stack, starts
 
 from mcp_ha.resilient_client import ResilientClient
 from mcp_ha.stack import Stack
@@ -80,6 +80,7 @@ _reports: dict[str, bench.ScenarioReport] = {}
 
 
 @pytest.fixture(scope="module")
+@starts("redis", "haproxy", "slow")
 def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A stack for these tests alone: they kill, pause and restart its replicas."""
     with running_stack(tmp_path_factory.mktemp("failover")) as s:
@@ -87,6 +88,7 @@ def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="module")
+@starts("redis", "haproxy", "slow")
 def pair_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The same behind two HAProxys on one port, sharing their session table: one of them is killed."""
     with running_stack(tmp_path_factory.mktemp("failover-pair"), balancers=2) as s:
@@ -453,6 +455,7 @@ def test_check_targets_names_what_is_missed() -> None:
     assert len(stock) == 4, stock
 
 
+@pytest.mark.process
 def test_the_command_refuses_a_stack_that_is_not_up(tmp_path: Path) -> None:
     env = {**os.environ, "STACK_DIR": str(tmp_path)}
     result = subprocess.run(
@@ -468,6 +471,9 @@ def test_the_command_refuses_a_stack_that_is_not_up(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.redis
+@pytest.mark.haproxy
+@pytest.mark.slow
 def test_the_command_runs_a_scenario_on_a_stack_of_its_own(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     result = subprocess.run(

@@ -1037,6 +1037,7 @@ async def test_fuzzed_json_rpc_envelopes_are_answered(unharmed: Guard, attacker:
 # -- a lost store ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_replica_that_never_reached_its_store_is_not_healthy(tmp_path: Path) -> None:
     """The grace for a Redis failover (REDIS_RETRY_SECONDS) is for a store that worked: a replica whose Redis
     has never answered fails /health from its first check, so neither compose's service_healthy nor HAProxy

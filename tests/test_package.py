@@ -14,7 +14,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
-from conftest import scrubbed, stack_ports
+from conftest import scrubbed, stack_ports, starts
 
 ROOT = Path(__file__).resolve().parent.parent
 UV = shutil.which("uv") or str(ROOT / ".tools" / "uv" / "bin" / "uv")
@@ -23,6 +23,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
+@starts("slow")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
     built = subprocess.run(
@@ -206,8 +207,11 @@ def test_a_server_in_its_own_project_runs_as_the_stack_and_passes_the_ha_check(w
         assert rolled.returncode == 0, rolled.stdout + rolled.stderr
         url = f"http://127.0.0.1:{ports['MCP_HTTP_PORT']}/mcp"
         report = project / "report.xml"
+        # Lean: two kinds of client, one session each. The full check, every kind of client, runs on each
+        # example's server shape in tests/examples/test_servers.py; here it is the user's install that is tested.
+        lean = ["--clients", "plain,resilient", "--sessions", "1"]
         checked = run(
-            [mcp_ha, "check", url, "--shape", "ha_shape.py", "--faults", "local", "--junit", str(report)],
+            [mcp_ha, "check", url, "--shape", "ha_shape.py", "--faults", "local", *lean, "--junit", str(report)],
             project,
             user_env,
             600,

@@ -29,7 +29,7 @@ def test_the_constants_it_copies_are_the_servers() -> None:
     assert resilient_client.STORE_UNAVAILABLE == STORE_UNAVAILABLE
 
 
-@pytest.mark.quick
+@pytest.mark.process
 def test_it_imports_nothing_from_the_server_side() -> None:
     probe = (
         "import sys, mcp_ha.resilient_client; "

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from conftest import free_ports, running_stack, scrubbed, stack_config, stack_ports
+from conftest import free_ports, running_stack, scrubbed, stack_config, stack_ports, starts
 from fastmcp import Client
 
 from mcp_ha.check.wire import RawSession
@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
+@starts("redis", "haproxy", "slow")
 def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with running_stack(tmp_path_factory.mktemp("own-stack"), replicas=2) as s:
         yield s
@@ -76,6 +77,9 @@ def test_stop_and_start_behave_like_compose(own_stack: Stack) -> None:
     assert own_stack.backends_up() == {"mcp-server-1", "mcp-server-2"}
 
 
+@pytest.mark.redis
+@pytest.mark.haproxy
+@pytest.mark.slow
 async def test_two_haproxys_share_the_front_door_and_either_can_die(tmp_path: Path) -> None:
     """The demo's front door: haproxy and haproxy-2 on one port, each with its own stats. Sessions opened
     over connections the kernel spreads over both keep their replicas with either killed; the one started
@@ -148,6 +152,7 @@ def test_unknown_service_is_a_clear_error(own_stack: Stack) -> None:
     assert "no service named 'mcp-server-7'" in result.stderr
 
 
+@pytest.mark.process
 def test_a_taken_port_is_reported_clearly(tmp_path: Path) -> None:
     (port,) = free_ports(1)
     with socket.socket() as squatter:
@@ -165,6 +170,7 @@ def test_a_taken_port_is_reported_clearly(tmp_path: Path) -> None:
     assert f"port {port} on 127.0.0.1 is already in use, so redis cannot start" in result.stderr
 
 
+@pytest.mark.process
 def test_a_missing_binary_is_reported_clearly(tmp_path: Path) -> None:
     http, stats, redis, replica = free_ports(4)
     env = {
@@ -187,6 +193,9 @@ def test_a_missing_binary_is_reported_clearly(tmp_path: Path) -> None:
     assert "redis-server not found" in result.stderr and "apt-get install redis-server" in result.stderr
 
 
+@pytest.mark.redis
+@pytest.mark.haproxy
+@pytest.mark.slow
 def test_down_leaves_no_process_behind(tmp_path: Path) -> None:
     s = Stack(stack_config(tmp_path, replicas=1))
     s.up()
@@ -199,6 +208,7 @@ def test_down_leaves_no_process_behind(tmp_path: Path) -> None:
     assert not s.state_file.exists()
 
 
+@pytest.mark.process
 def test_a_recycled_pid_is_never_signalled(tmp_path: Path) -> None:
     """A recorded pid that now belongs to another process is treated as exited."""
     s = Stack(stack_config(tmp_path, replicas=1))
@@ -249,6 +259,7 @@ def test_every_redis_server_of_a_stack_has_a_memory_bound_and_evicts_nothing(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.redis
 def test_a_full_redis_refuses_writes_and_keeps_every_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """REDIS_MAXMEMORY, read by stack.py: at the bound a write gets OOM, and nothing written before is evicted."""
     monkeypatch.setenv("REDIS_MAXMEMORY", "4mb")
@@ -306,6 +317,9 @@ def test_a_stack_dir_from_before_redis_had_passwords_is_refused_clearly(tmp_path
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.redis
+@pytest.mark.haproxy
+@pytest.mark.slow
 def test_a_sentinel_stack_comes_back_up_around_the_primary_it_went_down_with(tmp_path: Path) -> None:
     """After a failover, down then up starts the server Sentinel last chose as the primary, the other as its
     replica. (Which one that is, is Sentinel's: on a loaded machine it has been seen to fail over a second time,
@@ -362,6 +376,7 @@ def proc_environ(pid: int) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
+@starts("redis", "haproxy", "slow")
 def user_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """`up -d --server jobs_server` run in the user's project folder, with JOBS_MAX=5 in its shell and the kit's
     checkout nowhere on PYTHONPATH; the stack dir is the default, the project's .stack."""
@@ -452,6 +467,7 @@ async def test_a_replica_restarted_from_another_shell_gets_what_it_had_at_up(use
         assert (await client.call_tool("jobs_max", {})).structured_content["jobs_max"] == "5"
 
 
+@pytest.mark.process
 def test_a_verb_that_finds_no_stack_says_how_to_name_one(tmp_path: Path) -> None:
     result = subprocess.run(
         [str(MCP_HA), "stack", "restart", "mcp-server-1"],
@@ -480,6 +496,7 @@ def test_a_verb_that_finds_no_stack_says_how_to_name_one(tmp_path: Path) -> None
         ["kill", "redis"],
     ],
 )
+@pytest.mark.process
 def test_every_verb_reports_a_stack_error_as_one_line_through_either_command(
     tmp_path: Path, command: list[str], verb: list[str]
 ) -> None:
@@ -496,6 +513,8 @@ def test_every_verb_reports_a_stack_error_as_one_line_through_either_command(
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.redis
+@pytest.mark.slow
 def test_a_failed_up_stops_what_it_started_and_shows_only_its_own_log(tmp_path: Path) -> None:
     """The module is in no project: the replicas die at once, after Redis is up. An earlier run's log lines
     (here written by hand) are no part of the error. Run from elsewhere with --project: the stack dir is the
@@ -530,6 +549,9 @@ def test_a_failed_up_stops_what_it_started_and_shows_only_its_own_log(tmp_path: 
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.redis
+@pytest.mark.haproxy
+@pytest.mark.slow
 def test_an_up_that_fails_at_haproxy_stops_redis_and_the_replicas(tmp_path: Path) -> None:
     ports = stack_ports(1)
     with socket.socket() as squatter:

@@ -43,7 +43,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from conftest import ROOT, running_stack
+from conftest import ROOT, running_stack, starts
 from fastmcp import Client
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -120,6 +120,7 @@ def progress_runs(progress: list[float]) -> str:
 
 
 @pytest.fixture(scope="module")
+@starts("redis", "haproxy", "slow")
 def streaming_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A stack for these tests alone: they kill its replicas."""
     with running_stack(tmp_path_factory.mktemp("streaming-failover")) as s:
@@ -306,6 +307,7 @@ def node() -> str:
     return found
 
 
+@pytest.mark.node
 async def test_typescript_sdk_client_gets_a_streamed_call_killed_mid_way_completed_once_within_5_s(
     whole_stack: Stack,
 ) -> None:
@@ -475,6 +477,7 @@ async def assert_applied_once(url: str, told: Told) -> None:
         assert await analysis_result() == {"items_processed": 2, "total_score": 4.5}
 
 
+@pytest.mark.node
 async def test_typescript_2026_client_is_told_at_once_that_a_cut_call_may_be_retried_and_its_retry_applies_once(
     whole_stack: Stack,
 ) -> None:

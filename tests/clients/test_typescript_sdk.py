@@ -19,7 +19,7 @@ from fastmcp import Client
 
 from mcp_ha.stack import Stack
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.node]
 CLIENT = Path(__file__).resolve().parent / "ts" / "client.mjs"
 ROUND_TRIPS = 20
 

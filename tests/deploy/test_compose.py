@@ -323,6 +323,7 @@ def test_haproxy_points_at_each_replica(compose):
 
 @needs_haproxy
 @pytest.mark.parametrize("name", ["haproxy", "haproxy-2"])
+@pytest.mark.haproxy
 def test_haproxy_cfg_is_valid_with_composes_environment(compose, name):
     result = haproxy_check(compose, haproxy_env_for_local_check(compose, name))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -363,6 +364,7 @@ def test_compose_ships_no_stats_password_and_refuses_to_start_without_one(compos
 
 
 @needs_haproxy
+@pytest.mark.haproxy
 def test_haproxy_refuses_to_start_without_a_stats_password(compose):
     env = haproxy_env_for_local_check(compose)
     del env["HAPROXY_STATS_PASSWORD"]
@@ -378,6 +380,7 @@ UNPOISONABLE = {"HAPROXY_ALLOWED_ORIGINS"}
 
 
 @needs_haproxy
+@pytest.mark.haproxy
 def test_haproxy_cfg_reads_every_variable_compose_sets(compose):
     """A misspelt name would be silently ignored (haproxy.cfg has defaults and
     `.if defined`), so poison each variable in turn: the check must then fail,
@@ -456,6 +459,7 @@ def image_env(path: Path = ROOT / "Dockerfile") -> dict[str, str]:
     return env
 
 
+@pytest.mark.process
 def test_the_image_serves_the_module_it_names_with_python_as_pid_1(tmp_path):
     """CMD in exec form, a shell that only reads MCP_SERVER_MODULE and execs Python, so Python is PID 1 and
     gets SIGTERM itself (drain.py); the default module is the demo the image holds."""
@@ -486,6 +490,7 @@ def test_dockerfile_copies_files_that_exist_and_are_not_ignored(dockerfile):
     assert {".venv", ".git", ".stack", "tests"} <= ignored
 
 
+@pytest.mark.process
 def test_the_image_installs_only_what_a_replica_needs():
     """The Dockerfile syncs without the default groups: no test tools, no benchmark plotting in the image."""
     syncs = [args for keyword, args in dockerfile_instructions() if keyword == "RUN" and "uv sync" in args]
@@ -555,6 +560,7 @@ def test_the_build_stage_copies_every_file_the_wheel_force_includes():
     "dockerfile,module",
     [(ROOT / "Dockerfile", "server"), (ROOT / "examples" / "jobs" / "Dockerfile", "examples.jobs.server")],
 )
+@pytest.mark.process
 def test_the_image_holds_every_module_its_server_imports(dockerfile, module):
     """A file the server imports that its image leaves out would only fail when a container starts: each
     is in the kit's installed packages, or copied by the image's Dockerfile (or the kit's, under it)."""
@@ -624,6 +630,7 @@ def test_with_the_sentinel_file_the_replicas_ask_the_sentinels(compose: dict, se
         ("sentinel-1", "REDIS_SENTINEL_AUTH_PASSWORD"),
     ],
 )
+@pytest.mark.redis
 def test_a_password_the_config_cannot_hold_stops_the_container_without_printing_it(
     sentinel_file: dict, tmp_path: Path, name: str, variable: str
 ) -> None:
@@ -648,6 +655,7 @@ def test_a_password_the_config_cannot_hold_stops_the_container_without_printing_
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.redis
 def test_the_sentinel_config_compose_writes_runs_in_a_real_sentinel(sentinel_file: dict, tmp_path: Path) -> None:
     """The directives themselves, on redis-server --sentinel here, logging in to the sentinel file's own
     primary (its command, run here on loopback), and asking for a password itself."""
@@ -760,6 +768,7 @@ def test_composes_acl_is_the_local_stacks(compose, sentinel_file):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.redis
 def test_composes_redis_command_runs_with_its_acl(compose, tmp_path: Path) -> None:
     """The base file's Redis command, run here: unauthenticated clients refused, the kit's user held to its ACL."""
     from conftest import free_ports

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import httpx2
 import pytest
+from conftest import starts
 from test_server import *  # noqa: F403 (the contract's tests, collected here again: against the containers)
 
 from mcp_ha.check.wire import RawSession, last_jsonrpc_message
@@ -37,9 +38,12 @@ from mcp_ha.idempotency import IDEMPOTENCY_KEY
 from mcp_ha.stack import redis_command
 
 COMPOSE = shlex.split(os.environ.get("MCP_DOCKER_COMPOSE", ""))
-pytestmark = pytest.mark.skipif(
-    not COMPOSE, reason="no compose stack: `make test-docker` runs these (it sets MCP_DOCKER_COMPOSE and the ports)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not COMPOSE, reason="no compose stack: `make test-docker` runs these (it sets MCP_DOCKER_COMPOSE and the ports)"
+    ),
+    pytest.mark.docker,
+]
 REPLICA_NAMES = ["mcp-server-1", "mcp-server-2", "mcp-server-3"]
 BALANCER_NAMES = ["haproxy", "haproxy-2"]
 
@@ -127,6 +131,7 @@ class ComposeStack:
 
 
 @pytest.fixture(scope="session")
+@starts("docker")
 def compose_stack() -> ComposeStack:
     return ComposeStack()
 

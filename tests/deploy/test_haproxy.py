@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from conftest import running_stack
+from conftest import running_stack, starts
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from mcp_ha.check.wire import CallFailed, RawSession, SessionlessSession
@@ -42,6 +42,7 @@ def test_config_is_valid_with_the_local_stacks_environment(stack: Stack) -> None
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.haproxy
 def test_config_rejects_a_broken_address() -> None:
     # Proves the check above can fail: the server addresses really come from the environment.
     result = haproxy_check({"MCP_SERVER_1": "127.0.0.1:not-a-port"})
@@ -269,6 +270,7 @@ CAP = 8
 
 
 @pytest.fixture(scope="module")
+@starts("redis", "haproxy", "slow")
 def capped_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with running_stack(tmp_path_factory.mktemp("capped"), replicas=1, max_conn_per_source=CAP) as s:
         yield s

@@ -306,6 +306,7 @@ def real_kustomize(directory: Path) -> list[dict]:
 
 
 @needs_kubectl
+@pytest.mark.process
 def test_real_kustomize_builds_the_same_objects(each_kit, tmp_path):
     """kubectl's own kustomize, on a copy of the files it reads plus a secrets.env: the same objects."""
     directory, objects = each_kit
@@ -356,7 +357,7 @@ def write_kit(directory: Path) -> None:
     (directory / SECRETS_ENV.relative_to(ROOT)).write_text(secrets_env_text())
 
 
-@pytest.mark.quick
+@pytest.mark.process
 def test_the_deploy_command_writes_every_file_the_kustomizations_read(tmp_path):
     """What `mcp-ha deploy kubernetes` writes is the repository's files, all of them: each kit builds
     from the written copy alone (build() refuses a file it lacks) into the same objects."""
@@ -384,6 +385,7 @@ def test_the_deploy_command_writes_every_file_the_kustomizations_read(tmp_path):
 
 
 @pytest.mark.parametrize("base", list(KUSTOMIZATIONS))
+@pytest.mark.process
 def test_a_server_of_ones_own_is_an_overlay_naming_its_image_and_module(base, tmp_path):
     """The kit's objects, the replicas' image and module only changed: HAProxy and Redis keep theirs, the
     replicas every setting of the kit (Sentinel's too), and the result is valid Kubernetes."""
@@ -563,6 +565,7 @@ def test_each_haproxy_pod_shares_its_session_table_with_the_other_by_its_stable_
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.process
 def test_the_haproxy_command_names_its_peer_by_the_pods_ordinal(objects, tmp_path):
     """The StatefulSet's command, run here with a stand-in haproxy that prints what it was given: haproxy-1
     is peer haproxy-2, and HAProxy gets the config the ConfigMap mounts."""
@@ -582,6 +585,7 @@ def test_the_haproxy_command_names_its_peer_by_the_pods_ordinal(objects, tmp_pat
 
 
 @needs_haproxy
+@pytest.mark.haproxy
 def test_haproxy_cfg_is_valid_with_the_deployments_environment(haproxy_env):
     # The name does not resolve here; HAProxy starts anyway (init-addr none) and finds the pods later.
     result = haproxy_check(haproxy_env)
@@ -590,6 +594,7 @@ def test_haproxy_cfg_is_valid_with_the_deployments_environment(haproxy_env):
 
 
 @needs_haproxy
+@pytest.mark.haproxy
 def test_haproxy_cfg_reads_every_variable_the_deployment_sets(haproxy_env):
     """Poisoned one at a time, each variable must break the check (a misspelt name would be ignored)."""
     poison = {"HAPROXY_STATS_USER": "", "HAPROXY_STATS_PASSWORD": ""}
@@ -600,6 +605,7 @@ def test_haproxy_cfg_reads_every_variable_the_deployment_sets(haproxy_env):
 
 
 @needs_haproxy
+@pytest.mark.haproxy
 def test_the_dns_branch_sits_beside_the_fixed_server_lines(haproxy_env):
     result = haproxy_check({**haproxy_env, "MCP_SERVER_1": "127.0.0.1:8001", "MCP_SERVER_DNS_SLOTS": "3"})
     assert result.returncode == 0, result.stdout + result.stderr
@@ -657,6 +663,7 @@ def test_redis_persists_to_its_volume(objects):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.redis
 def test_the_redis_command_runs_with_its_acl(objects, tmp_path):
     """The StatefulSet's command, run here on loopback (compose's runner: compose and Kubernetes both
     read $$ as $, and this command has no other variable syntax of either)."""
@@ -701,6 +708,7 @@ def test_no_secret_value_outside_the_secret(each_kit):
             assert not any(v in json.dumps(c.get("command", [])) for v in SECRETS.values())
 
 
+@pytest.mark.process
 def test_the_repository_ships_no_secrets_file():
     tracked = subprocess.run(["git", "ls-files", "deploy"], cwd=ROOT, capture_output=True, text=True).stdout.split()
     assert tracked and str(SECRETS_ENV.relative_to(ROOT)) not in tracked
@@ -776,6 +784,8 @@ def wait_for(condition, what: str, timeout: float = 15.0):
 
 @pytest.mark.skipif(can_fake_cluster_dns() is not None, reason=str(can_fake_cluster_dns()))
 @pytest.mark.timeout(90)
+@pytest.mark.haproxy
+@pytest.mark.slow
 def test_haproxy_follows_the_pods_the_headless_service_resolves_to(haproxy_env, tmp_path):
     """HAProxy with the Deployment's settings and a cluster DNS faked on loopback: pods found as their
     addresses appear, a draining one taken out by HAProxy's own checks (which it counted, so it left

@@ -69,6 +69,7 @@ def test_the_nodes_have_the_kits_cluster_acl():
     }
 
 
+@pytest.mark.process
 def test_the_scripts_are_posix_shell():
     for name in SCRIPTS:
         done = subprocess.run(["sh", "-n", str(OVERLAY / name)], capture_output=True, text=True)
@@ -171,6 +172,9 @@ def primary_of_slot(pods: ClusterPods, slot: int) -> str:
 
 @pytest.mark.skipif(cannot_run_pods() is not None, reason=str(cannot_run_pods()))
 @pytest.mark.timeout(180)
+@pytest.mark.redis
+@pytest.mark.haproxy
+@pytest.mark.slow
 async def test_the_pods_make_one_cluster_and_a_session_outlives_its_primary(kit, tmp_path):
     """A new install: six nodes, the Job making them a cluster (and, run again, leaving it as it is), the
     kit's functions on every primary; then a replica serving a session while the primary of its slot is

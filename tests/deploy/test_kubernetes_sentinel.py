@@ -131,6 +131,7 @@ def test_each_container_runs_its_script_from_the_configmap_in_its_volume(kit):
         assert pod_env(kit, statefulset)["POD_NAME"] == f"{name}-0"
 
 
+@pytest.mark.process
 def test_the_scripts_are_posix_shell():
     for name in SCRIPTS:
         result = subprocess.run(["sh", "-n", str(OVERLAY / name)], capture_output=True, text=True)
@@ -184,6 +185,7 @@ def test_no_secret_reaches_a_script_but_through_the_environment(kit):
         ("sentinel", "REDIS_SENTINEL_AUTH_PASSWORD"),
     ],
 )
+@pytest.mark.process
 def test_a_password_the_config_cannot_hold_stops_the_pod_by_name_without_printing_it(kit, tmp_path, name, variable):
     """The passwords written in clear: a quote or a space would make Redis refuse its file and print the line."""
     env = pod_env(kit, find(kit, "StatefulSet", name)) | {variable: 'a "pass\\word" with spaces'}
@@ -307,6 +309,8 @@ SENTINELS = ["sentinel-0", "sentinel-1", "sentinel-2"]
 
 @pytest.mark.skipif(cannot_run_pods() is not None, reason=str(cannot_run_pods()))
 @pytest.mark.timeout(180)
+@pytest.mark.redis
+@pytest.mark.slow
 async def test_pods_start_around_the_primary_of_now_and_the_replicas_follow(kit, tmp_path):
     """A new install, a kill -9 of the primary, and each kind of pod restarted after the failover,
     with the sentinels up and with every sentinel down: a restarted server never comes back as a

@@ -95,6 +95,7 @@ def error_of(reply: object) -> str:
         ("sentinel_stack", "sentinel-1"),
     ],
 )
+@pytest.mark.redis  # the stack comes by `getfixturevalue`, which conftest's hook cannot see
 def test_an_unauthenticated_client_is_refused(stack_name: str, server: str, request: pytest.FixtureRequest) -> None:
     stack: Stack = request.getfixturevalue(stack_name)
     port = stack.service(server).port
@@ -208,6 +209,8 @@ def test_a_stack_dir_keeps_its_redis_passwords_across_down_and_up(
     assert os.stat(tmp_path / REDIS_SECRETS_FILE).st_mode & 0o077 == 0
 
 
+@pytest.mark.redis
+@pytest.mark.slow
 def test_no_service_gets_the_admin_password_and_the_stack_dir_is_made_private(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -247,6 +250,8 @@ def test_a_password_sentinel_could_not_write_back_is_refused_by_name(
     assert not list(tmp_path.iterdir()), "nothing is written for a config that is refused"
 
 
+@pytest.mark.redis
+@pytest.mark.slow
 def test_every_other_printable_character_works_in_every_password_through_a_sentinel_restart(tmp_path: Path) -> None:
     """The servers, the replica link, the sentinels with each other and with the servers, and the replicas all log
     in with such passwords, and a sentinel still starts from the file it rewrote with them."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx2
 import pytest
-from conftest import running_stack
+from conftest import running_stack, starts
 from fastmcp import Client
 from fastmcp.client.elicitation import ElicitResult
 from fastmcp.exceptions import ToolError
@@ -37,6 +37,7 @@ WAIT_SECONDS = 30
 
 
 @pytest.fixture(scope="module")
+@starts("redis", "haproxy", "slow")
 def jobs_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with running_stack(tmp_path_factory.mktemp("jobs"), server=MODULE) as s:
         yield s

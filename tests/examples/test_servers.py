@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, running_stack
+from conftest import ROOT, running_stack, starts
 from rich.console import Console
 
 from mcp_ha.check import faults, run_check
@@ -34,6 +34,7 @@ SERVERS = {
 
 
 @pytest.fixture(scope="module", params=list(SERVERS))
+@starts("redis", "haproxy", "slow")
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Stack]]:
     module, shape = SERVERS[request.param]
     with running_stack(tmp_path_factory.mktemp(request.param), server=module) as stack:

@@ -388,6 +388,7 @@ def test_authentication_is_off_unless_asked_for() -> None:
     assert isinstance(verifier_from_env({"MCP_AUTH": "static", "MCP_AUTH_TOKENS": "a:" + "t" * 20}), auth.TokenVerifier)
 
 
+@pytest.mark.slow
 def test_a_replica_with_unworkable_auth_settings_refuses_to_start() -> None:
     env = {"PATH": "/usr/bin:/bin", "MCP_AUTH": "jwt", "MCP_AUTH_JWKS_URL": "https://idp.invalid/jwks"}
     done = subprocess.run(

@@ -35,6 +35,8 @@ async def test_livez_answers_while_the_loop_runs_and_not_from_a_hung_replica(hea
         assert (await http.get(url, timeout=10)).status_code == 200
 
 
+@pytest.mark.redis
+@pytest.mark.slow
 async def test_livez_answers_while_the_store_is_down_and_health_does_not(tmp_path: Path) -> None:
     # A stack of its own: stopping the shared stack's Redis would reach the tests after this one.
     with running_stack(tmp_path, replicas=1) as stack:

@@ -42,7 +42,7 @@ def imported_by(code: str, **env: str) -> set[str]:
     return set(json.loads(result.stdout.strip().splitlines()[-1]))
 
 
-@pytest.mark.quick
+@pytest.mark.process
 def test_a_server_without_auth_or_metrics_imports_neither() -> None:
     modules = imported_by(
         "from mcp_ha import HighAvailability, Settings\n"
@@ -53,7 +53,7 @@ def test_a_server_without_auth_or_metrics_imports_neither() -> None:
     assert not {"mcp_ha.metrics", "prometheus_client", "mcp_ha.auth"} & modules
 
 
-@pytest.mark.quick
+@pytest.mark.process
 def test_importing_the_demo_server_connects_to_nothing() -> None:
     """Port 1 on loopback refuses every connection: an import that tried one would fail or hang."""
     started = time.monotonic()
@@ -80,6 +80,7 @@ def test_a_store_of_your_own_is_used_as_given() -> None:
     assert HighAvailability(Settings(metrics=False), store=store).store is store
 
 
+@pytest.mark.slow
 def test_served_by_plain_uvicorn_the_app_still_drains_on_sigterm(tmp_path: Path) -> None:
     """`uvicorn server:app`, not `python server.py`: SIGTERM still refuses new work at once and lets the call
     in flight finish, and the process exits once the drain is done."""

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 import httpx2
 import pytest
 import uvicorn
-from conftest import Replica, free_ports, move_slot, slot_owner, two_replicas
+from conftest import Replica, free_ports, move_slot, slot_owner, starts, two_replicas
 from redis.crc import key_slot
 from starlette.responses import PlainTextResponse
 
@@ -481,7 +481,14 @@ async def test_a_sessionless_post_that_is_no_request_is_answered_as_without_the_
 NOTE = json.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}})
 
 
-@pytest.fixture(params=["memory", "redis", "cluster"])
+# Marked by what `getfixturevalue` below starts (conftest's hook cannot see it): the memory case stays quick.
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("cluster", marks=[pytest.mark.redis, pytest.mark.slow]),
+    ]
+)
 async def events_store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
     if request.param == "memory":
         yield InMemorySessionStore(max_events=8)
@@ -615,6 +622,7 @@ def commands(stats: dict[str, tuple[int, int]]) -> int:
 
 
 @pytest.fixture(scope="module")
+@starts("slow")
 def replicas(redis_stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Replica, Replica]]:
     """Two replicas of the demo server, straight (no HAProxy), that cancel a call nobody reads after 1 s and
     forget a session idle for 1 s."""

@@ -332,6 +332,8 @@ async def test_each_bound_refuses_clearly(tasks_stack: Stack, alice: Client, bob
     assert all(0 < tasks_stack.redis_command("redis", "TTL", key) <= ttl for key in keys)  # type: ignore[operator]
 
 
+@pytest.mark.redis
+@pytest.mark.slow
 async def test_tasks_run_on_redis_behind_sentinel(tmp_path: Path) -> None:
     """REDIS_SENTINELS: Docket finds the primary through the sentinels, as the kit's user on both."""
     with running_stack(tmp_path, replicas=1, redis_mode="sentinel", server="tests.mcp_ha.tasks_server") as stack:
@@ -345,6 +347,7 @@ async def test_tasks_run_on_redis_behind_sentinel(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", ["single", "cluster"])
+@pytest.mark.redis
 async def test_a_replica_runs_tasks_again_once_its_store_is_back(mode: str, tmp_path: Path) -> None:
     """Every Redis node stopped while a replica's worker waits for work, then started again: the replica,
     never restarted, runs the next task to its end (its worker came back by itself)."""

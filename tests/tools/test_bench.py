@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
+from conftest import ROOT, starts
 
 from mcp_ha.stack import free_ports
 
@@ -49,6 +49,7 @@ AFTER = b"\n\nMore by hand: | a | b |\r\n<!-- bench:start? not a marker -->"
 
 
 @pytest.fixture(scope="module")
+@starts("redis", "haproxy", "slow")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One quick run, with every output asked for."""
     out = tmp_path_factory.mktemp("bench") / "bench.json"
@@ -151,6 +152,7 @@ def test_ratios_within_generous_bounds(report: dict) -> None:
     assert scale["100000"] <= 3 and scale["100000"] / scale["10000"] <= 3
 
 
+@pytest.mark.process
 def test_an_unreachable_compare_url_exits_non_zero_with_a_plain_message() -> None:
     (port,) = free_ports(1)
     done = run_bench("--quick", "--compare", f"http://127.0.0.1:{port}/mcp", timeout=60)
@@ -159,11 +161,13 @@ def test_an_unreachable_compare_url_exits_non_zero_with_a_plain_message() -> Non
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.process
 def test_a_non_loopback_compare_url_is_refused() -> None:
     done = run_bench("--quick", "--compare", "http://192.0.2.1/mcp", timeout=60)
     assert done.returncode == 2 and "only runs against loopback" in done.stderr
 
 
+@pytest.mark.process
 def test_a_stack_that_is_not_up_exits_non_zero_with_a_plain_message(tmp_path: Path) -> None:
     http, stats, redis, replica = free_ports(4)
     env = {
@@ -180,6 +184,7 @@ def test_a_stack_that_is_not_up_exits_non_zero_with_a_plain_message(tmp_path: Pa
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.process
 def test_a_tool_that_errors_exits_non_zero_before_anything_is_measured() -> None:
     done = run_bench("--quick", "--own-stack", "--mix", "no_such_tool", timeout=110)
     assert done.returncode == 2
@@ -617,6 +622,8 @@ def test_against_the_real_reference_kit(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.redis
+@pytest.mark.slow
 def test_a_replica_that_does_not_start_is_named_with_its_log_and_everything_started_is_stopped(tmp_path: Path) -> None:
     from mcp_ha.stack import redis_command
     from tools.reference import Checkout, ReferenceKit, ReferenceKitError

@@ -34,6 +34,7 @@ def run_failover_bench(*args: str, timeout: float) -> subprocess.CompletedProces
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.process
 def test_markdown_replaces_only_what_lies_between_the_markers(tmp_path: Path) -> None:
     doc = tmp_path / "benchmarks.md"
     doc.write_bytes(BEFORE + f"{START}\nfigures of an older run\n{END}".encode() + AFTER)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, running_stack
+from conftest import ROOT, running_stack, starts
 
 from mcp_ha.check.cli import check
 from mcp_ha.stack import Stack
@@ -60,6 +60,7 @@ def test_an_unreachable_url_exits_2_with_a_plain_message(monkeypatch: pytest.Mon
 
 
 @pytest.fixture(scope="module")
+@starts("redis", "haproxy", "slow")
 def demo_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with running_stack(tmp_path_factory.mktemp("check-cli")) as s:
         yield s
@@ -141,6 +142,9 @@ def test_a_task_killed_mid_run_is_checked_with_the_task_client_alone(demo_stack:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.redis
+@pytest.mark.haproxy
+@pytest.mark.slow
 def test_a_balancer_killed_under_load_keeps_every_session_on_its_replica(tmp_path: Path) -> None:
     """One of the two HAProxys killed mid-load: the raw client loses at most its call in flight and no session
     moves; the Python SDK's client, which never works again after a dropped connection, is noted, not failed."""

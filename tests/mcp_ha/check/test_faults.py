@@ -12,8 +12,6 @@ import pytest
 from mcp_ha.check.faults import BALANCER_VERBS, COMPOSE, KUBECTL, VERBS, FaultError, Faults, local, parse_faults
 from mcp_ha.stack import StackConfig
 
-pytestmark = pytest.mark.quick
-
 
 def recorded_stack(tmp_path: Path, balancers: int) -> str:
     """A stack dir as `up` leaves it (its config recorded), for a stack of `balancers` HAProxys."""
@@ -105,6 +103,7 @@ def test_a_bad_fault_set_is_refused_with_the_reason(text: str, says: str) -> Non
     assert says in str(raised.value)
 
 
+@pytest.mark.process
 async def test_a_fault_command_that_fails_says_so_with_its_output() -> None:
     command = shlex.quote(sys.executable) + " -c 'import sys; sys.exit(\"no {replica}\")'"
     faults = Faults("custom", {"kill": command})
