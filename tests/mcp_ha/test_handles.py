@@ -19,6 +19,8 @@ from mcp_ha.idempotency import IDEMPOTENCY_KEY
 from mcp_ha.stack import Stack
 
 MODERN = "2026-07-28"
+# Well formed and minted by nobody; fixed, so parallel workers collect the same test ids.
+UNKNOWN = "5f0c3e1a9b7d4e2f8a6c1b3d5e7f9a0b"
 META = {
     "io.modelcontextprotocol/protocolVersion": MODERN,
     "io.modelcontextprotocol/clientInfo": {"name": "tests", "version": "1"},
@@ -115,7 +117,7 @@ async def test_a_sessionless_stateful_call_without_a_handle_says_what_to_do(sess
         assert str(error.value) == NO_SESSION
 
 
-@pytest.mark.parametrize("bad", [uuid.uuid4().hex, "*", "?" * 32, "x" * 5000, uuid.uuid4().hex.upper(), ""])
+@pytest.mark.parametrize("bad", [UNKNOWN, "*", "?" * 32, "x" * 5000, UNKNOWN.upper(), ""])
 async def test_unknown_or_malformed_handles_get_one_answer(sessionless: Client, bad: str) -> None:
     with pytest.raises(ToolError) as error:
         await sessionless.call_tool("increment_counter", {"session_id": bad})
@@ -216,7 +218,7 @@ async def test_end_session_ends_a_handle_on_every_replica(sessionless: Client) -
         await sessionless.call_tool("end_session", {"session_id": handle})  # once ended, it is unknown
 
 
-@pytest.mark.parametrize("handle", [uuid.uuid4().hex, "not-a-handle", "0" * 32 + "\n"])
+@pytest.mark.parametrize("handle", [UNKNOWN, "not-a-handle", "0" * 32 + "\n"])
 async def test_end_session_refuses_an_unknown_handle_clearly(sessionless: Client, handle: str) -> None:
     with pytest.raises(ToolError, match=UNKNOWN_HANDLE):
         await sessionless.call_tool("end_session", {"session_id": handle})
