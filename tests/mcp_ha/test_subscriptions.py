@@ -61,10 +61,16 @@ async def next_event(events):
 def test_a_change_made_through_another_replica_reaches_a_2026_listener(redis_stack: Stack, tmp_path: Path) -> None:
     with two_replicas(redis_stack, tmp_path) as (one, two):
 
-        async def scenario() -> list[float]:
+        async def scenario() -> tuple[list[float], list[float]]:
             async with Client(one.url) as listener, Client(two.url) as writer:
                 handle = await handle_on(writer)
                 uri = SUMMARY.format(handle)
+                # The same calls with nobody listening: what a change costs before anyone hears it.
+                alone = []
+                for _ in range(CHANGES):
+                    started = time.perf_counter()
+                    await writer.call_tool("increment_counter", {"session_id": handle})
+                    alone.append(time.perf_counter() - started)
                 latencies = []
                 async with listen(listener.session, resource_subscriptions=[uri]) as subscription:
                     assert subscription.honored.resource_subscriptions == [uri]
@@ -77,18 +83,20 @@ def test_a_change_made_through_another_replica_reaches_a_2026_listener(redis_sta
                         latencies.append(time.perf_counter() - started)
                     # Refetching through the listener's own replica reads what the other one wrote.
                     summary = json.loads((await listener.read_resource(uri))[0].text)
-                    assert summary["counter"] == CHANGES and summary["instance"] == "mcp-server-1"
-                return latencies
+                    assert summary["counter"] == 2 * CHANGES and summary["instance"] == "mcp-server-1"
+                return alone, latencies
 
-        latencies = asyncio.run(scenario())
+        alone, latencies = asyncio.run(scenario())
         p99 = statistics.quantiles(latencies, n=100)[98]
         print(
             f"\nchange heard on another replica, call included: p50 {statistics.median(latencies) * 1000:.1f} ms, "
-            f"p99 {p99 * 1000:.1f} ms over {CHANGES}"
+            f"p99 {p99 * 1000:.1f} ms over {CHANGES}; the call alone p50 {statistics.median(alone) * 1000:.1f} ms"
         )
         assert len(latencies) == CHANGES
-        # Issue 18's target, measured here at ~10 ms: a bound this loose is about behaviour, not speed.
-        assert p99 <= 0.100
+        # Heard as it happens, not at a poll's next turn: hearing adds at most twice the call's own time, as
+        # medians of one run (a p99 of 200 is its second-worst, which one scheduler hiccup sets).
+        heard, call = statistics.median(latencies), statistics.median(alone)
+        assert heard <= 3 * call, f"heard at {heard * 1000:.1f} ms, the call alone {call * 1000:.1f} ms"
 
 
 def test_a_session_era_subscriber_hears_of_a_change_made_on_another_replica(redis_stack: Stack, tmp_path: Path) -> None:
