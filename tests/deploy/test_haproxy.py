@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -687,3 +688,30 @@ async def test_health_says_nothing_of_the_stores_memory(stack: Stack, http: http
     assert set((await http.get(f"{base}/health")).json()) == {"status", "instance"}
     for port in stack.config.replica_ports:
         assert set((await http.get(f"http://127.0.0.1:{port}/health")).json()) == {"status", "instance"}
+
+
+@pytest.mark.haproxy
+@pytest.mark.timeout(120)
+async def test_a_request_re_sent_when_no_replica_is_left_gets_an_answer(own_cluster: Stack) -> None:
+    """In a whole-store outage every replica fails its checks within a second, and HAProxy re-sends the
+    requests it was waiting on (a 503, or a replica taken out under them) while they go down. When that
+    re-send finds no replica up and the first try had reused a connection to a replica, HAProxy closed
+    the client's connection without an answer: an SDK client's POST then ends its session for good.
+    Pinned with the one replica hung (SIGSTOP), so it is taken out exactly under a request on the
+    connection reused from the one before. HAProxy's log shows the 503 it gave up with either way."""
+    own_cluster.start("mcp-server-1")
+    own_cluster.start("haproxy")
+    own_cluster.wait_healthy("haproxy")
+    # One connection, so the request that hangs goes to the replica on the connection the first one used.
+    async with httpx2.AsyncClient(timeout=30, limits=httpx2.Limits(max_connections=1)) as http:
+        raw = RawSession(http, f"http://{own_cluster.config.host}:{own_cluster.config.http_port}/mcp")
+        await raw.initialize()
+        await raw.call("increment_counter")
+        own_cluster.signal("mcp-server-1", signal.SIGSTOP)
+        try:
+            response = await raw.post("tools/call", {"name": "increment_counter", "arguments": {}})
+        finally:
+            own_cluster.signal("mcp-server-1", signal.SIGCONT)
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    assert response.json()["error"] == {"code": -32000, "message": "No replica can serve now; retry shortly"}
