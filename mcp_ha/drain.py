@@ -11,11 +11,12 @@ On SIGTERM a replica does not stop at once. It:
    checks, at most `notice_seconds`);
 4. exits. Open GET streams are closed, and their clients reconnect elsewhere.
 
-Why health fails only after the calls: HAProxy cuts the requests still open on
-a server when it marks it down (it must, to rescue calls stuck on a hung
-replica), so a replica that failed its health check first would have its own
-in-flight calls cut. Shedding new work with 503 moves traffic away just as
-well, without that.
+Why health fails only after the calls: a balancer may cut the requests still
+open on a server when it marks it down (HAProxy must, to rescue calls stuck on
+a hung replica, though the kit's config only stops sending new work to one
+that answers 503), so a replica that failed its health check first could have
+its own in-flight calls cut. Shedding new work with 503 moves traffic away just
+as well, without that.
 
 Only the balancers' own checks count, each balancer's on its own: a check
 carries `BALANCER_CHECK_HEADER` naming the balancer that sent it (haproxy.cfg

@@ -11,10 +11,11 @@ its store for a moment still serves: failing /health at once would take every
 replica out of HAProxy together and turn a short failover into 503s for
 everyone. Once the store has been gone longer, the replica sheds new requests
 with a 503 that says why (HAProxy tries another replica), and fails /health
-only when the calls it already took have answered: HAProxy cuts whatever is
-still open on a replica it takes out (`drain.py` has the same reason to do
-things in this order). A replica that has never reached its store has nothing
-to ride out, and fails from its first check.
+only when the calls it already took have answered: a balancer that marks a
+replica down may cut whatever is still open on it (`drain.py` has the same
+reason to do things in this order; the kit's HAProxy only stops sending work
+to a replica that answers 503, and cuts nothing). A replica that has never
+reached its store has nothing to ride out, and fails from its first check.
 
 `GET /livez` answers 200 `{"status": "alive", "instance": ...}` from the
 event loop and asks nothing of the store: a liveness probe for a platform

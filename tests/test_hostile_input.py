@@ -1090,13 +1090,14 @@ async def test_an_unreachable_store_gives_clear_errors_and_health_503_then_recov
     response = await direct.post("tools/call", {"name": "increment_counter", "arguments": {}})
     assert response.status_code == 503
     assert response.json()["error"]["message"] == "Session store unavailable; try again shortly."
-    # Through HAProxy, once it has taken every replica out: its own 503, never a traceback.
+    # Through HAProxy, once it has taken every replica out: its own 503 and JSON-RPC error, never a traceback.
     for _ in range(100):
         if not healed_stack.backends_up():
             break
         await asyncio.sleep(0.1)
     response = await raw.post("tools/call", {"name": "increment_counter", "arguments": {}})
-    assert response.status_code == 503 and "No server is available" in response.text
+    assert response.status_code == 503
+    assert response.json()["error"]["message"] == "No replica can serve now; retry shortly"
 
     healed_stack.start("redis")  # AOF brings the state back
     healed_stack.wait_healthy("haproxy")

@@ -8,13 +8,14 @@ import csv
 import io
 import json
 import os
+import signal
 import socket
 import ssl
 import subprocess
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -687,3 +688,75 @@ async def test_health_says_nothing_of_the_stores_memory(stack: Stack, http: http
     assert set((await http.get(f"{base}/health")).json()) == {"status", "instance"}
     for port in stack.config.replica_ports:
         assert set((await http.get(f"http://127.0.0.1:{port}/health")).json()) == {"status", "instance"}
+
+
+@pytest.mark.haproxy
+@pytest.mark.timeout(120)
+async def test_a_request_re_sent_when_no_replica_is_left_gets_an_answer(own_cluster: Stack) -> None:
+    """In a whole-store outage every replica fails its checks within a second, and HAProxy re-sends the
+    requests it was waiting on (a 503, or a replica taken out under them) while they go down. When that
+    re-send finds no replica up and the first try had reused a connection to a replica, HAProxy closed
+    the client's connection without an answer: an SDK client's POST then ends its session for good.
+    Pinned with the one replica hung (SIGSTOP), so it is taken out exactly under a request on the
+    connection reused from the one before. HAProxy's log shows the 503 it gave up with either way."""
+    own_cluster.start("mcp-server-1")
+    own_cluster.start("haproxy")
+    own_cluster.wait_healthy("haproxy")
+    # One connection, so the request that hangs goes to the replica on the connection the first one used.
+    async with httpx2.AsyncClient(timeout=30, limits=httpx2.Limits(max_connections=1)) as http:
+        raw = RawSession(http, f"http://{own_cluster.config.host}:{own_cluster.config.http_port}/mcp")
+        await raw.initialize()
+        await raw.call("increment_counter")
+        own_cluster.signal("mcp-server-1", signal.SIGSTOP)
+        try:
+            response = await raw.post("tools/call", {"name": "increment_counter", "arguments": {}})
+        finally:
+            own_cluster.signal("mcp-server-1", signal.SIGCONT)
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    assert response.json()["error"] == {"code": -32000, "message": "No replica can serve now; retry shortly"}
+
+
+async def ended(chunks: AsyncIterator[bytes]) -> bool:
+    """Whether a streamed answer has ended (or broken) by now: it is open while nothing more comes."""
+    try:
+        await asyncio.wait_for(anext(chunks), 0.5)
+    except TimeoutError:
+        return False
+    except (StopAsyncIteration, httpx2.HTTPError):
+        return True
+    return False
+
+
+@pytest.mark.haproxy
+@pytest.mark.timeout(120)
+async def test_a_whole_store_outage_takes_the_replicas_out_without_cutting_what_they_hold(
+    own_cluster: Stack,
+) -> None:
+    """A replica whose store is gone answers /health 503, and HAProxy sends it nothing new but cuts
+    nothing it holds (NOLB, "stopping"). It used to mark it DOWN, which cuts every request attached to
+    the replica (on-marked-down shutdown-sessions, there for hung replicas): with every replica going down
+    within a second, a 503 the replica was answering just then reached its client cut after its headers,
+    or a request HAProxy was re-sending lost its connection without an answer. Pinned with a GET stream,
+    which the replica holds open through the outage."""
+    own_cluster.start("mcp-server-1")
+    own_cluster.start("haproxy")
+    own_cluster.wait_healthy("haproxy")
+    async with httpx2.AsyncClient(timeout=30) as http:
+        raw = RawSession(http, own_cluster.config.mcp_url)
+        await raw.initialize()
+        async with http.stream("GET", raw.url, headers=raw.headers()) as stream:
+            assert stream.status_code == 200
+            chunks = stream.aiter_bytes()
+            own_cluster.stop(*own_cluster.config.redis_names())
+            deadline = time.monotonic() + 30
+            while own_cluster.backend_status() == {"mcp-server-1": "UP"}:
+                assert time.monotonic() < deadline, "HAProxy never took the replica out"
+                await asyncio.sleep(0.1)
+            # Out of rotation, and still so after more checks than it takes to mark a replica DOWN.
+            await asyncio.sleep(1.5)
+            assert not await ended(chunks), "HAProxy cut the replica's open stream"
+            assert own_cluster.backend_status() == {"mcp-server-1": "NOLB"}
+            response = await raw.post("tools/call", {"name": "increment_counter", "arguments": {}})
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == -32000
