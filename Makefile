@@ -27,13 +27,25 @@ up: deps
 down:
 	@if [ -x $(PY) ]; then $(PY) stack.py down; fi
 
-# The default tier: every guarantee end to end at least once, all but the tests marked `long`.
+# The default tier: every guarantee end to end at least once, all but the tests marked `long`. In two
+# runs: the files that time nothing on WORKERS parallel processes (pytest-xdist, a file to a worker), then
+# those that compare times (tests/conftest.py's SERIAL) alone. MARK narrows both (a marker expression);
+# JUNIT names a folder for each run's JUnit XML. Either run may select nothing, not both (pytest's exit 5).
+WORKERS ?= 2
+MARK ?=
+JUNIT ?=
 test: deps node-deps
-	$(PY) -m pytest -m "not long" $(PYTEST_ARGS)
+	@set +e; \
+	$(PY) -m pytest -m "not long and not serial$(if $(MARK), and ($(MARK)))" -n $(WORKERS) --dist loadfile \
+	  $(if $(JUNIT),--junitxml=$(JUNIT)/test.xml) $(PYTEST_ARGS); parallel=$$?; \
+	$(PY) -m pytest -m "not long and serial$(if $(MARK), and ($(MARK)))" \
+	  $(if $(JUNIT),--junitxml=$(JUNIT)/test-serial.xml) $(PYTEST_ARGS); serial=$$?; \
+	if [ $$parallel = 5 ] && [ $$serial = 5 ]; then exit 5; fi; \
+	for rc in $$parallel $$serial; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
 
 # The rest (tests/conftest.py's LONG: duplicate full HA checks, benchmarks, the abuse suite); CI runs both.
 test-long: deps node-deps
-	$(PY) -m pytest -m long $(PYTEST_ARGS)
+	$(PY) -m pytest -m "long$(if $(MARK), and ($(MARK)))" $(if $(JUNIT),--junitxml=$(JUNIT)/test-long.xml) $(PYTEST_ARGS)
 
 # The tests that start no process (redis, haproxy, replicas): seconds, for every edit.
 test-quick: python-deps

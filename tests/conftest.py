@@ -114,6 +114,14 @@ LONG = (
     "tests/test_package.py::test_a_server_in_its_own_project_runs_as_the_stack_and_passes_the_ha_check",
 )
 
+# `make test` runs the default tier's other files on parallel workers (pytest-xdist); these compare times
+# measured in one run (a cost with and without, a median against a median), so they run after, alone.
+SERIAL = (
+    "tests/test_scale.py",
+    "tests/mcp_ha/test_subscriptions.py",
+    "tests/mcp_ha/test_limits.py",
+)
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     wrong = []
@@ -122,6 +130,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # A quick test stays in the default tier wherever it lives: it costs nothing there.
         if marks and item.nodeid.startswith(LONG):
             item.add_marker("long")
+        if item.nodeid.startswith(SERIAL):
+            item.add_marker("serial")
         for name in marks - {m.name for m in item.iter_markers()}:
             item.add_marker(name)
         if not marks:

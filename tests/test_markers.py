@@ -4,7 +4,7 @@ tests that start nothing. Run on a suite of stand-ins by pytest in this process 
 from __future__ import annotations
 
 import pytest
-from conftest import ROOT
+from conftest import LONG, ROOT, SERIAL
 
 pytest_plugins = ["pytester"]
 
@@ -70,3 +70,10 @@ def test_a_test_marked_quick_by_hand_that_starts_a_process_is_an_error(pytester:
     result = pytester.runpytest_inprocess("--collect-only", "-q", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*test_wrong: marked quick but starts redis*"])
+
+
+def test_every_long_and_serial_entry_names_a_test_file_of_the_suite() -> None:
+    """A file moved or renamed would leave its entry matching nothing: the long test back in the default tier,
+    the timing one on a parallel worker."""
+    for entry in (*LONG, *SERIAL):
+        assert (ROOT / entry.split("::")[0]).is_file(), entry

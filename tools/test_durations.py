@@ -4,7 +4,9 @@
 
 prints a Markdown table (file, tier, tests, seconds; slowest first, each tier's total last) and, with
 `--doc`, writes it into the document between <!-- test-durations:start --> and <!-- test-durations:end -->
-(nothing else in it changes). A file's tier is the name of its XML file: `test.xml` is `make test`.
+(nothing else in it changes). A file's tier is the name of its XML file: `test.xml` is `make test`, and
+`test-serial.xml` its second run (the files that compare times, alone after the parallel workers). Each
+tier's last line is its wall-clock time: with parallel workers, less than the sum of its tests' seconds.
 """
 
 from __future__ import annotations
@@ -40,16 +42,27 @@ def durations(junit: Path) -> dict[str, tuple[int, float]]:
     return {name: (int(count), seconds) for name, (count, seconds) in files.items()}
 
 
-def table(runs: dict[str, dict[str, tuple[int, float]]]) -> str:
+def wall_seconds(junit: Path) -> float:
+    """The run's own wall-clock time, as pytest wrote it for its test suite."""
+    return sum(float(suite.get("time", "0")) for suite in ET.parse(junit).iter("testsuite"))
+
+
+def tier(stem: str) -> str:
+    """`test` as `make test`, and `test-serial` (make test's second run) as `make test`, alone."""
+    return f"`make {stem.removesuffix('-serial')}`" + (", alone" if stem.endswith("-serial") else "")
+
+
+def table(runs: dict[str, dict[str, tuple[int, float]]], walls: dict[str, float]) -> str:
     rows = sorted(
-        ((seconds, name, tier, count) for tier, files in runs.items() for name, (count, seconds) in files.items()),
+        ((seconds, name, run, count) for run, files in runs.items() for name, (count, seconds) in files.items()),
         key=lambda row: (-row[0], row[1]),
     )
     lines = ["| file | tier | tests | seconds |", "|---|---|---:|---:|"]
-    lines += [f"| `{name}` | `make {tier}` | {count} | {seconds:.1f} |" for seconds, name, tier, count in rows]
-    for tier, files in runs.items():
+    lines += [f"| `{name}` | {tier(run)} | {count} | {seconds:.1f} |" for seconds, name, run, count in rows]
+    for run, files in runs.items():
         count, seconds = sum(c for c, _ in files.values()), sum(s for _, s in files.values())
-        lines.append(f"| **all** | `make {tier}` | {count} | {seconds:.1f} |")
+        lines.append(f"| **all** | {tier(run)} | {count} | {seconds:.1f} |")
+        lines.append(f"| **wall clock** | {tier(run)} |  | {walls[run]:.1f} |")
     return "\n".join(lines)
 
 
@@ -57,7 +70,7 @@ def table(runs: dict[str, dict[str, tuple[int, float]]]) -> str:
 @click.argument("junit", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--doc", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="write the table here")
 def main(junit: tuple[Path, ...], doc: Path | None) -> None:
-    body = table({path.stem: durations(path) for path in junit})
+    body = table({path.stem: durations(path) for path in junit}, {path.stem: wall_seconds(path) for path in junit})
     click.echo(body)
     if doc is not None:
         try:
