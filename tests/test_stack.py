@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -77,6 +78,16 @@ def test_stop_and_start_behave_like_compose(own_stack: Stack) -> None:
     assert own_stack.backends_up() == {"mcp-server-1", "mcp-server-2"}
 
 
+async def sticky_sessions(stack: Stack, stats_port: int) -> int:
+    """The sessions in one HAProxy's table (its Prometheus exporter, the stats port's /metrics)."""
+    auth = (stack.config.stats_user, stack.config.stats_password)
+    async with httpx2.AsyncClient(auth=auth, timeout=5) as http:
+        text = (await http.get(f"http://127.0.0.1:{stats_port}/metrics", params={"scope": "sticktable"})).text
+    found = re.search(r'^haproxy_sticktable_used\{name="mcp_servers",[^}]*\} (\d+)$', text, re.M)
+    assert found, text[:500]
+    return int(found.group(1))
+
+
 @pytest.mark.redis
 @pytest.mark.haproxy
 @pytest.mark.slow
@@ -97,8 +108,14 @@ async def test_two_haproxys_share_the_front_door_and_either_can_die(tmp_path: Pa
             assert len(set(replicas)) > 1, replicas
             # The second HAProxy to start finds the first's peer port already open, but the first tried the
             # second's before it listened and tries again only 5 s later (HAProxy's peer reconnect): what each
-            # learnt meanwhile reaches the other then. Past that, each session is in both tables.
-            await asyncio.sleep(6)
+            # learnt meanwhile reaches the other then. Waited for until each session is in both tables.
+            for _ in range(100):  # 20 s at most
+                tables = [await sticky_sessions(pair, port) for port in pair.config.stats_ports]
+                if min(tables) >= len(sessions):
+                    break
+                await asyncio.sleep(0.2)
+            else:
+                raise AssertionError(f"sessions in each HAProxy's table: {tables}, not {len(sessions)}")
             for name in ("haproxy", "haproxy-2"):
                 assert cli(pair, "kill", name).returncode == 0
                 # A fresh connection each: the kernel gives it to the HAProxy left.
