@@ -398,9 +398,18 @@ class Abuse:
             # One scheduler hiccup on a 2-core machine sets the p99 of a 2 s window. Whether it was the attack
             # or the machine, a quiet window of the same length right after tells: the attack is held to
             # P99_RATIO of the slower of the quiet windows on either side of it.
-            quiet_p99 = max(baseline_p99, await self.quiet_p99(until - started))
+            after_p99 = await self.quiet_p99(until - started)
+            quiet_p99 = max(baseline_p99, after_p99)
             ratio = attack_p99 / quiet_p99
-            ABUSE_FIGURES.append(f"  {name}: p99 ratio {ratio:.2f} against a quiet window after the attack")
+            ABUSE_FIGURES.append(
+                f"  {name}: p99 ratio {ratio:.2f} against a quiet window after the attack "
+                f"({after_p99 / baseline_p99:.2f}x the one before)"
+            )
+            # But harm that outlasts the attack would excuse itself there: that window is held to the bound too.
+            assert after_p99 <= P99_RATIO * baseline_p99, (
+                f"bystander p99 {after_p99 * 1000:.1f} ms after the attack, {baseline_p99 * 1000:.1f} ms before it: "
+                f"{after_p99 / baseline_p99:.2f}x (at most {P99_RATIO}x)"
+            )
         assert ratio <= P99_RATIO, (
             f"bystander p99 {attack_p99 * 1000:.1f} ms under attack, {quiet_p99 * 1000:.1f} ms in the slower "
             f"quiet window: {ratio:.2f}x (at most {P99_RATIO}x)"
