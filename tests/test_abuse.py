@@ -8,9 +8,10 @@ low (ABUSE_BOUNDS), HAProxy in front. Each test runs one class of attack from a 
   memory added within a figure);
 - every replica stays in rotation (HAProxy's stats, polled through the attack, then each replica's /health,
   under the pid it had);
-- a bystander session, calling increment_counter through HAProxy from 127.0.0.1 in a process of its own
-  (so the attacker's client cannot slow it), keeps its p99 under attack within P99_RATIO its own p99
-  measured just before the attack in the same test (ratios only, never absolute times);
+- a bystander session, calling increment_counter through HAProxy from 127.0.0.1 in a process of its own,
+  keeps its p99 under attack within P99_RATIO its own p99 measured just before the attack in the same test
+  (ratios only, never absolute times); the attack runs in a thread at ATTACKER_NICE, so that on a small
+  machine its client takes only the CPU the stack and the bystander leave: the stack's cost is measured;
 - nothing acknowledged is lost: the bystander's counter equals the increments it was told succeeded.
 
 Every attack loop is bounded in count and in time. The figures (memory added, p99 ratios) are printed at
