@@ -8,9 +8,10 @@ low (ABUSE_BOUNDS), HAProxy in front. Each test runs one class of attack from a 
   memory added within a figure);
 - every replica stays in rotation (HAProxy's stats, polled through the attack, then each replica's /health,
   under the pid it had);
-- a bystander session, calling increment_counter through HAProxy from 127.0.0.1 in a process of its own
-  (so the attacker's client cannot slow it), keeps its p99 under attack within P99_RATIO its own p99
-  measured just before the attack in the same test (ratios only, never absolute times);
+- a bystander session, calling increment_counter through HAProxy from 127.0.0.1 in a process of its own,
+  keeps its p99 under attack within P99_RATIO its own p99 measured just before the attack in the same test
+  (ratios only, never absolute times); the attack runs in a thread at ATTACKER_NICE, so that on a small
+  machine its client takes only the CPU the stack and the bystander leave: the stack's cost is measured;
 - nothing acknowledged is lost: the bystander's counter equals the increments it was told succeeded.
 
 Every attack loop is bounded in count and in time. The figures (memory added, p99 ratios) are printed at
@@ -81,6 +82,11 @@ BASELINE_SECONDS = 3.0
 MIN_ATTACK_SECONDS = 2.0
 # The bystander calls at most once per this many seconds (so it measures, and does not load, the stack).
 BYSTANDER_PERIOD = 0.01
+# The attacker's client runs this much lower in CPU priority (nice) than the stack and the bystander: on a machine
+# of 2 cores it would otherwise take one of them from the stack (a 0.2 s burst of 2 MiB bodies cost this process
+# 0.17 CPU-seconds, the stack 0.05), which an attacker on a host of its own cannot. What is measured is then the
+# stack's cost of the attack, not the machine's scheduler (as test_limits' attacker, at nice 19).
+ATTACKER_NICE = 10
 MiB = 1 << 20
 
 # The bystander, in a process of its own: opens a session through HAProxy, then on "run" calls
@@ -353,7 +359,7 @@ class Abuse:
         with Rotation(self.stack) as rotation:
             started = time.monotonic()
             try:
-                result = await attack()
+                result = await in_attacker_thread(attack)
             finally:
                 ended = time.monotonic()
                 await asyncio.sleep(max(0.0, started + MIN_ATTACK_SECONDS - ended))
@@ -393,9 +399,18 @@ class Abuse:
             # One scheduler hiccup on a 2-core machine sets the p99 of a 2 s window. Whether it was the attack
             # or the machine, a quiet window of the same length right after tells: the attack is held to
             # P99_RATIO of the slower of the quiet windows on either side of it.
-            quiet_p99 = max(baseline_p99, await self.quiet_p99(until - started))
+            after_p99 = await self.quiet_p99(until - started)
+            quiet_p99 = max(baseline_p99, after_p99)
             ratio = attack_p99 / quiet_p99
-            ABUSE_FIGURES.append(f"  {name}: p99 ratio {ratio:.2f} against a quiet window after the attack")
+            ABUSE_FIGURES.append(
+                f"  {name}: p99 ratio {ratio:.2f} against a quiet window after the attack "
+                f"({after_p99 / baseline_p99:.2f}x the one before)"
+            )
+            # But harm that outlasts the attack would excuse itself there: that window is held to the bound too.
+            assert after_p99 <= P99_RATIO * baseline_p99, (
+                f"bystander p99 {after_p99 * 1000:.1f} ms after the attack, {baseline_p99 * 1000:.1f} ms before it: "
+                f"{after_p99 / baseline_p99:.2f}x (at most {P99_RATIO}x)"
+            )
         assert ratio <= P99_RATIO, (
             f"bystander p99 {attack_p99 * 1000:.1f} ms under attack, {quiet_p99 * 1000:.1f} ms in the slower "
             f"quiet window: {ratio:.2f}x (at most {P99_RATIO}x)"
@@ -403,6 +418,28 @@ class Abuse:
         if memory_bound is not None:
             assert memory_added <= memory_bound, f"{name}: Redis grew by {memory_added} bytes (at most {memory_bound})"
         return result
+
+
+async def in_attacker_thread(attack: Callable[[], Awaitable[T]]) -> T:
+    """`attack()` on an event loop of its own, in a thread of its own at ATTACKER_NICE (a thread's own attribute
+    on Linux; the thread ends with the attack, so nothing is put back, which an unprivileged process could not)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    async def main() -> T:
+        return await attack()
+
+    def run() -> None:
+        os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) + ATTACKER_NICE)
+        try:
+            result = asyncio.run(main())
+        except BaseException as exc:  # the attack's own assertions: the test reports them
+            loop.call_soon_threadsafe(done.set_exception, exc)
+        else:
+            loop.call_soon_threadsafe(done.set_result, result)
+
+    threading.Thread(target=run, name="attacker", daemon=True).start()
+    return await done
 
 
 @contextlib.contextmanager
@@ -1123,10 +1160,9 @@ async def redis_commands_beside(abuse: Abuse, seconds: float, parts: int = 5) ->
 
 
 def process_cpu(pid: int) -> float:
-    """A process's CPU seconds so far (user and system), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    # After the command's closing parenthesis the third field of the line comes first: utime is the 14th.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """A process's CPU seconds so far, all its threads', to the nanosecond: its CPU-time clock (Linux's
+    clockid for a pid). /proc's counts are in ticks of 10 ms, and 250 writes cost a replica 2 or 3 of them."""
+    return time.clock_gettime(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the process `pid`
 
 
 def process_rss(pid: int) -> int:
@@ -1613,25 +1649,36 @@ class TestReplayReadsFromItsCursor:
                 await asyncio.gather(*(fill(s) for s in sessions))
 
             async def attack() -> None:
-                async with contextlib.AsyncExitStack() as calls:
-                    entered = await asyncio.gather(*(calls.enter_async_context(long_call(s, 6)) for s in sessions))
-                    ids = [event_id for event_id, _ in entered]
-                    busy = [asyncio.create_task(call(s, "analyze_data", {"num_items": 100})) for s in sessions]
-                    await asyncio.sleep(0.5)
-                    load["without"] = await redis_load(abuse.stack, 1.5)
-                    replays = [
-                        asyncio.create_task(
-                            wait_on_replay(http, abuse.url, token, str(s.session_id), event_id, statuses)
-                        )
-                        for s, event_id in zip(sessions * 6, ids * 6, strict=True)
-                    ]
-                    await asyncio.sleep(0.5)  # past the replays' catching up: what they cost waiting
-                    load["with"] = await redis_load(abuse.stack, 2.0)
-                    for task in replays:
-                        task.cancel()
-                    async with asyncio.timeout(15):
-                        await asyncio.gather(*busy)
-                        await asyncio.gather(*replays, return_exceptions=True)
+                # The attack runs on an event loop of its own (in_attacker_thread): so does its client, for the
+                # same sessions.
+                async with attacker_http("127.0.0.34", connections=200, timeout=30) as own:
+                    for s in sessions:
+                        s.http = own
+                    try:
+                        async with contextlib.AsyncExitStack() as calls:
+                            entered = await asyncio.gather(
+                                *(calls.enter_async_context(long_call(s, 6)) for s in sessions)
+                            )
+                            ids = [event_id for event_id, _ in entered]
+                            busy = [asyncio.create_task(call(s, "analyze_data", {"num_items": 100})) for s in sessions]
+                            await asyncio.sleep(0.5)
+                            load["without"] = await redis_load(abuse.stack, 1.5)
+                            replays = [
+                                asyncio.create_task(
+                                    wait_on_replay(own, abuse.url, token, str(s.session_id), event_id, statuses)
+                                )
+                                for s, event_id in zip(sessions * 6, ids * 6, strict=True)
+                            ]
+                            await asyncio.sleep(0.5)  # past the replays' catching up: what they cost waiting
+                            load["with"] = await redis_load(abuse.stack, 2.0)
+                            for task in replays:
+                                task.cancel()
+                            async with asyncio.timeout(15):
+                                await asyncio.gather(*busy)
+                                await asyncio.gather(*replays, return_exceptions=True)
+                    finally:
+                        for s in sessions:
+                            s.http = http
 
             try:
                 await abuse.under_attack("24 replays beside a busy call", attack, memory_bound=4 * MiB)
