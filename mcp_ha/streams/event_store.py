@@ -26,7 +26,7 @@ from pydantic import TypeAdapter
 from starlette.requests import Request
 
 from ..principals import client_of
-from ..session_store import LimitExceeded, SessionStore, StoreUnavailable
+from ..session_store import LimitExceeded, SessionStore, StoreUnavailable, event_position
 from .feed import EventFeed, reading_claim
 from .lease import RUNNER_CHECK_SECONDS, Runs
 from .reruns import Rerun, Reruns
@@ -75,6 +75,12 @@ def _not_kept(size: int, max_bytes: int) -> str:
         f"The answer ({size} bytes) is over the {max_bytes} bytes kept for resuming a stream, so it cannot "
         "be replayed: call again (a tools/call with the same idempotency key is applied once)."
     )
+
+
+def _log_place(session_id: str, event_id: str) -> tuple[int, ...]:
+    """Where an event id of the session's log (its "<n>-<m>") lies, to compare with another's."""
+    position = event_position(session_id, event_id) or "0-0"
+    return tuple(int(part) for part in position.split("-"))
 
 
 _messages: TypeAdapter[JSONRPCMessage] = TypeAdapter(JSONRPCMessage)
@@ -297,7 +303,7 @@ class SessionEvents(EventStore):
                     if call is None:
                         watched = False  # no record (the store was out, or it expired): nobody re-runs it
                     else:
-                        await self._progress_so_far(call, progressed)
+                        await self._progress_so_far(call, cursor, progressed)
                 if call is not None and await self._runner_gone(stream_id, call, send_callback):
                     return None
             if not events and call is None and now - quiet_since >= self.idle_seconds:
@@ -330,14 +336,18 @@ class SessionEvents(EventStore):
             return None
         return None if text is None else json.loads(text)
 
-    async def _progress_so_far(self, call: dict[str, Any], progressed: dict[Any, float]) -> None:
-        """Note the progress the call's stream has reported so far, before as well as after the event
-        the client resumed from: a re-run reports from the start again, and that must not reach it."""
+    async def _progress_so_far(self, call: dict[str, Any], cursor: str, progressed: dict[Any, float]) -> None:
+        """Note the progress the call's stream reported up to `cursor`, before as well as after the event
+        the client resumed from: a re-run reports from the start again, and that must not reach it. What
+        came after `cursor` is not noted: it has not been sent, and is sent as it is read from there."""
         try:
             found = await self.store.events_after(self.session_id, call.get("first", ""))
         except StoreUnavailable:
             return
-        for _, text in found[1] if found is not None else ():
+        sent = _log_place(self.session_id, cursor)
+        for event_id, text in found[1] if found is not None else ():
+            if _log_place(self.session_id, event_id) > sent:
+                return
             if text is not None:
                 _progress_repeated(_messages.validate_json(text), progressed)
 

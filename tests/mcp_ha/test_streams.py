@@ -19,6 +19,7 @@ import httpx2
 import pytest
 import uvicorn
 from conftest import Replica, free_ports, move_slot, slot_owner, starts, two_replicas
+from mcp.server.streamable_http import EventMessage
 from redis.crc import key_slot
 from starlette.responses import PlainTextResponse
 
@@ -30,8 +31,9 @@ from mcp_ha.stack import REDIS_KIT_ACL, Stack
 from mcp_ha.stores.memory_store import InMemorySessionStore
 from mcp_ha.stores.redis_store import RedisSessionStore
 from mcp_ha.streams.cut import CUT_KEYED, CUT_MARK, CUT_RETRY_MS, cut_call_named, cut_error, cut_event_id
-from mcp_ha.streams.event_store import MAX_RERUN_REQUEST_BYTES
+from mcp_ha.streams.event_store import MAX_RERUN_REQUEST_BYTES, SessionEvents
 from mcp_ha.streams.feed import EventFeed
+from mcp_ha.streams.lease import Runs
 from mcp_ha.streams.reruns import Rerun, Reruns
 from mcp_ha.streams.resumption import MALFORMED, UNAVAILABLE, UNKNOWN, CheckResumption
 
@@ -584,6 +586,51 @@ async def test_a_replay_waiting_on_a_cluster_is_woken_when_its_sessions_slot_mov
         feed.forget(sid, "a", woken)
         move_slot(redis_cluster, slot, target, source)
         await store.aclose()
+
+
+class AddsWhileTheRunnerIsChecked(InMemorySessionStore):
+    """Adds `pending` to its stream when a replay reads the call's record: after the replay's last read of
+    the stream, before the runner check reads the stream from its start."""
+
+    pending: tuple[str, str, str] | None = None
+
+    async def claimed(self, name: str) -> str | None:
+        if name.startswith("call:") and self.pending is not None:
+            await self.add_event(*self.pending)
+            self.pending = None
+        return await super().claimed(name)
+
+
+def progress_note(value: int) -> str:
+    params = {"progressToken": "p", "progress": value}
+    return json.dumps({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
+
+
+async def test_progress_added_while_a_replay_checks_the_calls_runner_is_sent() -> None:
+    """The runner check notes the progress already sent, so a re-run's repeats are dropped; progress added
+    after the replay's last read is not yet sent, and goes out (CI lost one this way, under load)."""
+    store, sid, run = AddsWhileTheRunnerIsChecked(), uuid.uuid4().hex, "7~0123456789ab"
+    runs = Runs(store, "here")
+    events = SessionEvents(store, sid, max_event_bytes=65536, abandoned_seconds=30, call_ttl_seconds=60, runs=runs)
+    first = await store.add_event(sid, run, None)
+    record = {"first": first, "runner": runs.run_id, "id": 7, "request": None, "key": None}
+    await store.claim(f"call:{sid}:{run}", json.dumps(record), 60)
+    for value in (1, 2):
+        last = await store.add_event(sid, run, progress_note(value))
+    store.pending = (sid, run, progress_note(3))
+    sent: list[dict] = []
+    heard = asyncio.Event()
+
+    async def send(event: EventMessage) -> None:
+        sent.append(event.message.model_dump(by_alias=True, exclude_unset=True))
+        heard.set()
+
+    replay = asyncio.create_task(events.replay_events_after(last, send))
+    async with asyncio.timeout(5):
+        await heard.wait()
+        await store.add_event(sid, run, json.dumps({"jsonrpc": "2.0", "id": 7, "result": {}}))
+        assert await replay is None
+    assert [m.get("params", {}).get("progress") for m in sent] == [3, None], sent
 
 
 def commandstats(stack: Stack) -> dict[str, tuple[int, int]]:
