@@ -31,20 +31,17 @@ def test_file(classname: str) -> str:
     return "/".join(parts) + ".py"
 
 
-def durations(junit: Path) -> dict[str, tuple[int, float]]:
+def durations(junit: Path) -> tuple[dict[str, tuple[int, float]], float]:
     """Each test file in `junit`: how many tests it ran (skipped ones not counted) and their seconds, setup and
-    teardown included."""
+    teardown included; and the run's own wall-clock time, as pytest wrote it for its test suite."""
+    tree = ET.parse(junit)
     files: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for case in ET.parse(junit).iter("testcase"):
+    for case in tree.iter("testcase"):
         entry = files[test_file(case.get("classname", ""))]
         entry[0] += case.find("skipped") is None
         entry[1] += float(case.get("time", "0"))
-    return {name: (int(count), seconds) for name, (count, seconds) in files.items()}
-
-
-def wall_seconds(junit: Path) -> float:
-    """The run's own wall-clock time, as pytest wrote it for its test suite."""
-    return sum(float(suite.get("time", "0")) for suite in ET.parse(junit).iter("testsuite"))
+    wall = sum(float(suite.get("time", "0")) for suite in tree.iter("testsuite"))
+    return {name: (int(count), seconds) for name, (count, seconds) in files.items()}, wall
 
 
 def tier(stem: str) -> str:
@@ -70,7 +67,8 @@ def table(runs: dict[str, dict[str, tuple[int, float]]], walls: dict[str, float]
 @click.argument("junit", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--doc", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="write the table here")
 def main(junit: tuple[Path, ...], doc: Path | None) -> None:
-    body = table({path.stem: durations(path) for path in junit}, {path.stem: wall_seconds(path) for path in junit})
+    found = {path.stem: durations(path) for path in junit}
+    body = table({run: files for run, (files, _) in found.items()}, {run: wall for run, (_, wall) in found.items()})
     click.echo(body)
     if doc is not None:
         try:
