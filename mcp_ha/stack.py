@@ -36,12 +36,15 @@ STACK_DIR, or .stack in the current folder (for `up --project DIR`, in DIR);
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import datetime
+import fcntl
 import io
 import ipaddress
 import json
 import os
+import random
 import re
 import secrets
 import shutil
@@ -49,6 +52,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -641,23 +645,64 @@ def _reaped(pid: int) -> bool:
         return True  # someone else's zombie: gone as far as we are concerned
 
 
-def free_ports(count: int) -> list[int]:
-    """Loopback ports the kernel just handed out; held open together so they are distinct."""
-    sockets = []
+# Where processes handing out ports at once (parallel test workers, a bench beside them) note each port
+# they hand out, and for how long no other takes it: long enough for its server to bind it.
+PORTS_NOTED = Path(tempfile.gettempdir()) / "mcp-ha-ports"
+PORTS_HELD_SECONDS = 120.0
+LOWEST_PORT = 10000
+_random = random.SystemRandom()  # not the global generator: a test may seed that one, in every worker alike
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' source ports."""
     try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 65535
 
 
-def port_is_free(host: str, port: int) -> bool:
+def free_ports(count: int) -> list[int]:
+    """Loopback ports nobody listens on, none handed out on this machine in the last PORTS_HELD_SECONDS.
+
+    Drawn from outside the kernel's ephemeral range: an outgoing connection (a client's, HAProxy's, a
+    replica's) takes its source port from that range, and could take a port the kernel handed out here
+    before the server it was meant for binds it ("address already in use", seen with tests in parallel).
+    """
+    low, high = _ephemeral_ports()
+    candidates = [range(LOWEST_PORT, low), range(high + 1, 65536)]
+    if sum(len(r) for r in candidates) < 1000:
+        raise RuntimeError(f"too few ports outside the ephemeral range {low}-{high} to hand out")
+    with open(PORTS_NOTED, "a+") as noted:
+        fcntl.flock(noted, fcntl.LOCK_EX)  # released when the file closes
+        noted.seek(0)
+        now = time.time()
+        held: dict[int, float] = {}
+        for line in noted.read().split():
+            number, _, until = line.partition("@")
+            with contextlib.suppress(ValueError):
+                if float(until) > now:
+                    held[int(number)] = float(until)
+        chosen: list[int] = []
+        for _ in range(100 * count):  # bounded: a port in use or held is drawn again
+            if len(chosen) == count:
+                break
+            port = _random.choice(_random.choice([r for r in candidates if r]))
+            if port not in held and port_is_free("127.0.0.1", port, reuse=False):
+                held[port] = now + PORTS_HELD_SECONDS
+                chosen.append(port)
+        if len(chosen) < count:
+            raise RuntimeError(f"found {len(chosen)} of {count} free loopback ports")
+        noted.seek(0)
+        noted.truncate()
+        noted.write("".join(f"{port}@{until:.1f}\n" for port, until in held.items()))
+    return chosen
+
+
+def port_is_free(host: str, port: int, *, reuse: bool = True) -> bool:
+    """Whether a server could bind `port` now; `reuse=False`: and no connection lingers on it either."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, int(reuse))
         try:
             sock.bind((host, port))
         except OSError:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx2
@@ -19,8 +20,9 @@ import pytest
 from conftest import free_ports, running_stack, scrubbed, stack_config, stack_ports, starts
 from fastmcp import Client
 
+from mcp_ha import stack as stack_module
 from mcp_ha.check.wire import RawSession
-from mcp_ha.stack import Stack, StackConfig, StackError, port_is_free
+from mcp_ha.stack import LOWEST_PORT, Stack, StackConfig, StackError, port_is_free
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,6 +32,21 @@ ROOT = Path(__file__).resolve().parent.parent
 def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with running_stack(tmp_path_factory.mktemp("own-stack"), replicas=2) as s:
         yield s
+
+
+@pytest.mark.quick
+def test_ports_are_handed_out_once_and_outside_the_ephemeral_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An outgoing connection's source port comes from the ephemeral range, so a port handed out there could
+    be taken before its server binds it; and callers at once (threads here, test workers alike: each call
+    opens the notes afresh) never get the same port."""
+    monkeypatch.setattr(stack_module, "PORTS_NOTED", tmp_path / "ports")
+    with ThreadPoolExecutor(4) as pool:
+        handed = [port for batch in pool.map(lambda _: free_ports(6), range(40)) for port in batch]
+    low, high = (int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    assert len(set(handed)) == len(handed) == 240
+    assert all(LOWEST_PORT <= port < low or high < port for port in handed)
 
 
 def cli(stack: Stack, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
