@@ -36,6 +36,7 @@ from mcp_ha.check.wire import RawSession
 with contextlib.suppress(ImportError):
     import fastmcp_tasks  # noqa: F401
 from mcp_ha.stack import Service, Stack, StackConfig, free_ports, port_is_free
+from mcp_ha.streams.lease import RUNNER_CHECK_SECONDS, Runs
 
 ROOT = Path(__file__).resolve().parent.parent
 # mcp_ha's modules that are not the server layer: a client, the local stack, the command.
@@ -187,6 +188,20 @@ def healed_stack(stack: Stack) -> Iterator[Stack]:
             stack.stop(name)
         stack.start(name)
     stack.wait_healthy("haproxy")
+
+
+# A replica's lease (Runs' ttl_seconds): how long after its last renewal a killed replica is taken for gone.
+LEASE_SECONDS: float = Runs.__init__.__kwdefaults__["ttl_seconds"]
+
+
+def rerun_bound(*, work_seconds: float, reconnect_seconds: float = 0.0) -> float:
+    """How soon after a kill -9 of its replica a streamed call is answered from another one, for
+    tests/mcp_ha/test_streams.py and tests/clients/test_streaming_failover.py: real-time waits no load
+    stretches (the client's own wait before it resumes, alongside the dead replica's lease lapsing, then a
+    runner check) plus `work_seconds`, the work left, timed in the same run (the call's start and its items
+    before the kill, scaled), and half that again for the resume's own requests: load stretches the re-run
+    as it stretched what was timed."""
+    return max(reconnect_seconds, LEASE_SECONDS) + RUNNER_CHECK_SECONDS + 1.5 * work_seconds
 
 
 @pytest.fixture(scope="session")

@@ -502,7 +502,8 @@ def test_the_command_runs_a_scenario_on_a_stack_of_its_own(tmp_path: Path) -> No
         "sessionless_call_timeout_s",
     }
     assert scenario["replica"].startswith("mcp-server-")
-    assert 0 <= scenario["mark_down_s"] <= 2.0
+    # Its bound is the benchmark's own target (TARGET_MARK_DOWN), held through targets_missed above.
+    assert scenario["mark_down_s"] >= 0
     assert scenario["load_seconds"] >= 6
     fields = {"calls", "failed", "longest_call_s", "longest_stall_s", "acknowledged", "final", "lost", "duplicated"}
     # The stock SDK clients ran too, by default.

