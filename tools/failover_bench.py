@@ -222,6 +222,8 @@ class ClientReport:
     failed_after_detection: int
     overran: int  # calls that neither returned nor raised within their own timeout
     longest_call_s: float
+    # The longest call that ended before the fault: what the machine's load alone made of a call, this run.
+    longest_before_fault_s: float
     longest_stall_s: float
     acknowledged: int
     final: int | None  # summed over sessions; None when a session's counter could not be read
@@ -464,6 +466,7 @@ def _client_report(
         failed_after_detection=sum(not c.ok and c.start > detected for c in calls) if detected else 0,
         overran=seen.overran,
         longest_call_s=seen.longest_call_s,
+        longest_before_fault_s=round(max((c.end - c.start for c in calls if c.end < struck), default=0.0), 3),
         longest_stall_s=round(max((_longest_stall(r, load_start, load_end) for r in runs), default=0.0), 3),
         acknowledged=seen.acknowledged,
         final=seen.final,
