@@ -670,9 +670,22 @@ async def test_notes_are_bounded_in_bytes_and_count_and_append_in_constant_time(
             for n in range(1, MAX_NOTES - 10 + 1):
                 for s in sessions:
                     await add(s, n)
-            # The last 10 notes at the cap, each beside a note on a fresh session, in turns: the fill lasts
-            # seconds, over which the machine's load changes, so only samples taken together are compared.
-            fresh = [await open_session(http, abuse.url, token) for _ in sessions]
+
+            async def fresh_beside(full: RawSession) -> RawSession:
+                """A new session on the replica `full` is on (HAProxy sends new sessions to each in turn)."""
+                replica = await instance_of(full)
+                for _ in range(4 * len(abuse.stack.config.replica_ports)):
+                    session = await open_session(http, abuse.url, token)
+                    if await instance_of(session) == replica:
+                        return session
+                    await session.close()
+                raise AssertionError(f"no new session on {replica}")
+
+            # The last 10 notes at the cap, each beside a note on a fresh session on the same replica, in turns:
+            # the fill lasts seconds, over which the machine's load changes, and the replicas' loads differ
+            # (in turn, the fresh sessions would be on the other replica), so only samples taken together on
+            # one replica are compared.
+            fresh = [await fresh_beside(s) for s in sessions]
             for n in range(1, 11):
                 for full, empty in zip(sessions, fresh, strict=True):
                     if n % 2:
