@@ -647,7 +647,7 @@ def _reaped(pid: int) -> bool:
 
 # Where processes handing out ports at once (parallel test workers, a bench beside them) note each port
 # they hand out, and for how long no other takes it: long enough for its server to bind it.
-PORTS_NOTED = Path(tempfile.gettempdir()) / "mcp-ha-ports"
+PORTS_NOTED = Path(tempfile.gettempdir()) / f"mcp-ha-ports-{os.getuid()}"
 PORTS_HELD_SECONDS = 120.0
 LOWEST_PORT = 10000
 _random = random.SystemRandom()  # not the global generator: a test may seed that one, in every worker alike
