@@ -135,15 +135,7 @@ REPLICA_HEADER = b"mcp-ha-replica"
 
 
 class NameReplica:
-    """ASGI middleware, outermost: the `Mcp-Ha-Replica: <INSTANCE_ID>` header on every HTTP answer, and the
-    head of a whole answer (one with a Content-Length) sent only with its body.
-
-    uvicorn writes a head the moment it gets it. A replica killed between its head and its body, preempted
-    there on a busy machine (37 ms once, inside the failover benchmark's kill), left HAProxy a 200 it could
-    not re-send and a client a body it never got; FastMCP's sessionless client never worked again after
-    one. Held until the body is at hand, the two writes go out back to back, or neither does, and HAProxy
-    re-sends the request (retry-on empty-response). A streamed answer's head goes at once.
-    """
+    """ASGI middleware: the `Mcp-Ha-Replica: <INSTANCE_ID>` header on every HTTP answer."""
 
     def __init__(self, app: ASGIApp, instance: str) -> None:
         self.app = app
@@ -152,22 +144,13 @@ class NameReplica:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        held: list[Message] = []
 
         async def named(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = [*message.get("headers", []), self.header]
-                message = {**message, "headers": headers}
-                if any(name.lower() == b"content-length" for name, _ in headers):
-                    held.append(message)
-                    return
-            elif held:
-                await send(held.pop())
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
             await send(message)
 
         await self.app(scope, receive, named)
-        if held:  # an app that ended without a body: the head alone, as it would have gone
-            await send(held.pop())
 
 
 class HighAvailability:

@@ -21,7 +21,6 @@ from fastmcp.server.server import StateValue
 
 from mcp_ha import HighAvailability, Session, Settings
 from mcp_ha.check.wire import PROTOCOL, RawSession
-from mcp_ha.replica import REPLICA_HEADER, NameReplica
 from mcp_ha.stack import free_ports
 from mcp_ha.stores.memory_store import InMemorySessionStore
 
@@ -223,29 +222,3 @@ def test_what_the_process_does_differently_lasts_while_the_app_serves() -> None:
         assert fastmcp.settings.telemetry_mode == "off"
         assert len(logger.filters) == len(filters) + 1
     assert (fastmcp.settings.telemetry_mode, logger.filters) == (before, filters)
-
-
-@pytest.mark.parametrize(("path", "whole"), [("/json", True), ("/stream", False)])
-async def test_a_whole_answers_head_leaves_with_its_body_and_a_streams_at_once(path: str, whole: bool) -> None:
-    """A replica killed between its head and its body left HAProxy a 200 it could not re-send (and a stock
-    client broken for good): the head of an answer with a Content-Length goes out only once its body is at
-    hand, named; a stream's head at once, or its client would wait for its first event to see it."""
-    sent: list[tuple[str, bool, dict[bytes, bytes]]] = []  # (message, was its body made yet, its headers)
-    body_made = False
-
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        nonlocal body_made
-        kind = b"application/json" if whole else b"text/event-stream"
-        length = [(b"content-length", b"2")] if whole else []
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind), *length]})
-        await asyncio.sleep(0)  # whatever runs between the two (a preempted process, say)
-        body_made = True
-        await send({"type": "http.response.body", "body": b"{}"})
-
-    async def record(message: dict[str, Any]) -> None:
-        sent.append((message["type"], body_made, dict(message.get("headers", []))))
-
-    await NameReplica(app, "mcp-server-7")({"type": "http", "path": path}, None, record)
-    (start, made_then, headers), (body, _, _) = sent
-    assert (start, body) == ("http.response.start", "http.response.body")
-    assert made_then is whole and headers[REPLICA_HEADER] == b"mcp-server-7"
