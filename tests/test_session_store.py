@@ -1515,6 +1515,23 @@ async def test_an_outage_that_ended_leaves_later_calls_their_whole_retry_window(
         await store.aclose()
 
 
+async def test_writes_after_redis_restarted_find_no_connection_it_closed(redis_stack: Stack) -> None:
+    """A restarted Redis closed every connection. Once the store notices the outage (a replica's health
+    checks and lease renewals do within a second), it drops its idle ones: writes after it, never retried,
+    each get a live connection (CI lost a stream's event to one left in the pool)."""
+    store = RedisSessionStore(
+        redis_stack.config.redis_url, **redis_stack.config.redis_auth, prefix=f"mcp:t{new_id()[:8]}"
+    )
+    sid = new_id()
+    try:
+        await asyncio.gather(*(store.add_event(sid, "s", "before") for _ in range(8)))  # 8 connections, then idle
+        redis_stack.restart("redis")
+        assert not await store.ping()  # a connection Redis closed: the outage is noticed
+        await asyncio.gather(*(store.add_event(sid, "s", "after") for _ in range(8)))
+    finally:
+        await store.aclose()
+
+
 async def test_a_watcher_hears_each_change_and_each_message_in_order(store: SessionStore) -> None:
     sid, other = new_id(), new_id()
     async with store.watch() as messages:

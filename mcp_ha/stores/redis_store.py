@@ -1259,7 +1259,7 @@ class RedisSessionStore(SessionStore):
             self._failing_since = None
             return result
         except RETRYABLE as exc:
-            self._mark_outage()
+            await self._mark_outage()
             raise StoreUnavailable(f"redis: {exc}") from exc
         except OutOfMemoryError as exc:
             raise StoreFull(f"redis: {exc}") from exc
@@ -1277,11 +1277,17 @@ class RedisSessionStore(SessionStore):
                 raise TypeError(message) from exc
             raise
 
-    def _mark_outage(self) -> float:
+    async def _mark_outage(self) -> float:
         """Notes an outage under way (from now, if none was); the seconds calls may still retry in it."""
         now = time.monotonic()
         if self._failing_since is None:
             self._failing_since = now
+            if isinstance(self._redis, redis.Redis):  # a cluster's client keeps its nodes' connections itself
+                # A restarted Redis closed every connection; one left idle in the pool would fail the first
+                # call made on it after Redis is back, and a write fails without a retry (CI lost an event
+                # this way). Those not in use now connect afresh when next taken.
+                with contextlib.suppress(*RETRYABLE, OSError):
+                    await self._redis.connection_pool.disconnect(inuse_connections=False)
         if self._wait_replicas:
             # Perhaps a failover: a new primary is asked what replicas it has before a write waits there.
             if self._cluster is not None:
@@ -1304,7 +1310,7 @@ class RedisSessionStore(SessionStore):
             # A read's script slides the TTL: a write Redis refuses past maxmemory.
             raise StoreFull(f"redis: {exc}") from exc
         except RETRYABLE as exc:
-            budget = self._mark_outage()
+            budget = await self._mark_outage()
             if self._retry_attempts <= 1 or budget <= 0:
                 raise StoreUnavailable(f"redis: {exc}") from exc
         try:
@@ -1756,7 +1762,7 @@ class RedisSessionStore(SessionStore):
             # On a cluster every primary: one that does not answer leaves sessions unserved.
             await (self._cluster.ping() if self._cluster is not None else self._redis.ping())
         except (*RETRYABLE, OSError):
-            self._mark_outage()
+            await self._mark_outage()
             return False
         # An outage can end with no call to notice: the next one gets the whole window again.
         self._failing_since = None
