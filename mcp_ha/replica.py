@@ -84,6 +84,7 @@ from .streams.lease import Runs
 from .streams.reruns import Reruns
 from .streams.resumption import CheckResumption
 from .subscriptions import StoreBus, Subscriptions
+from .whole_answers import WholeAnswers
 
 log = logging.getLogger(__name__)
 
@@ -420,7 +421,8 @@ class HighAvailability:
                 log_config=log_config,
                 log_level=s.log_level,
                 loop="uvloop",
-                http="httptools",
+                # httptools, writing a whole answer in one write: a kill finds it sent or not (whole_answers.py).
+                http=WholeAnswers,
                 # After the drain, whatever is still open (GET streams) gets this long.
                 timeout_graceful_shutdown=2,
             )

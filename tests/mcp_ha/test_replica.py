@@ -87,14 +87,19 @@ def test_a_store_of_your_own_is_used_as_given() -> None:
     assert HighAvailability(Settings(metrics=False), store=store).store is store
 
 
+# uvicorn as docs/patterns.md runs it, with the protocol that writes a whole answer at once.
+UVICORN = [sys.executable, "-m", "uvicorn", "--http", "mcp_ha.whole_answers:WholeAnswers"]
+
+
 @pytest.mark.slow
 def test_served_by_plain_uvicorn_the_app_still_drains_on_sigterm(tmp_path: Path) -> None:
-    """`uvicorn server:app`, not `python server.py`: SIGTERM still refuses new work at once and lets the call
-    in flight finish, and the process exits once the drain is done."""
+    """`uvicorn server:app`, not `python server.py`, with the kit's protocol as patterns.md gives it: SIGTERM
+    still refuses new work at once and lets the call in flight finish, and the process exits once the drain
+    is done."""
     (port,) = free_ports(1)
     log = open(tmp_path / "uvicorn.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "server:app", "--host", "127.0.0.1", "--port", str(port)],
+        [*UVICORN, "server:app", "--host", "127.0.0.1", "--port", str(port)],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=log,
