@@ -2299,6 +2299,8 @@ HOG_ITEMS = 20
 FLOOR_SECONDS = 0.003
 # ABUSE_BOUNDS's call bounds, which the test gives its replica at their defaults.
 CALL_BOUNDS = ("MAX_CALLS_PER_CLIENT", "CALL_QUEUE_SECONDS", "FAIR_SHARE_CALLS")
+# The bystander's windows measured while the hog calls, one after the other.
+WITH_THE_HOG = ("with the hog", "with the hog, again")
 
 
 @pytest.mark.timeout(150)  # a replica of its own to start
@@ -2313,9 +2315,9 @@ class TestOneClientCannotStarveAnother:
         queue of 10 s), and a bystander process calling it straight (HAProxy's caps would meet the hog first)
         all along. Its p99 alone (the quieter of a window before the hog and one after), and with the hog
         keeping its whole allowance of streamed calls going (4 sessions x 16 analyze_data, each sent again as
-        soon as it answers): at most P99_RATIO x alone, plus FLOOR_SECONDS. None of the bystander's calls
-        fails, and the hog's are served all along (any refused, having waited CALL_QUEUE_SECONDS for its share,
-        says so): the replica's time is shared, not taken from the hog."""
+        soon as it answers; the quieter of two windows): at most P99_RATIO x alone, plus FLOOR_SECONDS. None
+        of the bystander's calls fails, and the hog's are served all along (any refused, having waited
+        CALL_QUEUE_SECONDS for its share, says so): the replica's time is shared, not taken from the hog."""
         allowance, per_session = 64, MAX_CALLS_PER_SESSION  # the defaults
         # The stack's bounds but the calls': this replica's are the defaults.
         env = {k: v for k, v in replica_env(abuse).items() if k not in CALL_BOUNDS}
@@ -2357,7 +2359,8 @@ class TestOneClientCannotStarveAnother:
                 try:
                     await asyncio.sleep(1.0)  # every hog call sent and under way
                     answered = hog["answered"]
-                    await measure("with the hog")
+                    for name in WITH_THE_HOG:
+                        await measure(name)
                     hog["answered while measured"] = hog["answered"] - answered
                 finally:
                     stop.set()
@@ -2374,12 +2377,16 @@ class TestOneClientCannotStarveAnother:
             assert samples and all(s.ok for s in samples), [s.error for s in samples if not s.ok][:3]
             p99[name] = percentile([s.seconds for s in samples], 0.99)
             hog[f"bystander's calls {name}"] = len(samples)
-        # Alone, the quieter of the two: the machine (other processes on 2 cores) only ever adds to a p99.
+        # Each the quieter of two windows, alone as with the hog: the machine (other processes on 2 cores) only
+        # ever adds to a p99, and a burst of theirs (3.23x once, beside a failover loop) fills one window of
+        # four seconds, not two; a hog that starves the bystander slows both of its windows.
         alone = min(p99["before"], p99["after"])
-        ratio = p99["with the hog"] / alone
+        with_the_hog = min(p99[name] for name in WITH_THE_HOG)
+        ratio = with_the_hog / alone
         ABUSE_FIGURES.append(
             f"{'a client at its whole allowance':<44} bystander p99 {p99['before'] * 1000:.1f} / "
-            f"{p99['with the hog'] * 1000:.1f} / {p99['after'] * 1000:.1f} ms (before / with / after): {ratio:.2f}x"
+            f"{' and '.join(f'{p99[name] * 1000:.1f}' for name in WITH_THE_HOG)} / {p99['after'] * 1000:.1f} ms "
+            f"(before / with / after): {ratio:.2f}x"
         )
         figure("the hog's calls, the bystander's", f"{dict(hog)}")
         assert failed == 0 and acked == len(bystander.samples), (acked, failed)
@@ -2388,7 +2395,7 @@ class TestOneClientCannotStarveAnother:
         assert {k for k in hog if k.startswith("HTTP")} <= {"HTTP 200", "HTTP 429"}, hog
         assert all("FAIR_SHARE_CALLS" in r and "CALL_QUEUE_SECONDS" in r for r in refusals), refusals[:3]
         assert hog["answered while measured"] > 0, hog
-        assert p99["with the hog"] <= P99_RATIO * alone + FLOOR_SECONDS, (
-            f"bystander p99 {p99['with the hog'] * 1000:.1f} ms with the hog, {alone * 1000:.1f} ms alone: "
+        assert with_the_hog <= P99_RATIO * alone + FLOOR_SECONDS, (
+            f"bystander p99 {with_the_hog * 1000:.1f} ms with the hog, {alone * 1000:.1f} ms alone: "
             f"{ratio:.2f}x (at most {P99_RATIO}x + {FLOOR_SECONDS * 1000:.0f} ms)"
         )
