@@ -186,9 +186,10 @@ TARGET_FLOOR_FRACTION = 0.5
 TARGET_SCALE_RATIO = 1.5
 TARGET_BYTES_PER_SESSION = 288
 TARGET_HOP_MS = 1.0
-# Against the reference kit, through each one's HAProxy: at least this many times its calls/s, a p99 no worse.
-TARGET_REFERENCE_THROUGHPUT = 1.3
-TARGET_REFERENCE_P99 = 1.0
+# Against the reference kit, through each one's HAProxy: at least this many times its calls/s, and at most
+# this fraction of its p99 (issue 37).
+TARGET_REFERENCE_THROUGHPUT = 1.5
+TARGET_REFERENCE_P99 = 0.7
 
 # Sessions shaped like real ones (a counter and three notes), made inside Redis
 # in one call (tests/test_scale.py uses them too).
