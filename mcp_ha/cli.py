@@ -11,6 +11,9 @@ what only the local stack uses.
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import click
 
@@ -42,8 +45,29 @@ class _Lazy(click.Group):
         with formatter.section("Commands"):
             formatter.write_dl([(name, help_) for name, (_m, _a, help_) in SUBCOMMANDS.items()])
 
+    def main(  # type: ignore[override]  # click's overloads: standalone_mode is always False here
+        self, args: Sequence[str] | None = None, prog_name: str | None = None, **extra: Any
+    ) -> NoReturn:
+        """Click's own, but Ctrl-C exits 130 (128 + SIGINT), as shells, pytest and docker compose do: 1 is a
+        broken promise to `mcp-ha check`, and a CI job must tell the two apart."""
+        extra.pop("standalone_mode", None)
+        try:
+            code = super().main(args, prog_name, standalone_mode=False, **extra)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(INTERRUPTED)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+# The exit status of a run stopped with Ctrl-C.
+INTERRUPTED = 130
+
 
 @click.group(cls=_Lazy)
+@click.version_option(package_name="mcp-ha-kit", message="%(prog)s %(version)s")
 def main() -> None:
     """High availability for stateful MCP servers."""
 

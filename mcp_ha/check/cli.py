@@ -111,6 +111,12 @@ def check(
     except (FaultError, ShapeError) as exc:
         _fail(str(exc))
         return
+    if junit_path is not None:
+        try:  # its folders made now, as pytest's --junitxml does: not found unwritable after the whole run
+            junit_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            _fail(f"--junit {junit_path}: {exc.strerror or exc}")
+            return
 
     def say(text: str) -> None:
         if verbose:

@@ -4,7 +4,9 @@ does not answer)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from click.testing import CliRunner
 from conftest import ROOT, running_stack, starts
 
 from mcp_ha.check.cli import check
+from mcp_ha.cli import main
 from mcp_ha.stack import Stack
 
 MCP_HA = Path(sys.executable).parent / "mcp-ha"
@@ -59,6 +62,51 @@ def test_an_unreachable_url_exits_2_with_a_plain_message(monkeypatch: pytest.Mon
     assert f"error: {url} does not answer" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.quick
+def test_a_junit_path_that_cannot_be_written_exits_2_before_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    (tmp_path / "a-file").write_text("")
+    junit = tmp_path / "a-file" / "report.xml"
+    result = CliRunner().invoke(check, ["http://127.0.0.1:9/mcp", "--shape", "ha_shape.py", "--junit", str(junit)])
+    assert result.exit_code == 2, result.output
+    assert f"error: --junit {junit}:" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_ctrl_c_exits_130_not_1_like_a_broken_promise() -> None:
+    """Interrupted mid-run (its first request taken by a server that never answers), the check exits 130 as a
+    shell, pytest or docker compose does: a CI job tells a run stopped by hand from a broken promise (1)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        proc = subprocess.Popen(
+            [str(MCP_HA), "check", f"http://127.0.0.1:{server.getsockname()[1]}/mcp", "--shape", "ha_shape.py"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            server.settimeout(60)
+            connection, _ = server.accept()  # the check has begun: its first request is here, unanswered
+            with connection:
+                proc.send_signal(signal.SIGINT)
+                out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 130, (out, err)
+    assert "Aborted!" in err and "Traceback" not in out + err
+
+
+def test_the_version_is_the_installed_packages() -> None:
+    result = CliRunner().invoke(main, ["--version"], prog_name="mcp-ha")
+    assert result.exit_code == 0 and result.output == f"mcp-ha {importlib.metadata.version('mcp-ha-kit')}\n"
+
+
 @pytest.fixture(scope="module")
 @starts("redis", "haproxy", "slow")
 def demo_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
@@ -80,7 +128,7 @@ def mcp_ha(stack: Stack, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.timeout(300)
 def test_the_command_checks_a_local_stack_and_writes_junit(demo_stack: Stack, tmp_path: Path) -> None:
-    junit = tmp_path / "report.xml"
+    junit = tmp_path / "reports" / "check" / "report.xml"  # its folders made, as pytest's --junitxml does
     done = mcp_ha(
         demo_stack,
         "--shape",
