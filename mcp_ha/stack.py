@@ -56,10 +56,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any, TypedDict, Unpack, cast
+from typing import IO, Any, TypedDict, TypeVar, Unpack, cast
 
 import click
 from cryptography import x509
@@ -1473,7 +1473,8 @@ def running_stack() -> Stack:
 
 # -- command line --------------------------------------------------------------------
 
-console = Console()
+# Piped (a CI log, a script, grep), a line is never broken at 80 columns: it would split paths and URLs.
+console = Console(soft_wrap=not sys.stdout.isatty())
 
 
 def _print_urls(stack: Stack) -> None:
@@ -1523,25 +1524,40 @@ def _up_stack(stack_dir: Path | None) -> Stack:
     if not stack.state_file.exists():
         raise StackError(
             f"no stack is up in {stack.config.state_dir}: run this in the folder you ran `up` in, "
-            "or name its stack dir (--stack-dir DIR before the command, or STACK_DIR)"
+            "or name its stack dir (--stack-dir DIR, or STACK_DIR)"
         )
     return stack
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _stack_dir_option(*, before_the_verb: bool) -> Callable[[F], F]:
+    """`--stack-dir`, taken before the verb (`stack --stack-dir D ps`) or after it (`stack ps --stack-dir D`), as
+    docker compose and kubectl take their global options; after the verb it wins."""
+
+    def chosen(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+        if value is not None or before_the_verb:
+            ctx.obj = value
+
+    return click.option(
+        "--stack-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        expose_value=False,
+        callback=chosen,
+        help="Where `up` records the stack (default: STACK_DIR, else .stack in the current folder or `up --project`).",
+    )
+
+
 @click.group(cls=_StackCommands)
-@click.option(
-    "--stack-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where `up` records the stack (default: STACK_DIR, else .stack in the current folder or `up --project`).",
-)
-@click.pass_context
-def cli(ctx: click.Context, stack_dir: Path | None) -> None:
+@_stack_dir_option(before_the_verb=True)
+def cli() -> None:
     """The HA stack (redis, mcp-server-N, haproxy) as local processes."""
-    ctx.obj = stack_dir
 
 
 @cli.command()
+@_stack_dir_option(before_the_verb=False)
 @click.option("-d", "--detach", is_flag=True, help="Return once healthy and leave the stack running.")
 @click.option(
     "--redis",
@@ -1579,6 +1595,7 @@ def up(stack_dir: Path | None, detach: bool, redis_mode: str | None, server: str
 
 
 @cli.command()
+@_stack_dir_option(before_the_verb=False)
 @click.pass_obj
 def down(stack_dir: Path | None) -> None:
     """Stop every service this tool started."""
@@ -1586,13 +1603,18 @@ def down(stack_dir: Path | None) -> None:
 
 
 @cli.command()
+@_stack_dir_option(before_the_verb=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_obj
 def ps(stack_dir: Path | None, as_json: bool) -> None:
     """Each service's name, pid, address and state; the replicas' module and project."""
     stack = Stack.load(state_dir=stack_dir)
     if not stack.state_file.exists():
+        # Nothing made or shown: no table of services never started, no password minted for none.
         click.echo(f"(no stack is up in {stack.config.state_dir})", err=True)
+        if as_json:
+            click.echo("[]")
+        return
     rows = stack.ps()
     if as_json:
         click.echo(json.dumps([asdict(r) for r in rows], indent=2))
@@ -1605,6 +1627,7 @@ def ps(stack_dir: Path | None, as_json: bool) -> None:
 
 
 @cli.command()
+@_stack_dir_option(before_the_verb=False)
 @click.argument("names", nargs=-1, required=True)
 @click.pass_obj
 def stop(stack_dir: Path | None, names: tuple[str, ...]) -> None:
@@ -1614,6 +1637,7 @@ def stop(stack_dir: Path | None, names: tuple[str, ...]) -> None:
 
 
 @cli.command()
+@_stack_dir_option(before_the_verb=False)
 @click.argument("names", nargs=-1, required=True)
 @click.pass_obj
 def start(stack_dir: Path | None, names: tuple[str, ...]) -> None:
@@ -1624,6 +1648,7 @@ def start(stack_dir: Path | None, names: tuple[str, ...]) -> None:
 
 
 @cli.command()
+@_stack_dir_option(before_the_verb=False)
 @click.argument("names", nargs=-1, required=True)
 @click.pass_obj
 def restart(stack_dir: Path | None, names: tuple[str, ...]) -> None:
@@ -1648,6 +1673,7 @@ def parse_signal(value: str) -> signal.Signals:
 
 
 @cli.command()
+@_stack_dir_option(before_the_verb=False)
 @click.option("-s", "--signal", "sig", default="SIGKILL", show_default=True, help="Signal name or number.")
 @click.argument("names", nargs=-1, required=True)
 @click.pass_obj
@@ -1660,6 +1686,7 @@ def kill(stack_dir: Path | None, sig: str, names: tuple[str, ...]) -> None:
 
 
 @cli.command()
+@_stack_dir_option(before_the_verb=False)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines.")
 @click.argument("names", nargs=-1)
 @click.pass_obj
@@ -1669,7 +1696,7 @@ def logs(stack_dir: Path | None, follow: bool, names: tuple[str, ...]) -> None:
     if not stack.log_dir.is_dir():
         raise StackError(
             f"no logs in {stack.config.state_dir}: run this in the folder you ran `up` in, "
-            "or name its stack dir (--stack-dir DIR before the command, or STACK_DIR)"
+            "or name its stack dir (--stack-dir DIR, or STACK_DIR)"
         )
     selected = [stack.service(n).name for n in names] or [s.name for s in stack.services()]
     _follow(stack, selected, until_interrupted=follow)

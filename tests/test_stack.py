@@ -78,11 +78,13 @@ def test_ps_json_lists_every_service_with_pid_address_and_state(own_stack: Stack
 
 
 def test_ps_prints_the_endpoints_the_https_url_and_its_certificate(own_stack: Stack) -> None:
-    result = cli(own_stack, "ps", env={"COLUMNS": "400"})
+    result = cli(own_stack, "ps")  # piped, at the default width: no line broken inside a path or a password
     assert result.returncode == 0, result.stderr
     c = own_stack.config
     for shown in (c.mcp_url, c.mcp_https_url, str(c.tls_cert), c.stats_password):
         assert shown in result.stdout, shown
+    # Each said on one line, as printed: a script greps the URL and its certificate together.
+    assert any(c.mcp_https_url in line and str(c.tls_cert) in line for line in result.stdout.splitlines())
 
 
 def test_stop_and_start_behave_like_compose(own_stack: Stack) -> None:
@@ -514,6 +516,24 @@ def test_a_verb_that_finds_no_stack_says_how_to_name_one(tmp_path: Path) -> None
     assert result.returncode == 1
     assert result.stderr.startswith(f"error: no stack is up in {tmp_path / '.stack'}")
     assert "--stack-dir" in result.stderr and "STACK_DIR" in result.stderr
+
+
+@pytest.mark.process
+def test_ps_with_no_stack_up_shows_nothing_and_makes_nothing(tmp_path: Path) -> None:
+    """As `docker compose ps` with nothing up: no table of services never started, no password minted for
+    none, nothing written; `--stack-dir` taken after the verb as before it."""
+    for args, shown in ((["ps"], ""), (["ps", "--json"], "[]\n")):
+        result = subprocess.run(
+            [str(MCP_HA), "stack", *args, "--stack-dir", str(tmp_path / "stack")],
+            cwd=tmp_path,
+            env=scrubbed(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (result.returncode, result.stdout) == (0, shown), result.stderr
+        assert result.stderr == f"(no stack is up in {tmp_path / 'stack'})\n"
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("command", [[str(MCP_HA), "stack"], [sys.executable, str(ROOT / "stack.py")]])
