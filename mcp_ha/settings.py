@@ -8,10 +8,12 @@ start-up with `SettingsError`, naming the variable.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import cast
+from urllib.parse import urlsplit
 
 from .session_store import (
     DEFAULT_EVENT_TTL_SECONDS,
@@ -239,6 +241,8 @@ def _parse(name: str, kind: object, raw: str) -> object:
         return text.lower()
     if name in ("redis_password", "redis_sentinel_password"):
         return raw  # a password is kept as given
+    if name == "redis_url":
+        return redis_url(var, text)
     if kind in ("int", int):
         try:
             return int(text)
@@ -246,15 +250,37 @@ def _parse(name: str, kind: object, raw: str) -> object:
             raise SettingsError(f"{var}={raw!r}: expected a whole number") from None
     if kind in ("float", float):
         try:
-            return float(text)
+            number = float(text)
         except ValueError:
             raise SettingsError(f"{var}={raw!r}: expected a number") from None
+        if not math.isfinite(number):  # nan passes every comparison's check, inf every bound's
+            raise SettingsError(f"{var}={raw!r}: expected a finite number")
+        return number
     if kind in ("bool", bool):
         if text.lower() in ("1", "true", "yes", "on"):
             return True
         if text.lower() in ("0", "false", "no", "off"):
             return False
         raise SettingsError(f"{var}={raw!r}: expected on or off")
+    return text
+
+
+REDIS_URL_SCHEMES = ("redis", "rediss", "unix")
+
+
+def redis_url(var: str, text: str) -> str:
+    """REDIS_URL as redis-py reads it: redis://[user:password@]host[:port][/db], rediss:// or unix://."""
+    try:
+        url = urlsplit(text)
+        port = url.port  # a port that is not a number or out of range raises
+    except ValueError as exc:
+        raise SettingsError(f"{var}: {exc} (expected redis://host:port/db)") from None
+    if url.scheme not in REDIS_URL_SCHEMES:
+        # Not echoed: a URL may carry a password.
+        raise SettingsError(f"{var}: expected redis://host:port/db (or rediss://, unix://), got no such scheme")
+    if url.scheme != "unix" and not url.hostname:
+        raise SettingsError(f"{var}: expected redis://host:port/db, got no host")
+    del port
     return text
 
 

@@ -69,6 +69,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from rich.console import Console
 from rich.table import Table
 
+from .settings import Settings, SettingsError
+
 # HAProxy's config and Lua: the checkout's haproxy/ (one file for the stack, compose and Kubernetes),
 # which the wheel carries as mcp_ha/haproxy/.
 _PACKAGE = Path(__file__).resolve().parent
@@ -251,14 +253,24 @@ def ensure_certificate(cert: Path, pem: Path, host: str, *, days: int = 365) -> 
     cert.write_bytes(cert_bytes)
 
 
-def env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int, *, low: int = 0, high: int | None = None) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise StackError(f"{name}={raw!r} is not a whole number") from None
+    if value < low or (high is not None and value > high):
+        raise StackError(
+            f"{name}={raw!r}: expected {low} or more" if high is None else f"{name}={raw!r}: expected {low}-{high}"
+        )
+    return value
+
+
+def env_port(name: str, default: int, *, after: int = 0) -> int:
+    """A port, or the first of `after` + 1 consecutive ones."""
+    return env_int(name, default, low=1, high=65535 - after)
 
 
 class StackOptions(TypedDict, total=False):
@@ -386,9 +398,10 @@ class StackConfig:
         replicas = env_int("MCP_REPLICAS", 3)
         if not 1 <= replicas <= 9:
             raise StackError(f"MCP_REPLICAS={replicas}: between 1 and 9 replicas are supported")
-        base = env_int("MCP_BASE_PORT", 8001)
-        balancers = env_int("MCP_BALANCERS", 1)
-        stats, peers = env_int("MCP_STATS_PORT", 8404), env_int("MCP_PEER_BASE_PORT", 8410)
+        base = env_port("MCP_BASE_PORT", 8001, after=replicas - 1)
+        balancers = env_int("MCP_BALANCERS", 1, low=1)
+        stats = env_port("MCP_STATS_PORT", 8404, after=balancers - 1)
+        peers = env_port("MCP_PEER_BASE_PORT", 8410, after=balancers - 1)
         project = (project or Path.cwd()).resolve()
         state_dir = Path(state_dir or os.environ.get("STACK_DIR") or project / ".stack").resolve()
         try:
@@ -400,26 +413,31 @@ class StackConfig:
         }
         return cls(
             state_dir=state_dir,
-            http_port=env_int("MCP_HTTP_PORT", 8080),
-            https_port=env_int("MCP_HTTPS_PORT", 8443),
+            http_port=env_port("MCP_HTTP_PORT", 8080),
+            https_port=env_port("MCP_HTTPS_PORT", 8443),
             stats_ports=tuple(stats + i for i in range(balancers)),
             peer_ports=tuple(peers + i for i in range(balancers)),
-            redis_port=env_int("REDIS_PORT", 6380),
+            redis_port=env_port("REDIS_PORT", 6380),
             replica_ports=tuple(base + i for i in range(replicas)),
-            session_ttl_seconds=env_int("SESSION_TTL_SECONDS", 1800),
+            session_ttl_seconds=env_int("SESSION_TTL_SECONDS", 1800, low=1),
             redis_mode=redis_mode,
-            redis_replica_port=env_int("REDIS_REPLICA_PORT", 6381),
-            sentinel_ports=tuple(env_int("SENTINEL_BASE_PORT", 26380) + i for i in range(3)),
-            cluster_ports=tuple(env_int("REDIS_CLUSTER_BASE_PORT", 7100) + i for i in range(CLUSTER_NODES)),
-            cluster_bus_ports=tuple(env_int("REDIS_CLUSTER_BASE_PORT", 7100) + 10 + i for i in range(CLUSTER_NODES)),
+            redis_replica_port=env_port("REDIS_REPLICA_PORT", 6381),
+            sentinel_ports=tuple(env_port("SENTINEL_BASE_PORT", 26380, after=2) + i for i in range(3)),
+            cluster_ports=tuple(
+                env_port("REDIS_CLUSTER_BASE_PORT", 7100, after=10 + CLUSTER_NODES) + i for i in range(CLUSTER_NODES)
+            ),
+            cluster_bus_ports=tuple(
+                env_port("REDIS_CLUSTER_BASE_PORT", 7100, after=10 + CLUSTER_NODES) + 10 + i
+                for i in range(CLUSTER_NODES)
+            ),
             redis_wait_replicas=env_int("REDIS_WAIT_REPLICAS", 0),
             stats_user=os.environ.get("HAPROXY_STATS_USER") or "stats",
             stats_password=os.environ.get("HAPROXY_STATS_PASSWORD") or new_secret(),
             request_state_keys=os.environ.get("REQUEST_STATE_KEYS") or secrets.token_hex(32),
             **redis_secrets,
-            rate_limit=env_int("HAPROXY_RATE_LIMIT", DEFAULT_RATE_LIMIT),
-            max_conn_per_source=env_int("HAPROXY_MAX_CONN_PER_SOURCE", DEFAULT_MAX_CONN_PER_SOURCE),
-            max_body_bytes=env_int("HAPROXY_MAX_BODY_BYTES", 1_048_576),
+            rate_limit=env_int("HAPROXY_RATE_LIMIT", DEFAULT_RATE_LIMIT, low=1),
+            max_conn_per_source=env_int("HAPROXY_MAX_CONN_PER_SOURCE", DEFAULT_MAX_CONN_PER_SOURCE, low=1),
+            max_body_bytes=env_int("HAPROXY_MAX_BODY_BYTES", 1_048_576, low=1),
             allowed_origins=" ".join(os.environ.get("HAPROXY_ALLOWED_ORIGINS", "").replace(",", " ").split()),
             auth={name: value for name, value in os.environ.items() if name.startswith("MCP_AUTH")},
             server=server or os.environ.get("MCP_SERVER_MODULE") or "server",
@@ -1355,6 +1373,7 @@ class Stack:
 
         One that fails stops everything this call started, Redis too, so a failed `up` leaves nothing running.
         """
+        self.check_replica_settings()
         running = {svc.name for svc in self.services() if self.pid(svc.name)}
         try:
             self._up()
@@ -1370,6 +1389,17 @@ class Stack:
             if not running:
                 self.state_file.unlink(missing_ok=True)
             raise
+
+    def check_replica_settings(self) -> None:
+        """What each replica will read from its environment (`up`'s shell, and what the stack sets), checked
+        as the replica checks it, before anything starts: a setting that cannot work is refused by its name
+        here, not found in a replica's log after redis is up."""
+        for svc in self.services():
+            if svc.name in self.config.replica_names():
+                try:
+                    Settings.from_env({**self.config.env, **svc.env})
+                except SettingsError as exc:
+                    raise StackError(str(exc)) from None
 
     def _up(self) -> None:
         redis = self.config.redis_names()

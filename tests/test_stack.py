@@ -536,6 +536,32 @@ def test_ps_with_no_stack_up_shows_nothing_and_makes_nothing(tmp_path: Path) -> 
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"MCP_HTTP_PORT": "70000"}, "MCP_HTTP_PORT='70000': expected 1-65535"),
+        ({"SESSION_TTL_SECONDS": "-5"}, "SESSION_TTL_SECONDS='-5': expected 1 or more"),
+        # Read by the replicas, not the stack: checked as they check it, before anything starts.
+        ({"ABANDONED_CALL_SECONDS": "nan"}, "ABANDONED_CALL_SECONDS='nan': expected a finite number"),
+        ({"LOG_FORMAT": "xml"}, "LOG_FORMAT='xml': expected one of json, text"),
+    ],
+)
+def test_up_refuses_a_setting_that_cannot_work_by_its_name_and_starts_nothing(
+    tmp_path: Path, env: dict[str, str], says: str
+) -> None:
+    result = subprocess.run(
+        [str(MCP_HA), "stack", "up", "-d"],
+        cwd=tmp_path,
+        env=scrubbed(STACK_DIR=str(tmp_path / "stack"), **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (result.returncode, result.stderr) == (1, f"error: {says}\n")
+    assert not (tmp_path / "stack" / "state.json").exists()
+
+
 @pytest.mark.parametrize("command", [[str(MCP_HA), "stack"], [sys.executable, str(ROOT / "stack.py")]])
 @pytest.mark.parametrize(
     "verb",

@@ -81,11 +81,34 @@ def test_tokens_are_read_only_when_static_auth_uses_them() -> None:
         ({"REQUEST_STATE_KEYS": "k" * 32 + ",short"}, "REQUEST_STATE_KEYS"),
         ({"REQUEST_STATE_KEYS": ",".join(["k" * 32] * 2)}, "REQUEST_STATE_KEYS"),
         ({"REQUEST_STATE_TTL_SECONDS": "0"}, "REQUEST_STATE_TTL_SECONDS"),
+        # nan passes every comparison's check, inf every bound's.
+        ({"ABANDONED_CALL_SECONDS": "nan"}, "ABANDONED_CALL_SECONDS"),
+        ({"CALL_QUEUE_SECONDS": "nan"}, "CALL_QUEUE_SECONDS"),
+        ({"REDIS_RETRY_SECONDS": "inf"}, "REDIS_RETRY_SECONDS"),
+        ({"TASK_REDELIVERY_SECONDS": "-inf"}, "TASK_REDELIVERY_SECONDS"),
+        ({"REDIS_URL": "localhost:6379"}, "REDIS_URL"),
+        ({"REDIS_URL": "redis://"}, "REDIS_URL"),
+        ({"REDIS_URL": "redis://127.0.0.1:99999/0"}, "REDIS_URL"),
+        ({"REDIS_URL": "http://127.0.0.1:6379"}, "REDIS_URL"),
     ],
 )
 def test_a_setting_that_cannot_work_is_refused_by_its_name(environ: dict[str, str], variable: str) -> None:
     with pytest.raises(SettingsError, match=variable):
         Settings.from_env(environ)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://127.0.0.1:6379/0", "redis://mcp:s3cret@redis:6379", "rediss://redis.example/1", "unix:///run/r.sock"],
+)
+def test_each_form_of_redis_url_redis_py_reads_is_taken(url: str) -> None:
+    assert Settings.from_env({"REDIS_URL": url}).redis_url == url
+
+
+def test_a_refused_redis_url_is_not_echoed_it_may_carry_a_password() -> None:
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({"REDIS_URL": "mcp:s3cret@redis:6379"})
+    assert "s3cret" not in str(refused.value)
 
 
 def test_the_docs_table_lists_exactly_the_settings() -> None:
