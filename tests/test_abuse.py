@@ -613,10 +613,9 @@ async def test_state_past_max_session_state_bytes_is_a_tool_error(abuse: Abuse) 
         async with attacker_http("127.0.0.2") as http:
             session = await open_session(http, abuse.url, token)
             acked = 0
-            deadline = time.monotonic() + 20
-            # 1 MiB of 20 KB notes is 53: 80 is past it whichever way the state is counted.
+            # 1 MiB of 20 KB notes is 53: 80 is past it whichever way the state is counted. Bounded by count
+            # (and each call by its client's timeout), not by a time a loaded machine stretches.
             for _ in range(80):
-                assert time.monotonic() < deadline, "the state bound was not reached in time"
                 message = await call(session, "add_note", {"note": note})
                 error = tool_error_text(message)
                 if error is not None:
@@ -659,11 +658,8 @@ async def test_notes_are_bounded_in_bytes_and_count_and_append_in_constant_time(
             assert tool_error_text(await call(session, "add_note", {"note": "😀" * (MAX_NOTE_BYTES // 4)})) is None
             await session.close()
 
-            deadline = time.monotonic() + 40
-
             async def add(s: RawSession, n: int) -> float:
                 """The time add_note took, the session's n-th note."""
-                assert time.monotonic() < deadline, f"{n} notes per session took too long"
                 t = time.perf_counter()
                 message = await call(s, "add_note", {"note": note})
                 elapsed = time.perf_counter() - t
@@ -1068,10 +1064,10 @@ async def test_a_full_redis_refuses_writes_clearly_and_loses_nothing(abuse: Abus
                 # 25 notes a session stay within MAX_SESSION_STATE_BYTES; 24 sessions of them overflow 4 MiB.
                 sessions = [await open_session(http, abuse.url, token) for _ in range(24)]
                 acked = [0] * len(sessions)
-                deadline = time.monotonic() + 20
                 refusal = None
+                # Bounded by count (5.4 MB of notes, past the 4 MiB), not by a time a loaded machine stretches:
+                # 20 s ran out once beside other test loops, where 6.4 s is usual.
                 for i in range(len(sessions) * 25):
-                    assert time.monotonic() < deadline, "Redis never refused a write"
                     k = i % len(sessions)
                     response = await sessions[k].post("tools/call", {"name": "add_note", "arguments": {"note": note}})
                     assert response.status_code < 500 or "memory" in response.text.lower(), (
