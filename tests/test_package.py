@@ -106,6 +106,19 @@ def test_every_import_is_declared_and_every_declaration_imported(wheel: Path) ->
     assert re.search(r"Provides-Extra: stack", metadata)
 
 
+def test_the_metadata_says_its_license_and_the_one_python_ci_tests(wheel: Path) -> None:
+    """What an index page and a packager read: the license as an SPDX expression with its file, and the Python
+    versions as classifiers, claiming only the one CI runs (README: 3.12 and 3.13 untested)."""
+    lines = _metadata(wheel).splitlines()
+    assert "License-Expression: MIT" in lines and "License-File: LICENSE" in lines
+    versions = [line for line in lines if re.match(r"Classifier: Programming Language :: Python :: 3\.\d+$", line)]
+    assert versions == [
+        f"Classifier: Programming Language :: Python :: {sys.version_info.major}.{sys.version_info.minor}"
+    ]
+    assert "Classifier: Typing :: Typed" in lines and "Requires-Python: >=3.11" in lines
+    assert "LICENSE" in {Path(n).name for n in zipfile.ZipFile(wheel).namelist()}
+
+
 def test_the_wheel_installs_into_a_fresh_environment_and_serves_from_outside_the_checkout(
     wheel: Path, tmp_path: Path
 ) -> None:
