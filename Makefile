@@ -67,7 +67,7 @@ lint: python-deps
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy
-	.venv/bin/mypy --strict mcp_ha
+	.venv/bin/mypy --strict mcp_ha tests/typing
 
 deps: system-deps python-deps
 

@@ -23,9 +23,14 @@ from fastmcp.server.elicitation import AcceptedElicitation
 from fastmcp.utilities.tasks import TaskConfig
 from pydantic import AfterValidator, Field
 
-from mcp_ha import HighAvailability, SessionHandle
-from mcp_ha.handles import session_era_id
-from mcp_ha.session_store import STORE_UNAVAILABLE, StoreUnavailable, is_session_id
+from mcp_ha import (
+    STORE_UNAVAILABLE,
+    HighAvailability,
+    SessionHandle,
+    StoreUnavailable,
+    is_session_id,
+    session_era_id,
+)
 
 ha = HighAvailability.from_env()
 mcp = ha.server("mcp-ha-kit")

@@ -18,8 +18,7 @@ from fastmcp import Context
 from fastmcp.exceptions import ToolError
 from pydantic import Field
 
-from mcp_ha import HighAvailability, SessionHandle
-from mcp_ha.session_store import Transaction
+from mcp_ha import HighAvailability, SessionHandle, Transaction
 
 ha = HighAvailability.from_env()
 mcp = ha.server("cart")

@@ -37,8 +37,7 @@ from fastmcp.server.elicitation import AcceptedElicitation
 from fastmcp.utilities.tasks import TaskConfig
 from pydantic import Field
 
-from mcp_ha import HighAvailability, Session, SessionHandle
-from mcp_ha.session_store import Transaction
+from mcp_ha import HighAvailability, Session, SessionHandle, Transaction
 
 ha = HighAvailability.from_env()
 mcp = ha.server("jobs")
