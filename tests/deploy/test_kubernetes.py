@@ -231,6 +231,26 @@ def named_port(c: dict, port: int | str) -> int:
 # -- the build -------------------------------------------------------------------------------------
 
 
+# `kubectl ... rollout status kind/name ...` as the docs give it: each workload named must be the kit's.
+ROLLOUT_STATUS = re.compile(r"kubectl\b[^\n]*?\brollout status ((?:\s*[a-z]+/[a-z0-9-]+)+)")
+KINDS = {"deployment": "Deployment", "statefulset": "StatefulSet", "daemonset": "DaemonSet"}
+
+
+@pytest.mark.quick
+def test_every_rollout_status_in_the_docs_names_a_workload_of_its_kind(each_kit) -> None:
+    """The quickstart waited on deployment/haproxy, a StatefulSet: kubectl failed there, on every cluster."""
+    _, built = each_kit
+    named = [
+        tuple(workload.split("/"))
+        for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+        for match in ROLLOUT_STATUS.finditer(path.read_text())
+        for workload in match.group(1).split()
+    ]
+    assert named, "no rollout status in the docs"
+    for kind, name in named:
+        find(built, KINDS[kind], name)
+
+
 def test_the_kustomization_builds_the_whole_kit(objects):
     assert {(o["kind"], o["metadata"]["name"]) for o in objects} == {
         ("StatefulSet", "redis"),
