@@ -46,7 +46,8 @@ def _fail(message: str) -> None:
     "faults_text",
     default=None,
     metavar="SET",
-    help=f"How to inject faults: {', '.join(PRESETS)}, or 'verb=command,...' with {{replica}} in each command "
+    help=f"How to inject faults: {', '.join(PRESETS)} ('docker compose' or 'docker-compose' to choose; "
+    "'kubectl -n NAMESPACE'), or 'verb=command,...' with {replica} in each command "
     f"(verbs: {', '.join(VERBS)}). Without it, the checks that need a fault are skipped.",
 )
 @click.option(

@@ -13,10 +13,13 @@ and two for the front door, whose commands name the balancer they fault themselv
     restart-balancer  start it again
 
 Ready-made sets: `local` (the local stack, `mcp-ha stack ...`; STACK_DIR says which; its first HAProxy,
-when it runs more than one), `compose` (docker-compose, services mcp-server-1..3 whose INSTANCE_ID is
-the service name, and haproxy beside haproxy-2: on one port with host networking; with published ports
-the URL reaches one of them, and the check says so), `kubectl` (a pod deleted at once, or with its grace
-period for a drain; Kubernetes starts another by itself and cannot pause one; HAProxy's pod haproxy-0).
+when it runs more than one), `compose` (`docker compose`, v2, where the docker CLI has it, else v1's
+`docker-compose`; or name one: `--faults "docker compose"`, `--faults docker-compose`; services
+mcp-server-1..3 whose INSTANCE_ID is the service name, and haproxy beside haproxy-2: on one port with host
+networking; with published ports the URL reaches one of them, and the check says so), `kubectl` (a pod
+deleted at once, or with its grace period for a drain; Kubernetes starts another by itself and cannot pause
+one; HAProxy's pod haproxy-0; `--faults "kubectl -n mcp"` in the namespace the docs deploy into, else the
+current context's).
 Or the user's own: `kill=kubectl delete pod --grace-period=0 --force {replica},drain=...`. A check whose
 fault has no command is skipped, with the reason, never failed.
 """
@@ -27,6 +30,8 @@ import asyncio
 import os
 import re
 import shlex
+import shutil
+import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -118,34 +123,57 @@ def local(stack_dir: str | None = None) -> Faults:
     return Faults("local", commands, unavailable, env={"STACK_DIR": stack_dir} if stack_dir else {})
 
 
-COMPOSE = Faults(
-    "compose",
-    {
-        "kill": "docker-compose kill -s SIGKILL {replica}",
-        "pause": "docker-compose pause {replica}",
-        "resume": "docker-compose unpause {replica}",
-        "restart": "docker-compose start {replica}",
-        "drain": "docker-compose restart {replica}",
-        "kill-balancer": "docker-compose kill -s SIGKILL haproxy",
-        "restart-balancer": "docker-compose start haproxy",
-    },
-)
+def compose(command: str | None = None) -> Faults:
+    """docker compose's faults: `command` ("docker compose" or "docker-compose"), else v2's `docker compose`
+    where the docker CLI has it, else v1's `docker-compose` where that is installed."""
+    base = command or _compose_command()
+    return Faults(
+        "compose",
+        {
+            "kill": f"{base} kill -s SIGKILL {{replica}}",
+            "pause": f"{base} pause {{replica}}",
+            "resume": f"{base} unpause {{replica}}",
+            "restart": f"{base} start {{replica}}",
+            "drain": f"{base} restart {{replica}}",
+            "kill-balancer": f"{base} kill -s SIGKILL haproxy",
+            "restart-balancer": f"{base} start haproxy",
+        },
+    )
 
-KUBECTL = Faults(
-    "kubectl",
-    {
-        "kill": "kubectl delete pod --grace-period=0 --force {replica}",
-        # Deleting a pod with its grace period is a SIGTERM; its Deployment starts another.
-        "drain": "kubectl delete pod --wait=false {replica}",
-        "kill-balancer": "kubectl delete pod --grace-period=0 --force haproxy-0",
-    },
-    unavailable={
-        "pause": "kubectl cannot pause a pod's processes",
-        "resume": "kubectl cannot pause a pod's processes",
-        "restart": "Kubernetes starts a new pod by itself",
-        "restart-balancer": "Kubernetes starts a new pod by itself",
-    },
-)
+
+def _compose_command() -> str:
+    if shutil.which("docker"):
+        try:
+            found = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=20).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            found = False
+        if found:
+            return "docker compose"
+    return "docker-compose" if shutil.which("docker-compose") else "docker compose"
+
+
+def kubectl(namespace: str | None = None) -> Faults:
+    """kubectl's faults, in `namespace` (else the current context's)."""
+    base = "kubectl" if namespace is None else f"kubectl -n {shlex.quote(namespace)}"
+    return Faults(
+        "kubectl",
+        {
+            "kill": f"{base} delete pod --grace-period=0 --force {{replica}}",
+            # Deleting a pod with its grace period is a SIGTERM; its Deployment starts another.
+            "drain": f"{base} delete pod --wait=false {{replica}}",
+            "kill-balancer": f"{base} delete pod --grace-period=0 --force haproxy-0",
+        },
+        unavailable={
+            "pause": "kubectl cannot pause a pod's processes",
+            "resume": "kubectl cannot pause a pod's processes",
+            "restart": "Kubernetes starts a new pod by itself",
+            "restart-balancer": "Kubernetes starts a new pod by itself",
+        },
+    )
+
+
+# `kubectl -n NAMESPACE` (or --namespace NAMESPACE, --namespace=NAMESPACE), as kubectl itself takes it.
+_KUBECTL = re.compile(r"kubectl(?:\s+(?:-n\s+|--namespace[=\s]+)([a-z0-9]([-a-z0-9]*[a-z0-9])?))?")
 
 PRESETS = ("local", "compose", "kubectl")
 # Longest first: kill-balancer is not kill followed by something else.
@@ -154,13 +182,15 @@ _ASSIGNMENT = re.compile(r"(?:^|,)\s*(" + "|".join(sorted(VERBS, key=len, revers
 
 def parse_faults(text: str) -> Faults:
     """A preset's name, or `verb=command` pairs separated by commas (a command may hold commas)."""
-    text = text.strip()
+    text = " ".join(text.split())
     if text == "local":
         return local()
     if text == "compose":
-        return COMPOSE
-    if text == "kubectl":
-        return KUBECTL
+        return compose()
+    if text in ("docker compose", "docker-compose"):
+        return compose(text)
+    if namespaced := _KUBECTL.fullmatch(text):
+        return kubectl(namespaced.group(1))
     starts = list(_ASSIGNMENT.finditer(text))
     if not starts or starts[0].start() != 0:
         raise FaultError(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_ha.check.faults import BALANCER_VERBS, COMPOSE, KUBECTL, VERBS, FaultError, Faults, local, parse_faults
+from mcp_ha.check.faults import BALANCER_VERBS, VERBS, FaultError, Faults, local, parse_faults
 from mcp_ha.stack import StackConfig
 
 
@@ -48,12 +48,16 @@ def test_a_local_stack_with_one_haproxy_has_no_balancer_to_kill(tmp_path: Path) 
 
 
 def test_compose_names_its_services_and_kubectl_says_what_it_cannot_do() -> None:
-    assert parse_faults("compose") is COMPOSE
-    assert COMPOSE.command("kill", "mcp-server-1") == ["docker-compose", "kill", "-s", "SIGKILL", "mcp-server-1"]
-    assert COMPOSE.command("pause", "mcp-server-1") == ["docker-compose", "pause", "mcp-server-1"]
-    assert COMPOSE.command("resume", "mcp-server-1") == ["docker-compose", "unpause", "mcp-server-1"]
-    assert parse_faults("kubectl") is KUBECTL
-    assert KUBECTL.command("kill", "mcp-server-7d9f") == [
+    v1 = parse_faults("docker-compose")
+    assert v1.command("kill", "mcp-server-1") == ["docker-compose", "kill", "-s", "SIGKILL", "mcp-server-1"]
+    assert v1.command("pause", "mcp-server-1") == ["docker-compose", "pause", "mcp-server-1"]
+    assert v1.command("resume", "mcp-server-1") == ["docker-compose", "unpause", "mcp-server-1"]
+    assert v1.command("kill-balancer", "") == ["docker-compose", "kill", "-s", "SIGKILL", "haproxy"]
+    assert v1.missing(*BALANCER_VERBS) is None
+    v2 = parse_faults("docker  compose")
+    assert v2.command("kill", "mcp-server-1") == ["docker", "compose", "kill", "-s", "SIGKILL", "mcp-server-1"]
+    k = parse_faults("kubectl")
+    assert k.command("kill", "mcp-server-7d9f") == [
         "kubectl",
         "delete",
         "pod",
@@ -61,12 +65,36 @@ def test_compose_names_its_services_and_kubectl_says_what_it_cannot_do() -> None
         "--force",
         "mcp-server-7d9f",
     ]
-    assert KUBECTL.missing("kill", "drain") is None
-    assert KUBECTL.missing("pause") == "kubectl cannot pause a pod's processes"
-    assert COMPOSE.command("kill-balancer", "") == ["docker-compose", "kill", "-s", "SIGKILL", "haproxy"]
-    assert COMPOSE.missing(*BALANCER_VERBS) is None
-    assert KUBECTL.command("kill-balancer", "")[-1] == "haproxy-0"
-    assert KUBECTL.missing("restart-balancer") == "Kubernetes starts a new pod by itself"
+    assert k.missing("kill", "drain") is None
+    assert k.missing("pause") == "kubectl cannot pause a pod's processes"
+    assert k.command("kill-balancer", "")[-1] == "haproxy-0"
+    assert k.missing("restart-balancer") == "Kubernetes starts a new pod by itself"
+
+
+@pytest.mark.parametrize("text", ["kubectl -n mcp", "kubectl --namespace mcp", "kubectl --namespace=mcp"])
+def test_kubectl_takes_the_namespace_the_docs_deploy_into(text: str) -> None:
+    faults = parse_faults(text)
+    for verb in ("kill", "drain", "kill-balancer"):
+        assert faults.command(verb, "mcp-server-7d9f")[:3] == ["kubectl", "-n", "mcp"], verb
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("has", "uses"),
+    [
+        ({"docker": 0, "docker-compose": 0}, ["docker", "compose"]),
+        ({"docker": 1, "docker-compose": 0}, ["docker-compose"]),
+    ],
+)
+def test_compose_uses_v2_where_the_docker_cli_has_it_else_v1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, has: dict[str, int], uses: list[str]
+) -> None:
+    """`docker compose version` answering says v2 is there (docker-compose 1.29, Debian's, is v1)."""
+    for name, status in has.items():
+        (tmp_path / name).write_text(f"#!/bin/sh\nexit {status}\n")
+        (tmp_path / name).chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert parse_faults("compose").command("kill", "mcp-server-1")[: len(uses)] == uses
 
 
 def test_the_users_own_commands_commas_in_them_included() -> None:
