@@ -19,7 +19,9 @@ What is counted, and where:
   wrapper around any `SessionStore`, so the stores stay unaware of it);
 - writes replayed from their op record (`IDEMPOTENT_REPLAYS`), which a
   store reports through its `on_replay` hook (`count_replay`);
-- restarts of the task worker after an error (`TASK_WORKER_RESTARTS`, `tasks.py`).
+- restarts of the task worker after an error (`TASK_WORKER_RESTARTS`, `tasks.py`);
+- what an operator alerts on (`watch_replica`): the build (`mcp_ha_build_info`),
+  whether the replica drains (`mcp_draining`) and reaches its store (`mcp_store_up`).
 
 Labels only ever take values from fixed sets (tool names registered on the
 server, operation names of the store contract), never from requests, so a
@@ -30,7 +32,9 @@ allocated per call beyond the timestamps.
 
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
+import platform
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, cast
@@ -123,6 +127,17 @@ STORE_SECONDS = Histogram(
     ("operation",),
     buckets=STORE_BUCKETS,
 )
+BUILD_INFO = Gauge(
+    "mcp_ha_build_info",
+    "Always 1: what this replica runs, as labels (the kit's version, 'unknown' for a copy of mcp_ha/ not "
+    "installed; FastMCP's and the MCP SDK's; Python's).",
+    ("version", "fastmcp", "mcp", "python"),
+)
+DRAINING = Gauge("mcp_draining", "1 while this replica drains (SIGTERM: it takes no new work), else 0.")
+STORE_UP = Gauge(
+    "mcp_store_up",
+    "1 when this replica's last store health check reached the store (at each /health, HAProxy's ~2/s), else 0.",
+)
 STORE_ERRORS = Counter(
     "mcp_store_errors_total",
     "SessionStore operations that failed, by operation and kind: unavailable (the store could not be "
@@ -147,6 +162,21 @@ def count_replay(op: Op) -> None:
 async def endpoint(request: Request) -> Response:
     """GET /metrics: the Prometheus text format."""
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def watch_replica(*, draining: Callable[[], bool], store_up: Callable[[], bool]) -> None:
+    """What an operator alerts on, read at each scrape: the build, whether the replica drains, whether its
+    store answers."""
+    BUILD_INFO.labels(_version("mcp-ha-kit"), _version("fastmcp"), _version("mcp"), platform.python_version()).set(1)
+    DRAINING.set_function(lambda: float(draining()))
+    STORE_UP.set_function(lambda: float(store_up()))
 
 
 def watch_sessions(app: Starlette, path: str = "/mcp") -> None:

@@ -300,6 +300,10 @@ class HighAvailability:
         app.router.lifespan_context = self._lifespan(mcp, parts, app.router.lifespan_context)
         if self._metrics is not None:
             self._metrics.watch_sessions(app, path)
+            self._metrics.watch_replica(
+                draining=lambda: parts.drain.draining,
+                store_up=lambda: parts.health.reached and parts.health.unreachable_since is None,
+            )
             self._metrics.LISTEN_STREAMS.set_function(lambda: parts.subscriptions.streams)
         # Every answer names its replica, and every line logged serving it its request, whatever the path.
         return NameReplica(RequestIds(app), self.instance)

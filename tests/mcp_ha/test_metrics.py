@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 import time
@@ -191,6 +192,42 @@ async def test_the_sample_dashboard_reads_only_metrics_the_stack_serves(stack: S
     served = replica_text + haproxy_text
     assert [name for name in sorted(names) if name not in served] == []
     assert 'state="UP"' in haproxy_text  # a label the "replicas up" panel filters on
+
+
+async def test_each_replica_says_its_build_that_it_serves_and_that_its_store_answers(
+    stack: Stack, http: httpx2.AsyncClient
+) -> None:
+    """What an operator alerts on, on every replica: the build it runs, whether it drains, whether its store
+    answered its last health check."""
+    replica = stack.config.replica_names()[0]
+    assert (await http.get(f"http://127.0.0.1:{stack.service(replica).port}/health")).status_code == 200
+    samples, _ = await scrape(http, replica_metrics(stack, replica))
+    builds = [dict(labels) for name, labels in samples if name == "mcp_ha_build_info"]
+    assert len(builds) == 1 and builds[0]["version"] == importlib.metadata.version("mcp-ha-kit"), builds
+    assert builds[0]["fastmcp"] == importlib.metadata.version("fastmcp")
+    assert value(samples, "mcp_draining") == 0 and value(samples, "mcp_store_up") == 1
+
+
+@pytest.mark.quick
+def test_draining_and_the_store_are_read_at_each_scrape() -> None:
+    from prometheus_client import REGISTRY, generate_latest
+
+    from mcp_ha import metrics
+
+    state = {"draining": False, "up": True}
+    metrics.watch_replica(draining=lambda: state["draining"], store_up=lambda: state["up"])
+
+    def read() -> tuple[float, float]:
+        found = {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(generate_latest(REGISTRY).decode())
+            for sample in family.samples
+        }
+        return found["mcp_draining"], found["mcp_store_up"]
+
+    assert read() == (0, 1)
+    state.update(draining=True, up=False)
+    assert read() == (1, 0)
 
 
 @pytest.mark.quick
