@@ -11,12 +11,34 @@ driven), load (load and what each session saw), checks (the lb and resilience su
 JUnit XML), runner (run_check), cli (the command), wire (the raw MCP client).
 """
 
-from . import faults
-from .checks import CheckSetupError
-from .faults import FaultError, Faults, parse_faults
-from .report import CheckResult, Report
-from .runner import run_check
-from .shape import Call, Shape, ShapeError, load_shape
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from . import faults
+    from .checks import CheckSetupError
+    from .faults import FaultError, Faults, parse_faults
+    from .report import CheckResult, Report
+    from .runner import run_check
+    from .shape import Call, Shape, ShapeError, load_shape
+
+# Imported when first used: a shape file (`from mcp_ha.check import Call, Shape`) and `mcp-ha check --help`
+# load none of what drives the clients.
+_WHERE = {
+    "Call": ".shape",
+    "Shape": ".shape",
+    "ShapeError": ".shape",
+    "load_shape": ".shape",
+    "FaultError": ".faults",
+    "Faults": ".faults",
+    "parse_faults": ".faults",
+    "CheckResult": ".report",
+    "Report": ".report",
+    "CheckSetupError": ".checks",
+    "run_check": ".runner",
+}
 
 __all__ = [
     "Call",
@@ -32,3 +54,11 @@ __all__ = [
     "parse_faults",
     "run_check",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "faults":
+        return importlib.import_module(".faults", __name__)
+    if name not in _WHERE:
+        raise AttributeError(f"module 'mcp_ha.check' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name], __name__), name)

@@ -78,7 +78,8 @@ from .load import (
     recorded_call,
     timed_call,
 )
-from .report import FAIL, LB, PASS, RESILIENCE, SKIP, CheckResult
+from .options import LB, RESILIENCE
+from .report import FAIL, PASS, SKIP, CheckResult
 from .shape import Call, Shape, ShapeError
 from .wire import CallFailed, RawSession, SessionlessSession, final_message, tool_result
 

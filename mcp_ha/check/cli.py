@@ -12,16 +12,17 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 
-from .checks import SUITES, CheckSetupError
-from .clients import KINDS
 from .faults import PRESETS, VERBS, FaultError, parse_faults
-from .report import Report, summary_table, write_junit
-from .runner import DEFAULT_DURATION, DEFAULT_SESSIONS, run_check
+from .options import DEFAULT_DURATION, DEFAULT_SESSIONS, KINDS, SUITE_NAMES
 from .shape import ShapeError, load_shape
+
+if TYPE_CHECKING:
+    from .report import Report
 
 # Piped output would otherwise wrap the table at 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 200)
@@ -52,7 +53,7 @@ def _fail(message: str) -> None:
 )
 @click.option(
     "--suite",
-    type=click.Choice([*SUITES, "all"]),
+    type=click.Choice([*SUITE_NAMES, "all"]),
     default="all",
     show_default=True,
     help="lb (load balancing) or resilience (faults); all runs both.",
@@ -119,6 +120,10 @@ def check(
             _fail(f"--junit {junit_path}: {exc.strerror or exc}")
             return
 
+    # What drives the clients, imported once the options are read: `--help` and a bad option answer at once.
+    from .checks import CheckSetupError
+    from .runner import run_check
+
     def say(text: str) -> None:
         if verbose:
             console.print(f"[dim]{text}[/dim]", markup=True)
@@ -130,7 +135,7 @@ def check(
                     url,
                     shape,
                     faults=faults,
-                    suites=list(SUITES) if suite == "all" else [suite],
+                    suites=list(SUITE_NAMES) if suite == "all" else [suite],
                     clients=kinds,
                     sessions=sessions,
                     duration=duration,
@@ -156,6 +161,8 @@ def _kinds(clients: str) -> list[str]:
 
 def _show(report: Report, junit_path: Path | None) -> None:
     """The summary, JUnit XML if asked for, each broken promise; exit 1 when one is."""
+    from .report import summary_table, write_junit
+
     console.print(summary_table(report))
     if junit_path is not None:
         write_junit(report, junit_path)

@@ -552,7 +552,6 @@ class TypeScriptSDKClient(CheckClient):
             await self.host.request({"op": "close", "session": number}, within=10)
 
 
-KINDS = ("plain", "resilient", "sessionless", "ts_sdk", "python_sdk", "fastmcp_legacy", "fastmcp_tasks")
 # The kinds that run in this process, made with the URL alone.
 IN_PROCESS: dict[
     str, type[PlainClient | ResilientCheckClient | SessionlessClient | FastMCPLegacyClient | PythonSDKClient]

@@ -14,7 +14,6 @@ from .load import Figures
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 # The suites, named as the reference kit's test files: test_lb.py and test_resilience.py.
-LB, RESILIENCE = "lb", "resilience"
 
 
 @dataclass

@@ -18,16 +18,14 @@ from pathlib import Path
 import httpx2
 
 from .checks import CHECK_TIMEOUT_SECONDS, SUITES, CheckSetupError, Context, discover
-from .clients import KINDS, PLAIN_CALL_TIMEOUT, ClientFactory
+from .clients import PLAIN_CALL_TIMEOUT, ClientFactory
 from .faults import Faults
 from .load import error_text
 from .node import NodeUnavailable, prepare
+from .options import DEFAULT_DURATION, DEFAULT_SESSIONS, KINDS
 from .report import FAIL, SKIP, CheckResult, Report
 from .shape import Shape, ShapeError, load_shape
 from .wire import CallFailed, RawSession
-
-DEFAULT_SESSIONS = 2
-DEFAULT_DURATION = 6.0
 
 
 async def shape_fits(url: str, shape: Shape) -> None:

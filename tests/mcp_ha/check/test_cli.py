@@ -102,6 +102,31 @@ def test_ctrl_c_exits_130_not_1_like_a_broken_promise() -> None:
     assert "Aborted!" in err and "Traceback" not in out + err
 
 
+@pytest.mark.process
+@pytest.mark.parametrize(
+    "code",
+    [
+        "from mcp_ha.cli import main\ntry:\n    main(['check', '--help'])\nexcept SystemExit:\n    pass",
+        "from mcp_ha.check import Call, Shape",  # what a shape file imports
+    ],
+)
+def test_help_and_a_shape_file_load_nothing_that_drives_a_client(code: str) -> None:
+    """`mcp-ha check --help` took 5.9 s importing FastMCP's and the SDK's clients it never used there."""
+    heavy = "print(sorted({m.split('.')[0] for m in sys.modules} & {'fastmcp', 'mcp', 'httpx2', 'redis'}))"
+    done = subprocess.run(
+        [sys.executable, "-c", f"import sys\n{code}\n{heavy}"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_the_suites_the_command_offers_are_the_suites_there_are() -> None:
+    from mcp_ha.check.checks import SUITES
+    from mcp_ha.check.options import SUITE_NAMES
+
+    assert tuple(SUITES) == SUITE_NAMES
+
+
 def test_the_version_is_the_installed_packages() -> None:
     result = CliRunner().invoke(main, ["--version"], prog_name="mcp-ha")
     assert result.exit_code == 0 and result.output == f"mcp-ha {importlib.metadata.version('mcp-ha-kit')}\n"

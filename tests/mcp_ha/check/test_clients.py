@@ -11,7 +11,8 @@ import pytest
 from starlette.responses import PlainTextResponse
 from starlette.types import Receive, Scope, Send
 
-from mcp_ha.check.clients import KINDS, REPLICA_HEADER, RUNNER_META, STOCK_KINDS, ClientFactory, ReplicaSeen, TaskSeen
+from mcp_ha.check.clients import REPLICA_HEADER, RUNNER_META, STOCK_KINDS, ClientFactory, ReplicaSeen, TaskSeen
+from mcp_ha.check.options import KINDS
 from mcp_ha.replica import REPLICA_HEADER as LAYER_HEADER
 from mcp_ha.replica import NameReplica
 
