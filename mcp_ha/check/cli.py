@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
+from rich.status import Status
 
 from .faults import PRESETS, VERBS, FaultError, parse_faults
 from .options import DEFAULT_DURATION, DEFAULT_SESSIONS, KINDS, SUITE_NAMES
@@ -34,11 +36,10 @@ def _fail(message: str) -> None:
 
 
 @click.command()
-@click.argument("url")
+@click.argument("url", required=False)
 @click.option(
     "--shape",
     "shape_path",
-    required=True,
     type=click.Path(dir_okay=False, path_type=Path),
     help="A Python file defining `shape = Shape(...)`: how to drive this server (mcp_ha.check.Shape).",
 )
@@ -88,10 +89,18 @@ def _fail(message: str) -> None:
     help="A folder whose node_modules holds @modelcontextprotocol/sdk, for the ts_sdk client (default: "
     "installed with npm ci into ~/.cache/mcp-ha when node and npm are present).",
 )
+@click.option(
+    "-k",
+    "select",
+    metavar="TEXT",
+    default=None,
+    help="Run only the checks whose 'suite: name' holds TEXT, case aside (as pytest's -k for a word).",
+)
+@click.option("--list", "list_only", is_flag=True, help="Name the checks that would run, and run none.")
 @click.option("-v", "--verbose", is_flag=True, help="Print each check and fault as it happens.")
 def check(
-    url: str,
-    shape_path: Path,
+    url: str | None,
+    shape_path: Path | None,
     faults_text: str | None,
     suite: str,
     clients: str,
@@ -99,9 +108,20 @@ def check(
     duration: float,
     junit_path: Path | None,
     node_clients: Path | None,
+    select: str | None,
+    list_only: bool,
     verbose: bool,
 ) -> None:
     """Check a deployment of an MCP server built on mcp_ha keeps its HA promises, under faults."""
+    suites = list(SUITE_NAMES) if suite == "all" else [suite]
+    if list_only:
+        from .runner import planned
+
+        for name in (f"{s}: {n}" for s, n, _ in planned(suites, select)):
+            click.echo(name)
+        return
+    if url is None or shape_path is None:
+        raise click.UsageError("give the URL and --shape (or --list)")
     # Retries and broken connections are the point of the run, not news: the table counts them. The
     # server's own log notifications (FastMCP's clients print them) are not the check's either.
     logging.basicConfig(level=logging.CRITICAL)
@@ -129,24 +149,46 @@ def check(
             console.print(f"[dim]{text}[/dim]", markup=True)
 
     try:
-        with console.status(f"checking {url}"):
+        with console.status(f"checking {url}") as status:
+            progress = Progress(url, status if console.is_terminal else None)
             report = asyncio.run(
                 run_check(
                     url,
                     shape,
                     faults=faults,
-                    suites=list(SUITE_NAMES) if suite == "all" else [suite],
+                    suites=suites,
                     clients=kinds,
                     sessions=sessions,
                     duration=duration,
                     node_clients=node_clients,
                     say=say,
+                    select=select,
+                    progress=progress,
                 )
             )
     except (CheckSetupError, ShapeError) as exc:
         _fail(str(exc))
         return
     _show(report, junit_path)
+
+
+class Progress:
+    """`[n/N] suite: check`, with the time left at the pace of the checks done so far: on the spinner's
+    line on a terminal, else a line of its own on stderr (a CI log)."""
+
+    def __init__(self, url: str, spinner: Status | None) -> None:
+        self.url = url
+        self.spinner = spinner
+        self.started = time.monotonic()
+
+    def __call__(self, done: int, total: int, current: str) -> None:
+        elapsed = time.monotonic() - self.started
+        left = f", ~{elapsed / done * (total - done):.0f} s left" if done else ""
+        line = f"[{done + 1}/{total}] {current}{left}"
+        if self.spinner is not None:
+            self.spinner.update(f"checking {self.url} {line}")
+        else:
+            click.echo(line, err=True)
 
 
 def _kinds(clients: str) -> list[str]:

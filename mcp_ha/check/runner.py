@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx2
 
-from .checks import CHECK_TIMEOUT_SECONDS, SUITES, CheckSetupError, Context, discover
+from .checks import CHECK_TIMEOUT_SECONDS, SUITES, CheckFn, CheckSetupError, Context, discover
 from .clients import PLAIN_CALL_TIMEOUT, ClientFactory
 from .faults import Faults
 from .load import error_text
@@ -43,6 +43,18 @@ async def shape_fits(url: str, shape: Shape) -> None:
             await session.close()
 
 
+def planned(suites: Sequence[str] = tuple(SUITES), select: str | None = None) -> list[tuple[str, str, CheckFn]]:
+    """The checks of `suites`, in order, as (suite, name, check); with `select`, only those whose
+    "suite: name" holds it, case aside (pytest's -k for one word: `-k kill`, `-k "lb: sticky"`)."""
+    wanted = (select or "").casefold()
+    return [
+        (suite, name, check)
+        for suite in suites
+        for name, check in SUITES[suite]
+        if wanted in f"{suite}: {name}".casefold()
+    ]
+
+
 async def run_check(
     url: str,
     shape: Shape | str | Path,
@@ -54,17 +66,23 @@ async def run_check(
     duration: float = DEFAULT_DURATION,
     node_clients: str | Path | None = None,
     say: Callable[[str], None] | None = None,
+    select: str | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> Report:
     """Run `suites` against the MCP endpoint `url`, driving `clients` (kinds from clients.KINDS),
     `sessions` sessions of each, loads of `duration` seconds. `shape` may be a Shape or its file's path.
-    CheckSetupError (or ShapeError) when it cannot start: a URL that does not answer as an HA server,
-    a shape that does not load or fit."""
+    `select`: only the checks whose "suite: name" holds it (`planned`); `progress(done, total, check)` is
+    told before each check starts. CheckSetupError (or ShapeError) when it cannot start: a URL that does
+    not answer as an HA server, a shape that does not load or fit, a selection that names no check."""
     started = time.monotonic()
     if not isinstance(shape, Shape):
         shape = load_shape(shape)
     unknown = [s for s in suites if s not in SUITES] + [k for k in clients if k not in KINDS]
     if unknown:
         raise CheckSetupError(f"unknown suite or client: {', '.join(unknown)}")
+    plan = planned(suites, select)
+    if not plan:
+        raise CheckSetupError(f"no check's name holds {select!r} (`mcp-ha check --list` names them)")
     replicas = await discover(url)
     await shape_fits(url, shape)
     report = Report(url, faults.name if faults else "none", replicas)
@@ -77,21 +95,22 @@ async def run_check(
             report.results.append(CheckResult("clients", "TypeScript SDK client", "ts_sdk", SKIP, [str(exc)]))
     async with ClientFactory(url, node_clients=node_clients) as factory:
         ctx = Context(url, shape, faults, kinds, sessions, duration, factory, replicas, say or (lambda _t: None))
-        for suite in suites:
-            for name, check in SUITES[suite]:
-                ctx.say(f"{suite}: {name}")
-                begun = time.monotonic()
-                try:
-                    async with asyncio.timeout(CHECK_TIMEOUT_SECONDS):
-                        report.results += await check(ctx)
-                except Exception as exc:
-                    why = (
-                        f"did not finish within {CHECK_TIMEOUT_SECONDS:g} s"
-                        if isinstance(exc, TimeoutError)
-                        else error_text(exc)
-                    )
-                    report.results.append(
-                        CheckResult(suite, name, "-", FAIL, [why], seconds=round(time.monotonic() - begun, 2))
-                    )
+        for done, (suite, name, check) in enumerate(plan):
+            ctx.say(f"{suite}: {name}")
+            if progress is not None:
+                progress(done, len(plan), f"{suite}: {name}")
+            begun = time.monotonic()
+            try:
+                async with asyncio.timeout(CHECK_TIMEOUT_SECONDS):
+                    report.results += await check(ctx)
+            except Exception as exc:
+                why = (
+                    f"did not finish within {CHECK_TIMEOUT_SECONDS:g} s"
+                    if isinstance(exc, TimeoutError)
+                    else error_text(exc)
+                )
+                report.results.append(
+                    CheckResult(suite, name, "-", FAIL, [why], seconds=round(time.monotonic() - begun, 2))
+                )
     report.seconds = round(time.monotonic() - started, 1)
     return report

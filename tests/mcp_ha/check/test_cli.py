@@ -120,6 +120,29 @@ def test_help_and_a_shape_file_load_nothing_that_drives_a_client(code: str) -> N
     assert done.stdout.splitlines()[-1] == "[]"
 
 
+@pytest.mark.quick
+def test_list_names_the_checks_k_selects_and_neither_needs_a_deployment() -> None:
+    from mcp_ha.check.checks import SUITES
+
+    every = CliRunner().invoke(check, ["--list"])
+    assert every.exit_code == 0 and every.output.splitlines() == [
+        f"{suite}: {name}" for suite, checks in SUITES.items() for name, _ in checks
+    ]
+    kills = CliRunner().invoke(check, ["--list", "-k", "KILL -9", "--suite", "resilience"])
+    assert kills.output.splitlines() == ["resilience: kill -9 between calls", "resilience: kill -9 under load"]
+
+
+@pytest.mark.quick
+def test_a_selection_that_names_no_check_exits_2_before_touching_the_deployment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(ROOT)
+    url = f"http://127.0.0.1:{closed_port()}/mcp"  # nothing answers there: it is never asked
+    result = CliRunner().invoke(check, [url, "--shape", "ha_shape.py", "-k", "no such check"])
+    assert result.exit_code == 2 and "no check's name holds 'no such check'" in result.output, result.output
+    assert CliRunner().invoke(check, ["--shape", "ha_shape.py"]).exit_code == 2  # no URL, no --list
+
+
 def test_the_suites_the_command_offers_are_the_suites_there_are() -> None:
     from mcp_ha.check.checks import SUITES
     from mcp_ha.check.options import SUITE_NAMES
@@ -169,6 +192,9 @@ def test_the_command_checks_a_local_stack_and_writes_junit(demo_stack: Stack, tm
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "every promise held" in done.stdout and "replica gone" in done.stdout
+    # Piped, its progress is a line per check on stderr, with the time left from the second on.
+    progress = [line for line in done.stderr.splitlines() if line.startswith("[")]
+    assert progress[0] == "[1/4] lb: health" and progress[-1].startswith("[4/4] lb: replica gone, ~"), progress
     [suite] = ET.parse(junit).getroot().iter("testsuite")
     assert suite.get("name") == "lb" and suite.get("failures") == "0" and suite.get("skipped") == "0"
     cases = {c.get("name") for c in suite.iter("testcase")}
