@@ -67,6 +67,27 @@ def test_stick_table_expiry_follows_the_session_ttl_setting(stack: Stack) -> Non
     assert 'expire "${SESSION_TTL_SECONDS-1800}s"' in CONFIG.read_text()
 
 
+async def test_haproxys_log_is_json_naming_each_requests_id_and_session(stack: Stack, raw: RawSession) -> None:
+    """One JSON object per request, as the replicas log theirs: its session (sent, or answered to an
+    initialize) and its request id, which the replica that served it logs too, so one grep follows a call
+    through both. A request whose path holds a backslash still makes valid JSON."""
+    answered = await raw.call("increment_counter")
+    await raw.http.get(raw.url.replace("/mcp", '/x"\\y'))
+    deadline = time.monotonic() + 10  # HAProxy writes a request's line once the request has ended
+    while True:
+        text = (stack.log_dir / "haproxy.log").read_text()
+        lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        mine = [line for line in lines if line["session_id"] == raw.session_id]
+        if any(line["uri"] == "/x%22\\y" for line in lines) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    assert mine and all(line["frontend"] == "mcp" and line["method"] == "POST" for line in mine), mine
+    assert mine[0]["status"] == 200 and mine[0]["server"] == answered["instance"]
+    served = (stack.log_dir / f"{mine[-1]['server']}.log").read_text()
+    assert mine[-1]["request_id"] and mine[-1]["request_id"] in served
+    assert any(line["uri"] == "/x%22\\y" and line["status"] == 404 for line in lines)  # the client's encoding
+
+
 async def test_a_session_sticks_to_one_replica(raw: RawSession) -> None:
     results = [await raw.call("increment_counter") for _ in range(10)]
     assert [r["counter"] for r in results] == list(range(1, 11))
