@@ -21,6 +21,18 @@ _HAPROXY = ("haproxy/haproxy.cfg", "haproxy/refuse_body.lua")
 _REDIS_FUNCTIONS = ("deploy/redis/functions.lua", "deploy/redis/functions-cluster.lua")
 # Redis Cluster's node and creation scripts, which the compose file mounts too.
 _CLUSTER_SCRIPTS = ("deploy/kubernetes-cluster/node.sh", "deploy/kubernetes-cluster/create.sh")
+# What an operator watches the kit with: alert rules, a Grafana dashboard, and for the Prometheus
+# Operator the same rules and a ServiceMonitor (deploy/monitoring/kustomization.yaml).
+_MONITORING = tuple(
+    f"deploy/monitoring/{name}"
+    for name in (
+        "alerts.yaml",
+        "grafana-dashboard.json",
+        "kustomization.yaml",
+        "prometheusrule.yaml",
+        "servicemonitor.yaml",
+    )
+)
 FILES = {
     "compose": (
         "docker-compose.yaml",
@@ -29,6 +41,7 @@ FILES = {
         *_HAPROXY,
         *_REDIS_FUNCTIONS,
         *_CLUSTER_SCRIPTS,
+        *_MONITORING,
     ),
     "kubernetes": (
         *(
@@ -56,6 +69,7 @@ FILES = {
         *_REDIS_FUNCTIONS,
         "haproxy/kustomization.yaml",
         *_HAPROXY,
+        *_MONITORING,
     ),
 }
 NEXT_STEPS = {
@@ -67,7 +81,8 @@ NEXT_STEPS = {
     "kubernetes": (
         "Write {dir}/deploy/kubernetes/secrets.env (its keys: deploy/kubernetes/kustomization.yaml), put an\n"
         "overlay naming your image beside it (images: [{{name: mcp-ha-kit, newName: ...}}]), then:\n"
-        "  kubectl apply -k {dir}/deploy/your-overlay -n mcp"
+        "  kubectl apply -k {dir}/deploy/your-overlay -n mcp\n"
+        "With the Prometheus Operator: kubectl apply -k {dir}/deploy/monitoring -n mcp"
     ),
 }
 

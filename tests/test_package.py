@@ -56,6 +56,12 @@ def test_the_wheel_installs_one_top_level_name_with_its_types_and_haproxy_config
         "mcp_ha/deploy/kubernetes/kustomization.yaml",
     } <= names
     assert not [n for n in names if n.endswith("secrets.env")]
+    # Every file `mcp-ha deploy` writes out, where the installed kit looks for it.
+    from mcp_ha.deploy_files import FILES
+
+    for path in {path for files in FILES.values() for path in files}:
+        shipped = path if path.startswith(("haproxy/", "deploy/")) else f"deploy/{path}"
+        assert f"mcp_ha/{shipped}" in names, path
     top = {n.split("/")[0] for n in names if ".dist-info/" not in n}
     assert top == {"mcp_ha"}
     # The wheel's haproxy.cfg is the checkout's: one file for every deployment.

@@ -391,6 +391,7 @@ def test_the_deploy_command_writes_every_file_the_kustomizations_read(tmp_path):
             "deploy/kubernetes-sentinel",
             "deploy/kubernetes-cluster",
             "deploy/redis",
+            "deploy/monitoring",
             "haproxy",
         ],
         cwd=ROOT,

@@ -11,12 +11,15 @@ from pathlib import Path
 
 import httpx2
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from mcp_ha.check.wire import RawSession, last_jsonrpc_message
 from mcp_ha.stack import Stack
 
 Samples = dict[tuple[str, frozenset], float]
+# The dashboard and the alert rules the kit ships (mcp-ha deploy writes them out too).
+MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
 
 
 async def scrape(http: httpx2.AsyncClient, url: str, auth: tuple[str, str] | None = None) -> tuple[Samples, str]:
@@ -179,12 +182,16 @@ async def test_metrics_answers_any_query_or_accept_header_without_a_5xx(stack: S
     assert (await http.post(url)).status_code == 405
 
 
-async def test_the_sample_dashboard_reads_only_metrics_the_stack_serves(stack: Stack, http: httpx2.AsyncClient) -> None:
-    # A small file of the repository, read once: blocking the loop for it costs nothing.
-    dashboard = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json").read_text())  # noqa: ASYNC240
+async def test_the_dashboard_and_the_alerts_read_only_metrics_the_stack_serves(
+    stack: Stack, http: httpx2.AsyncClient
+) -> None:
+    # Small files of the repository, read once: blocking the loop for them costs nothing.
+    dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
+    alerts = yaml.safe_load((MONITORING / "alerts.yaml").read_text())
     exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    exprs += [rule["expr"] for group in alerts["groups"] for rule in group["rules"]]
     names = {name for expr in exprs for name in re.findall(r"\b(?:mcp|stamina|haproxy)_[a-z_]+", expr)}
-    assert len(names) >= 12, names
+    assert len(names) >= 15, names
     _, replica_text = await scrape(http, replica_metrics(stack, stack.config.replica_names()[0]))
     _, haproxy_text = await scrape(
         http, f"http://127.0.0.1:{stack.config.stats_port}/metrics", auth=stack.config.stats_auth
