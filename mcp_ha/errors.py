@@ -29,6 +29,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, INVALID_REQUEST
 from starlette.responses import JSONResponse
 
+from .refusals import STORE_QUOTA, refused
 from .session_store import STORE_UNAVAILABLE, Conflict, Fenced, LimitExceeded, OpReused, StoreFull, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -47,10 +48,19 @@ ANSWERED = (StoreUnavailable, Fenced, OpReused, Conflict, LimitExceeded)
 
 
 def refusal(
-    status: int, message: str, *, code: int = INVALID_REQUEST, id: Any = None, retry_after: int | None = None
+    status: int,
+    message: str,
+    *,
+    code: int = INVALID_REQUEST,
+    id: Any = None,
+    retry_after: int | None = None,
+    bound: str | None = None,
 ) -> JSONResponse:
     """The kit's every HTTP refusal: a JSON-RPC error answering `id` (None: no request read), with an HTTP
-    status, and Retry-After for what frees up."""
+    status, and Retry-After for what frees up. `bound`: the setting refused past, counted and logged
+    (refusals.py); made per refusal, so each is counted once."""
+    if bound is not None:
+        refused(bound)
     headers = None if retry_after is None else {"Retry-After": str(retry_after)}
     body = {"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}
     return JSONResponse(body, status_code=status, headers=headers)
@@ -84,6 +94,7 @@ class StoreErrors(Middleware):
             if isinstance(cause, Conflict):
                 raise ToolError(SESSION_BUSY) from cause
             if isinstance(cause, LimitExceeded):
-                # The client's doing, answered in its own words: logged below ERROR.
+                refused(STORE_QUOTA, str(cause))
+                # The client's doing, answered in its own words: logged below ERROR (refusals.py logs the count).
                 raise ToolError(f"Refused: {cause}. Nothing was applied.", log_level=logging.DEBUG) from cause
             raise

@@ -95,6 +95,7 @@ import asyncio
 import itertools
 import json
 import operator
+import re
 import time
 from collections import Counter, OrderedDict
 from typing import Any, NamedTuple
@@ -113,8 +114,21 @@ from .session_store import SessionStore, StoreUnavailable
 RETRY_AFTER_SECONDS = 60
 
 
+# The bound a call's refusal names (InFlight.admit's messages each name one, first).
+_CALL_BOUND = re.compile(
+    r"\b(MAX_CALLS_PER_SESSION|MAX_CALLS_PER_CLIENT|FAIR_SHARE_CALLS|MAX_QUEUED_CALLS_PER_CLIENT)\b"
+)
+
+
+def _bound_named(message: str) -> str:
+    if "(MAX_QUEUED_CALLS_PER_CLIENT)" in message:  # it names the call's bound too, which it could not wait out
+        return "MAX_QUEUED_CALLS_PER_CLIENT"
+    found = _CALL_BOUND.search(message)
+    return found.group(1) if found else "MAX_CALLS_PER_CLIENT"
+
+
 def _too_large(max_bytes: int) -> JSONResponse:
-    return refusal(413, f"Request body over {max_bytes} bytes")
+    return refusal(413, f"Request body over {max_bytes} bytes", bound="MAX_BODY_BYTES")
 
 
 # Delete tables for bytes.translate (C speed, one pass): what is left is what is counted.
@@ -260,11 +274,12 @@ class BodyLimit:
             items, depth = await anyio.to_thread.run_sync(structure, text, self.max_items, limiter=self._counting)
         if items > self.max_items:
             message = f"The request holds over {self.max_items:,} JSON keys and array elements (MAX_REQUEST_ITEMS)"
-            return refusal(400, message)
+            return refusal(400, message, bound="MAX_REQUEST_ITEMS")
         if depth > self.max_depth:
             return refusal(
                 400,
                 f"The request nests JSON {depth} deep; this server takes at most {self.max_depth} (MAX_REQUEST_DEPTH)",
+                bound="MAX_REQUEST_DEPTH",
             )
         return None
 
@@ -321,7 +336,8 @@ class SessionLimits:
             message = (
                 f"clientInfo and capabilities take {size} bytes; this server keeps at most {self.max_record_bytes}"
             )
-            return await refusal(400, message, code=-32602, id=request.get("id"))(scope, replay, send)
+            refused = refusal(400, message, code=-32602, id=request.get("id"), bound="MAX_SESSION_RECORD_BYTES")
+            return await refused(scope, replay, send)
         try:
             mine = await self.store.count_sessions(holder=client_of(scope))
             everyone = await self.store.count_sessions() if mine < self.max_sessions_per_client else 0
@@ -332,14 +348,14 @@ class SessionLimits:
                 f"You hold {self.max_sessions_per_client} open sessions, the most one client may: "
                 "end some (DELETE) or wait for them to expire"
             )
-            return await refusal(429, message, id=request.get("id"), retry_after=RETRY_AFTER_SECONDS)(
-                scope, replay, send
+            refused = refusal(
+                429, message, id=request.get("id"), retry_after=RETRY_AFTER_SECONDS, bound="MAX_SESSIONS_PER_CLIENT"
             )
+            return await refused(scope, replay, send)
         if everyone >= self.max_sessions:
             message = f"This server holds {self.max_sessions} sessions, the most it may; try again later"
-            return await refusal(503, message, id=request.get("id"), retry_after=RETRY_AFTER_SECONDS)(
-                scope, replay, send
-            )
+            refused = refusal(503, message, id=request.get("id"), retry_after=RETRY_AFTER_SECONDS, bound="MAX_SESSIONS")
+            return await refused(scope, replay, send)
         await self.app(scope, replay, send)
 
 
@@ -587,7 +603,8 @@ class CallsInFlight:
         call = await self.in_flight.wait_for_place(session_id, client_of(scope))
         if isinstance(call, str):
             answer_id = None if isinstance(request_id, dict | list) else request_id
-            return await refusal(429, call, code=-32000, id=answer_id, retry_after=1)(scope, replay, send)
+            refused = refusal(429, call, code=-32000, id=answer_id, retry_after=1, bound=_bound_named(call))
+            return await refused(scope, replay, send)
         scope[CALL_SCOPE_KEY] = call
         try:
             if session_id is None or isinstance(request_id, bool | dict | list):

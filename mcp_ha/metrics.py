@@ -20,6 +20,8 @@ What is counted, and where:
 - writes replayed from their op record (`IDEMPOTENT_REPLAYS`), which a
   store reports through its `on_replay` hook (`count_replay`);
 - restarts of the task worker after an error (`TASK_WORKER_RESTARTS`, `tasks.py`);
+- refusals past each of the kit's bounds, by the setting's name (`mcp_refusals_total`,
+  from refusals.py);
 - what an operator alerts on (`watch_replica`): the build (`mcp_ha_build_info`),
   whether the replica drains (`mcp_draining`) and reaches its store (`mcp_store_up`).
 
@@ -36,7 +38,7 @@ import importlib.metadata
 import inspect
 import platform
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, ParamSpec, TypeVar, cast
 
 import stamina.instrumentation
@@ -53,11 +55,12 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import _sdk
+from . import _sdk, refusals
 from .session_store import Conflict, Fenced, Op, OpReused, SessionStore, StoreUnavailable
 
 # From a 1 ms read to analyze_data's and watch_counter's 30 s.
@@ -145,6 +148,25 @@ STORE_ERRORS = Counter(
     "idempotency key sent with a different call), conflict (an apply-once block's reads changed before it committed).",
     ("operation", "kind"),
 )
+
+
+class _Refusals:
+    """`mcp_refusals_total{bound}`: refusals.py's counts, read at each scrape (it imports no Prometheus)."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "mcp_refusals",
+            "Requests refused past one of the kit's bounds, by the setting's name (MAX_BODY_BYTES, "
+            "MAX_CALLS_PER_CLIENT, FAIR_SHARE_CALLS, ...; 'store quota' for the store's own: state, list and "
+            "client bytes).",
+            labels=("bound",),
+        )
+        for bound, count in sorted(refusals.totals().items()):
+            family.add_metric((bound,), count)
+        yield family
+
+
+REGISTRY.register(_Refusals())
 
 # A `_created` sample per series would double the page, for what Prometheus
 # already infers from a counter's resets.

@@ -70,6 +70,7 @@ from mcp_types import (
 )
 
 from .principals import client_of, owner
+from .refusals import refused
 from .session_store import RESYNC, SessionStore, StoreUnavailable, is_session_id
 
 log = logging.getLogger(__name__)
@@ -317,8 +318,10 @@ class Subscriptions:
         hidden = await self._checked(list(params.notifications.resource_subscriptions or ()))
         client = _client(ctx)
         if self._by_client[client] >= self.max_per_client:
+            refused("MAX_LISTEN_STREAMS_PER_CLIENT")
             raise MCPError(INTERNAL_ERROR, TOO_MANY_FOR_CLIENT)
         if len(self._streams) + self._starting >= self.max_streams:
+            refused("MAX_LISTEN_STREAMS")
             raise MCPError(INTERNAL_ERROR, TOO_MANY_STREAMS)
         self._by_client[client] += 1
         try:

@@ -139,6 +139,7 @@ from .elicitation import InputNeeded
 from .errors import KEY_REUSED, SESSION_BUSY, SESSION_MOVED, STORE_FULL
 from .idempotency import current_call
 from .principals import client_of
+from .refusals import STORE_QUOTA, refused
 from .session_store import (
     STORE_UNAVAILABLE,
     Conflict,
@@ -446,6 +447,7 @@ def _answered(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]
         except Conflict as exc:
             raise ToolError(SESSION_BUSY) from exc
         except LimitExceeded as exc:
+            refused(STORE_QUOTA, str(exc))
             raise ToolError(f"Refused: {exc}. Nothing was applied.") from exc
 
     answered.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
@@ -728,7 +730,7 @@ class HATasks(TasksExtension):
         size = _wire_bytes(result)
         limit = self.kit_settings.max_task_result_bytes
         if size > limit:
-            log.warning("task of %s: result of %d bytes not kept (MAX_TASK_RESULT_BYTES=%d)", tool.name, size, limit)
+            refused("MAX_TASK_RESULT_BYTES", f"a result of {size} bytes from {tool.name}, not kept")
             text = RESULT_TOO_LARGE.format(size=size, limit=limit)
             result = mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=text)], is_error=True)
         return ToolResult.from_mcp_result(result)
@@ -818,7 +820,9 @@ class HATasks(TasksExtension):
                     if await self.store.claim(slot, claimant, SLOT_PENDING_SECONDS, holder=client, charge=reserved):
                         return _Slot(slot, claimant, client, kept, reserved)
         except LimitExceeded as exc:
+            refused(STORE_QUOTA, str(exc))
             raise ToolError(f"Refused: {exc}. Nothing was started.") from exc
+        refused("MAX_TASKS_PER_CLIENT")
         raise ToolError(TOO_MANY_TASKS.format(n=self.kit_settings.max_tasks_per_client))
 
     def _check_arguments(self, tool: Tool, arguments: Mapping[str, Any]) -> int:
@@ -830,6 +834,7 @@ class HATasks(TasksExtension):
         size = len(json.dumps(arguments, separators=(",", ":"), default=str).encode())
         limit = self.kit_settings.max_task_argument_bytes
         if size > limit:
+            refused("MAX_TASK_ARGUMENT_BYTES")
             raise ToolError(ARGUMENTS_TOO_LARGE.format(size=size, limit=limit))
         return size
 

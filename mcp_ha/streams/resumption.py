@@ -62,14 +62,14 @@ class CheckResumption:
 
     def _busy(self) -> JSONResponse:
         message = f"This replica is resuming {self.max_replays} streams, the most it may; try again shortly."
-        return refusal(503, message, retry_after=1)
+        return refusal(503, message, retry_after=1, bound="MAX_REPLAYS")
 
     def _crowded(self) -> JSONResponse:
         message = (
             f"This session has {self.max_per_session} streams being resumed, the most it may; "
             "close one, or try again shortly."
         )
-        return refusal(429, message, retry_after=1)
+        return refusal(429, message, retry_after=1, bound="MAX_REPLAYS_PER_SESSION")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if resumes_stream(scope) and not refused_by_auth(scope):

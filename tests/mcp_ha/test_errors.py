@@ -8,15 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from mcp_ha import errors
+from mcp_ha import errors, refusals
 
 pytestmark = pytest.mark.quick
 
 
-def test_errors_imports_nothing_of_the_kit_but_the_store_contract() -> None:
-    tree = ast.parse(Path(errors.__file__).read_text())
-    kit = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0}
-    assert kit == {"session_store"}, kit
+def kit_imports(module: object) -> set[str | None]:
+    tree = ast.parse(Path(module.__file__).read_text())  # type: ignore[attr-defined]
+    return {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0}
+
+
+def test_errors_imports_nothing_of_the_kit_but_the_store_contract_and_the_refusal_count() -> None:
+    assert kit_imports(errors) == {"session_store", "refusals"}
+    assert kit_imports(refusals) == set()
 
 
 def test_a_refusal_is_a_json_rpc_error_with_its_status_and_retry_after() -> None:

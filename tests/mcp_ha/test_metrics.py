@@ -215,6 +215,23 @@ async def test_each_replica_says_its_build_that_it_serves_and_that_its_store_ans
     assert value(samples, "mcp_draining") == 0 and value(samples, "mcp_store_up") == 1
 
 
+async def test_a_refusal_past_a_bound_is_counted_by_its_setting_and_logged(
+    stack: Stack, http: httpx2.AsyncClient
+) -> None:
+    """A body over MAX_BODY_BYTES sent straight to a replica (HAProxy's own bound would meet it first): its
+    413 is counted under the setting's name, and the replica's log says so."""
+    replica = stack.config.replica_names()[0]
+    before, _ = await scrape(http, replica_metrics(stack, replica))
+    url = f"http://127.0.0.1:{stack.service(replica).port}/mcp"
+    body = b"x" * (stack.config.max_body_bytes + 1)
+    response = await http.post(url, content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 413, response.text
+    after, _ = await scrape(http, replica_metrics(stack, replica))
+    assert change(before, after, "mcp_refusals_total", bound="MAX_BODY_BYTES") == 1
+    log = (stack.log_dir / f"{replica}.log").read_text()
+    assert "past MAX_BODY_BYTES" in log
+
+
 @pytest.mark.quick
 def test_draining_and_the_store_are_read_at_each_scrape() -> None:
     from prometheus_client import REGISTRY, generate_latest
