@@ -29,6 +29,7 @@ from starlette.routing import Route
 
 from mcp_ha.session_store import Op
 from mcp_ha.stores.redis_store import RedisSessionStore
+from mcp_ha.whole_answers import WholeAnswers
 
 INSTANCE_ID = os.environ.get("INSTANCE_ID", "floor-1")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6380/0")
@@ -68,6 +69,6 @@ if __name__ == "__main__":
         host=os.environ.get("HOST", "127.0.0.1"),
         port=int(os.environ.get("PORT", "8000")),
         loop="uvloop",
-        http="httptools",
+        http=WholeAnswers,
         log_level="warning",
     )
