@@ -76,7 +76,9 @@ async def test_haproxys_log_is_json_naming_each_requests_id_and_session(stack: S
     deadline = time.monotonic() + 10  # HAProxy writes a request's line once the request has ended
     while True:
         text = (stack.log_dir / "haproxy.log").read_text()
-        lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        # Whole lines only: HAProxy may be writing the last one as it is read.
+        whole = [line for line in text.splitlines(keepends=True) if line.startswith("{") and line.endswith("\n")]
+        lines = [json.loads(line) for line in whole]
         mine = [line for line in lines if line["session_id"] == raw.session_id]
         if any(line["uri"] == "/x%22\\y" for line in lines) or time.monotonic() > deadline:
             break
@@ -86,6 +88,12 @@ async def test_haproxys_log_is_json_naming_each_requests_id_and_session(stack: S
     served = (stack.log_dir / f"{mine[-1]['server']}.log").read_text()
     assert mine[-1]["request_id"] and mine[-1]["request_id"] in served
     assert any(line["uri"] == "/x%22\\y" and line["status"] == 404 for line in lines)  # the client's encoding
+    long = "/" + "%5C" * 3000  # past the 1 KiB of a URI the log keeps (tune.http.logurilen): one whole line
+    await raw.http.get(raw.url.replace("/mcp", long))
+    await asyncio.sleep(0.5)
+    tail = (stack.log_dir / "haproxy.log").read_text().splitlines()
+    [uri] = [json.loads(line)["uri"] for line in tail if line.startswith("{") and long[:40] in line]
+    assert long.startswith(uri) and 1000 <= len(uri) < 1024, len(uri)  # the request line's first 1 KiB
 
 
 async def test_a_session_sticks_to_one_replica(raw: RawSession) -> None:
