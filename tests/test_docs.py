@@ -50,3 +50,32 @@ def test_the_contract_page_is_the_shared_contract() -> None:
     if not shared.exists():
         pytest.skip("docs/contract.md is compared with the project's shared CONTRACT.md only in the kit's own CI")
     assert (ROOT / "docs" / "contract.md").read_text() == shared.read_text()
+
+
+def layout() -> list[str]:
+    """The paths architecture.md's Layout block names, each nested entry joined to its parent folder's."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text[text.index("## Layout") :].split("```")[1]
+    paths: list[str] = []
+    parents: dict[int, str] = {}
+    for line in block.strip("\n").splitlines():
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        name = line.split()[0].rstrip(",")
+        path = parents.get(depth - 1, "") + name if depth else name
+        if name.endswith("/"):
+            parents[depth] = path
+        paths.append(path)
+    return paths
+
+
+def test_the_architecture_layout_is_the_tree() -> None:
+    """Every path the layout names exists, and every module of the layer is named: the page cannot keep a
+    file that moved, or miss one that came."""
+    named = layout()
+    assert [path for path in named if not (ROOT / path).exists()] == []
+    modules = {
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "mcp_ha").rglob("*")
+        if path.suffix in (".py", ".mjs") and "__pycache__" not in path.parts and path.name != "__init__.py"
+    }
+    assert sorted(modules - set(named)) == []
