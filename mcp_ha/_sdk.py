@@ -63,6 +63,13 @@ it as its idle timeout would. Both through its public `idle_scope`: the SDK
 holds its deadline at infinity while a request is in flight, and cancelling
 it is what the timeout does.
 
+The SDK checks a 2026-07-28 `tools/call`'s `Mcp-Param-*` headers against the
+tool's input schema, from the low-level server's `get_tool_input_schema` when
+it has one, else by running a whole `tools/list` (every middleware of the
+server's) before each call that has arguments: a third of such a call's CPU.
+FastMCP sets none before 4.2, so `ToolSchemas` serves it as FastMCP 4.2 does
+(leaving a server alone that has one).
+
 FastMCP's `get_session` reads a session from its `session_state_store` as
 one value whose layout is FastMCP's own (`fastmcp_store.FastMCPSessions` serves it
 from the kit's store): a creation mark and the state under
@@ -109,7 +116,7 @@ Every private attribute touched here, and nowhere else in the kit, those
 | `_clean_up_memory_streams` | a transport, inherited | a request's streams dropped as the SDK drops them |
 | `_MARKER_KEY` | `fastmcp.server.sessions` | the creation mark in a FastMCP session's stored value |
 | `_STATE_KEY` | `fastmcp.server.sessions` | where that value holds the session's state |
-| `_mcp_server` | a FastMCP server | its low-level server, to add request handlers and a middleware to |
+| `_mcp_server` | a FastMCP server | its low-level server: request handlers, a middleware, tools' schemas |
 | `_docket` | a FastMCP server | the Docket its tasks extension runs, while its lifespan runs (`tasks.py`) |
 | `_worker` | a FastMCP server | the Docket worker its tasks extension runs, to supervise it (`tasks.py`) |
 | `_run` | a Docket worker | its loop, which `run_forever` calls: started again when it ends on an error |
@@ -128,7 +135,7 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from http import HTTPStatus
 from typing import Any, Protocol, cast, runtime_checkable
@@ -140,6 +147,9 @@ import pydantic_core
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
 from fastmcp import Client, FastMCP
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from fastmcp.tools.base import Tool
+from fastmcp.utilities.versions import dedupe_with_versions
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, authorization_context
 from mcp.server.connection import Connection
 from mcp.server.request_state import RequestStateBoundary
@@ -609,6 +619,35 @@ def set_reported_progress(execution: Any, progress: float) -> None:
     """Tell FastMCP's `report_progress` what a task leg's progress already stands at: it adds to Docket's
     counter only the rise over the last value it reported on that execution (`_fastmcp_last_progress`)."""
     execution._fastmcp_last_progress = int(progress)
+
+
+class ToolSchemas(Middleware):
+    """The tools' wire input schemas, by name, for the SDK's Mcp-Param header check (module docstring): learnt
+    when the server starts and from every `tools/list` since, as FastMCP 4.2 keeps them. A tool missing from
+    them (one added later and not yet listed) is served unchecked, the SDK's answer when it cannot list."""
+
+    def __init__(self) -> None:
+        self.schemas: dict[str, Any] = {}
+
+    def install(self, mcp: FastMCP) -> bool:
+        """Serve the schemas to `mcp`'s low-level server; False, and nothing done, if it has a lookup already."""
+        server = mcp._mcp_server
+        if server.get_tool_input_schema is not None:
+            return False
+        server.get_tool_input_schema = self.schemas.get
+        return True
+
+    def learn(self, tools: Sequence[Tool]) -> None:
+        # The highest version of each name, as tools/list shows it.
+        for tool in dedupe_with_versions(list(tools), lambda t: t.name):
+            self.schemas[tool.name] = tool.to_mcp_tool(name=tool.name).input_schema
+
+    async def on_list_tools(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Sequence[Tool]]
+    ) -> Sequence[Tool]:
+        tools = await call_next(context)
+        self.learn(tools)
+        return tools
 
 
 class InlineClient(Client[Any]):

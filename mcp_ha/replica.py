@@ -277,6 +277,8 @@ class HighAvailability:
         parts = _Parts(self, mcp, path)
         for middleware in self._server_middlewares(parts):
             mcp.add_middleware(middleware)
+        if parts.tool_schemas.install(mcp):
+            mcp.add_middleware(parts.tool_schemas)
         _sdk.add_outside_request_state_boundary(mcp, NoteSealedState())
         _sdk.add_server_middleware(mcp, CallsRunning())
         listen = parts.subscriptions
@@ -399,6 +401,7 @@ class HighAvailability:
                 with _process_settings(self.settings):
                     async with inner(starlette) as state:
                         drain_on_sigterm(parts.drain, stop=self._stop)
+                        parts.tool_schemas.learn(await mcp.list_tools(run_middleware=False))
                         # A template with {session_id} shows that session's state: its subscribers hear of each change.
                         templates = await mcp.list_resource_templates(run_middleware=False)
                         self.bus.session_templates = [
@@ -454,6 +457,7 @@ class _Parts:
     def __init__(self, ha: HighAvailability, mcp: FastMCP, path: str) -> None:
         s = ha.settings
         self.endpoint = _sdk.Endpoint(path)
+        self.tool_schemas = _sdk.ToolSchemas()
         self.in_flight = InFlight(
             max_per_session=s.max_calls_per_session,
             max_per_client=s.max_calls_per_client,

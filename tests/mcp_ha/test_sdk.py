@@ -13,7 +13,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx2
 import pytest
@@ -21,6 +21,7 @@ import uvicorn
 from conftest import NOT_THE_LAYER, free_ports
 from fastmcp import Context, FastMCP
 from fastmcp.server.auth.providers.jwt import StaticTokenVerifier
+from fastmcp.server.middleware import Middleware
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.connection import Connection
 from mcp.server.lowlevel import NotificationOptions
@@ -29,6 +30,7 @@ from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp_types import SubscribeRequestParams, SubscriptionsListenRequestParams
+from pydantic import Field
 
 from mcp_ha import _sdk as sdk_sessions
 from mcp_ha.check.wire import ACCEPT, PROTOCOL, jsonrpc_messages, last_jsonrpc_message
@@ -565,3 +567,69 @@ def test_an_inline_client_never_asks_for_tasks() -> None:
 
     assert TASKS_EXTENSION_ID in extensions(Client("http://127.0.0.1:9/mcp"))
     assert TASKS_EXTENSION_ID not in extensions(sdk_sessions.InlineClient("http://127.0.0.1:9/mcp"))
+
+
+@pytest.mark.quick
+def test_tool_schemas_check_mcp_param_headers_without_listing_tools_per_call() -> None:
+    """ToolSchemas serves the SDK's `get_tool_input_schema` on FastMCP's private low-level server: a 2026-07-28
+    call with arguments is checked against its tool's Mcp-Param header (a mismatch is a 400), with no `tools/list`
+    run for it; a tool added later is learnt from the next listing; a server with a lookup of its own keeps it."""
+    mcp = FastMCP("probe")
+
+    @mcp.tool
+    async def route(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})]) -> str:
+        return region
+
+    listed: list[int] = []
+
+    class CountLists(Middleware):
+        async def on_list_tools(self, context: Any, call_next: Any) -> Any:
+            listed.append(1)
+            return await call_next(context)
+
+    mcp.add_middleware(CountLists())
+    schemas = sdk_sessions.ToolSchemas()
+    assert schemas.install(mcp)
+    mcp.add_middleware(schemas)
+    app = mcp.http_app(path="/mcp", stateless_http=True)
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+
+    async def call(http: httpx2.AsyncClient, tool: str, region: str, header: str) -> httpx2.Response:
+        body = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": tool, "arguments": {"region": region}, "_meta": meta},
+        }
+        headers = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": "2026-07-28"}
+        headers |= {"Mcp-Method": "tools/call", "Mcp-Name": tool, "Mcp-Param-Region": header}
+        return await http.post("/mcp", headers=headers, json=body)
+
+    async def scenario() -> None:
+        async with app.router.lifespan_context(app):
+            schemas.learn(await mcp.list_tools(run_middleware=False))
+            transport = httpx2.ASGITransport(app=app)
+            async with httpx2.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+                for _ in range(3):
+                    agreed = await call(http, "route", "eu", "eu")
+                    assert agreed.status_code == 200 and '"eu"' in agreed.text, agreed.text
+                refused = await call(http, "route", "eu", "us")
+                assert refused.status_code == 400, refused.text
+                assert listed == [], "a tools/list ran for a tools/call"
+
+                @mcp.tool
+                async def later(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})]) -> str:
+                    return region
+
+                await mcp.list_tools()
+                assert (await call(http, "later", "eu", "us")).status_code == 400
+
+    asyncio.run(scenario())
+    own = FastMCP("own")
+    own._mcp_server.get_tool_input_schema = lookup = {}.get
+    assert not sdk_sessions.ToolSchemas().install(own)
+    assert own._mcp_server.get_tool_input_schema is lookup
