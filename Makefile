@@ -58,7 +58,7 @@ NEWEST := .venv-newest
 test-newest: python-deps
 	rm -rf $(NEWEST)
 	$(UV) venv --quiet --python $(PY) $(NEWEST)
-	$(UV) pip install --quiet --python $(NEWEST)/bin/python --upgrade -e '.[stack]' --group dev
+	$(UV) pip install --quiet --python $(NEWEST)/bin/python --upgrade -e '.[ops]' --group dev
 	@$(NEWEST)/bin/python -c "import importlib.metadata as m; print('newest:', *(f'{d} {m.version(d)}' for d in ('fastmcp', 'mcp')))"
 	$(NEWEST)/bin/python -m pytest -m quick $(PYTEST_ARGS)
 	$(NEWEST)/bin/python -m pytest tests/mcp_ha/test_sdk.py $(PYTEST_ARGS)

@@ -4,7 +4,7 @@ python stack.py up -d
 mcp-ha check http://127.0.0.1:8080/mcp --shape ha_shape.py --faults local
 """
 
-from mcp_ha.check import Call, Shape
+from mcp_ha.ops.check import Call, Shape
 
 shape = Shape(
     write=Call("increment_counter"),  # one more on the session's counter

@@ -3,7 +3,7 @@
 `HighAvailability` (replica.py) is what a server uses; docs/patterns.md maps
 each pattern to its module and its tests. What a server imports is here, in
 `__all__`: the one public surface (docs/patterns.md, "What a server imports").
-A client imports `mcp_ha.resilient_client`, and the HA check `mcp_ha.check`.
+A client imports `mcp_ha.resilient_client`, and the HA check `mcp_ha.ops.check`.
 The names below are imported when first used, so a client or the HA check
 imports none of the server side.
 """

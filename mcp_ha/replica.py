@@ -129,7 +129,7 @@ def tasks_installed() -> bool:
     return importlib.util.find_spec("fastmcp_tasks") is not None
 
 
-# Every HTTP answer of a replica names it, so the HA check (mcp_ha.check) sees which replica serves a
+# Every HTTP answer of a replica names it, so the HA check (mcp_ha.ops.check) sees which replica serves a
 # session without any of the server's own tools reporting it. HAProxy passes it through; the name is
 # INSTANCE_ID, which /health already answers to anyone.
 REPLICA_HEADER = b"mcp-ha-replica"

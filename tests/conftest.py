@@ -28,14 +28,14 @@ from fastmcp import Client
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
 from jwt.algorithms import RSAAlgorithm
 
-from mcp_ha.check.wire import RawSession
+from mcp_ha.ops.check.wire import RawSession
 
 # FastMCP's Client asks servers to run task tools as tasks once fastmcp-tasks is imported anywhere in the
 # process (the kit's `tasks` extra; FastMCP's own opt-in). Imported here, every test's Client is the one a
 # user of the extra has, whichever tests were collected; `tests/clients.py` has one that does not ask.
 with contextlib.suppress(ImportError):
     import fastmcp_tasks  # noqa: F401
-from mcp_ha.stack import Service, Stack, StackConfig, free_ports, port_is_free
+from mcp_ha.ops.stack import Service, Stack, StackConfig, free_ports, port_is_free
 from mcp_ha.streams.lease import RUNNER_CHECK_SECONDS, Runs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,7 +100,7 @@ LONG = (
     "tests/examples/test_servers.py::test_every_promise_holds_under_the_ha_check[jobs]",
     "tests/examples/test_servers.py::test_every_promise_holds_under_the_ha_check[cart]",
     # 57 s: a balancer killed under load; tests/test_stack.py kills either of two HAProxys by default.
-    "tests/mcp_ha/check/test_cli.py::test_a_balancer_killed_under_load_keeps_every_session_on_its_replica",
+    "tests/mcp_ha/ops/check/test_cli.py::test_a_balancer_killed_under_load_keeps_every_session_on_its_replica",
     # The benchmarks (45 s of set-up alone) and the failover benchmark's scenarios: figures, not guarantees the
     # default tier lacks (adoption after a kill, Sentinel, both HAProxys are held there).
     "tests/tools/test_bench.py",

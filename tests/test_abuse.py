@@ -46,7 +46,7 @@ import httpx2
 import pytest
 from conftest import ABUSE_BOUNDS, ABUSE_FIGURES, ROOT, Replica, replica_on
 
-from mcp_ha.check.wire import (
+from mcp_ha.ops.check.wire import (
     ACCEPT,
     PROTOCOL,
     SESSIONLESS_PROTOCOL,
@@ -56,8 +56,8 @@ from mcp_ha.check.wire import (
     jsonrpc_messages,
     last_jsonrpc_message,
 )
+from mcp_ha.ops.stack import Stack, http_status
 from mcp_ha.session_store import DEFAULT_MAX_BYTES_PER_HOLDER
-from mcp_ha.stack import Stack, http_status
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -97,7 +97,7 @@ MiB = 1 << 20
 BYSTANDER = r"""
 import asyncio, json, sys, threading, time
 import httpx2
-from mcp_ha.check.wire import CallFailed, RawSession
+from mcp_ha.ops.check.wire import CallFailed, RawSession
 
 url, token, period = sys.argv[1], sys.argv[2], float(sys.argv[3])
 

@@ -1,7 +1,7 @@
 """The whole stack on a Redis Cluster (`--redis cluster`: three primaries, a replica each), under faults.
 
 The replicas reach the cluster by REDIS_CLUSTER_NODES and wait for a Redis replica's acknowledgement of
-every write (REDIS_WAIT_REPLICAS=1). The failover benchmark's clients (mcp_ha/check) run under load while
+every write (REDIS_WAIT_REPLICAS=1). The failover benchmark's clients (mcp_ha/ops/check) run under load while
 a primary is killed (its replica is promoted) and while slots move between primaries.
 """
 
@@ -18,8 +18,8 @@ import httpx2
 import pytest
 from conftest import free_ports, running_stack, starts
 
-from mcp_ha.check.wire import RawSession
-from mcp_ha.stack import Stack, redis_command
+from mcp_ha.ops.check.wire import RawSession
+from mcp_ha.ops.stack import Stack, redis_command
 from mcp_ha.stores.redis_store import CLUSTER_LIBRARY
 from tools import failover_bench as bench
 

@@ -9,7 +9,7 @@ cause), so the suite notices the day it starts to hold.
 
 The kill run, and a run with no fault, also drive the stock clients nobody here
 wrote, at their defaults and with no retries of ours (5 sessions each): the
-TypeScript SDK's Client (mcp_ha/check/ts_client.mjs), the Python
+TypeScript SDK's Client (mcp_ha/ops/check/ts_client.mjs), the Python
 SDK's ClientSession, and FastMCP's Client in legacy mode beside its default
 (sessionless). One test per stock client holds it to the issue's targets for
 calls that stream nothing; the others leave those targets (STOCK_TARGET) to them.
@@ -33,8 +33,8 @@ import httpx2
 import pytest
 from conftest import ROOT, running_stack, starts
 
+from mcp_ha.ops.stack import Stack
 from mcp_ha.resilient_client import ResilientClient
-from mcp_ha.stack import Stack
 from tools import failover_bench as bench
 
 # The load runs until the stack is whole again (plus a tail) whatever this is;

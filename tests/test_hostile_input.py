@@ -29,9 +29,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from mcp_ha.check.wire import ACCEPT, PROTOCOL, RawSession, jsonrpc_messages, last_jsonrpc_message
 from mcp_ha.handles import UNKNOWN_HANDLE
-from mcp_ha.stack import Stack, http_status
+from mcp_ha.ops.check.wire import ACCEPT, PROTOCOL, RawSession, jsonrpc_messages, last_jsonrpc_message
+from mcp_ha.ops.stack import Stack, http_status
 
 # No answer within this long is a hang, and fails the test.
 TIMEOUT = 20.0

@@ -48,7 +48,7 @@ def test_the_wheel_installs_one_top_level_name_with_its_types_and_haproxy_config
         "mcp_ha/session_store.py",
         "mcp_ha/stores/redis_store.py",
         "mcp_ha/resilient_client.py",
-        "mcp_ha/stack.py",
+        "mcp_ha/ops/stack.py",
         "mcp_ha/py.typed",
         "mcp_ha/haproxy/haproxy.cfg",
         "mcp_ha/haproxy/refuse_body.lua",
@@ -57,7 +57,7 @@ def test_the_wheel_installs_one_top_level_name_with_its_types_and_haproxy_config
     } <= names
     assert not [n for n in names if n.endswith("secrets.env")]
     # Every file `mcp-ha deploy` writes out, where the installed kit looks for it.
-    from mcp_ha.deploy_files import FILES
+    from mcp_ha.ops.deploy_files import FILES
 
     for path in {path for files in FILES.values() for path in files}:
         shipped = path if path.startswith(("haproxy/", "deploy/")) else f"deploy/{path}"
@@ -109,7 +109,10 @@ def test_every_import_is_declared_and_every_declaration_imported(wheel: Path) ->
     # Ranges, not pins, so a project on a newer FastMCP can install the kit; uv.lock pins what CI tests.
     fastmcp = next(line for line in metadata.splitlines() if re.match(r"Requires-Dist: fastmcp\b", line))
     assert "==" not in fastmcp and "<" in fastmcp
-    assert re.search(r"Provides-Extra: stack", metadata)
+    # The ops wing's dependencies are an extra (its old name, stack, still installs it), never the layer's.
+    assert re.search(r"^Provides-Extra: ops$", metadata, re.M) and re.search(r"^Provides-Extra: stack$", metadata, re.M)
+    core = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line]
+    assert not [line for line in core if re.match(r"Requires-Dist: (click|rich|cryptography)\b", line)], core
 
 
 def test_the_metadata_says_its_license_and_the_one_python_ci_tests(wheel: Path) -> None:
@@ -184,7 +187,7 @@ if __name__ == "__main__":
 '''
 
 USERS_SHAPE = """
-from mcp_ha.check import Call, Shape
+from mcp_ha.ops.check import Call, Shape
 
 shape = Shape(write=Call("bump"), read=Call("tally"), count=lambda result: result["tally"])
 """
@@ -199,7 +202,7 @@ def test_a_server_in_its_own_project_runs_as_the_stack_and_passes_the_ha_check(w
     project.mkdir()
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "STACK_DIR")}
-    kit = f"mcp-ha-kit[stack] @ {wheel.as_uri()}"
+    kit = f"mcp-ha-kit[ops] @ {wheel.as_uri()}"
     for argv in (
         [UV, "venv", "--python", sys.executable, str(venv)],
         [UV, "pip", "install", "--python", str(venv / "bin" / "python"), kit, NEWER_FASTMCP],

@@ -14,9 +14,9 @@ from fastmcp.exceptions import ToolError
 from mcp_ha import resilient_client
 from mcp_ha.errors import SESSION_MOVED
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
+from mcp_ha.ops.stack import Stack, free_ports
 from mcp_ha.resilient_client import ResilientClient, TransientFailure
 from mcp_ha.session_store import STORE_UNAVAILABLE
-from mcp_ha.stack import Stack, free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(120)

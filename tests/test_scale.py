@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 
-from mcp_ha.check.wire import RawSession
-from mcp_ha.stack import Stack
+from mcp_ha.ops.check.wire import RawSession
+from mcp_ha.ops.stack import Stack
 from mcp_ha.stores.redis_store import RedisSessionStore
 from tools.bench import EMPTY, FILL  # sessions made inside Redis, one call instead of 300,000 round trips
 

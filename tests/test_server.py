@@ -18,8 +18,8 @@ from fastmcp import Client
 from fastmcp.client.elicitation import ElicitResult
 from fastmcp.exceptions import ToolError
 
-from mcp_ha.check.wire import RawSession, SessionlessSession, jsonrpc_messages, last_jsonrpc_message
-from mcp_ha.stack import Stack
+from mcp_ha.ops.check.wire import RawSession, SessionlessSession, jsonrpc_messages, last_jsonrpc_message
+from mcp_ha.ops.stack import Stack
 
 REPLICAS = {"mcp-server-1", "mcp-server-2", "mcp-server-3"}
 # Well formed and minted by nobody; fixed, so parallel workers collect the same test ids.

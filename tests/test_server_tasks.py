@@ -1,6 +1,6 @@
 """The demo's analyze_data as a durable task (server.py, mcp_ha/tasks.py), for FastMCP's Client with its tasks
 extension, through HAProxy on the whole stack: the replica running it killed, or a cancel sent through another
-replica. The replica running a task is the one `tasks/get` names (mcp_ha.check.clients.TaskSeen reads it)."""
+replica. The replica running a task is the one `tasks/get` names (mcp_ha.ops.check.clients.TaskSeen reads it)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from fastmcp.client.transports import StreamableHttpTransport
 from fastmcp_tasks import ToolTask, call_tool_task
 from mcp.types import TextResourceContents
 
-from mcp_ha.check.clients import TaskSeen
-from mcp_ha.stack import Stack
+from mcp_ha.ops.check.clients import TaskSeen
+from mcp_ha.ops.stack import Stack
 
 # Kill -9 runs: TASK_KILL_RUNS=5 pytest tests/test_server_tasks.py -k outlives -s prints the figures of each.
 KILL_RUNS = int(os.environ.get("TASK_KILL_RUNS", "1"))

@@ -21,6 +21,7 @@ import pytest
 from conftest import free_ports, move_slot, slot_owner
 from redis.crc import key_slot
 
+from mcp_ha.ops.stack import Stack
 from mcp_ha.session_store import (
     OWNER,
     RESYNC,
@@ -39,7 +40,6 @@ from mcp_ha.session_store import (
     is_session_id,
     mint_event_id,
 )
-from mcp_ha.stack import Stack
 from mcp_ha.stores.memory_store import InMemorySessionStore
 from mcp_ha.stores.redis_store import CLUSTER_LIBRARY, LIBRARY, RedisSessionStore
 from mcp_ha.stores.replica_wait import SHORT_RECOUNT_SECONDS, online_replicas

@@ -20,9 +20,9 @@ import pytest
 from conftest import free_ports, running_stack, scrubbed, stack_config, stack_ports, starts
 from fastmcp import Client
 
-from mcp_ha import stack as stack_module
-from mcp_ha.check.wire import RawSession
-from mcp_ha.stack import LOWEST_PORT, Stack, StackConfig, StackError, port_is_free
+from mcp_ha.ops import stack as stack_module
+from mcp_ha.ops.check.wire import RawSession
+from mcp_ha.ops.stack import LOWEST_PORT, Stack, StackConfig, StackError, port_is_free
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -420,7 +420,7 @@ def user_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     (project / "jobs_server.py").write_text(JOBS_SERVER)
     shell = {k: v for k, v in os.environ.items() if k not in ("STACK_DIR", "PYTHONPATH")}
     result = subprocess.run(
-        [sys.executable, "-m", "mcp_ha.stack", "up", "-d", "--server", "jobs_server"],
+        [sys.executable, "-m", "mcp_ha.ops.stack", "up", "-d", "--server", "jobs_server"],
         cwd=project,
         env={**shell, **stack_ports(2), "JOBS_MAX": "5"},
         capture_output=True,
@@ -447,7 +447,7 @@ def test_a_users_server_runs_from_its_project_with_the_interpreter_and_environme
     project = user_stack.config.project
     assert project == user_stack.config.state_dir.parent
     ps = subprocess.run(
-        [sys.executable, "-m", "mcp_ha.stack", "--stack-dir", str(user_stack.config.state_dir), "ps", "--json"],
+        [sys.executable, "-m", "mcp_ha.ops.stack", "--stack-dir", str(user_stack.config.state_dir), "ps", "--json"],
         cwd=tmp_path,
         env=scrubbed(),
         capture_output=True,
@@ -492,7 +492,7 @@ async def test_a_replica_restarted_from_another_shell_gets_what_it_had_at_up(use
         assert user_stack.pid(name) not in (None, before[name])
         assert await jobs_max(user_stack, name) == {"jobs_max": "5", "instance": name}
     for verb in ("stop", "start"):
-        result = elsewhere(sys.executable, "-m", "mcp_ha.stack", "--stack-dir", state_dir, verb, "mcp-server-2")
+        result = elsewhere(sys.executable, "-m", "mcp_ha.ops.stack", "--stack-dir", state_dir, verb, "mcp-server-2")
         assert result.returncode == 0, result.stdout + result.stderr
     assert await jobs_max(user_stack, "mcp-server-2") == {"jobs_max": "5", "instance": "mcp-server-2"}
     assert proc_environ(user_stack.pid("mcp-server-2") or 0)["PYTHONPATH"].split(os.pathsep)[0] == str(

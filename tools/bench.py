@@ -68,7 +68,7 @@ They run in the order throughput, proxy hop, memory, capacity, scale (whose
 100,000 sessions would leave Redis rehashing), durability; `--sections` runs
 some of them (capacity brings memory).
 
-Clients are raw HTTP (mcp_ha/check/wire.py over httpx2, keep-alive), not FastMCP's
+Clients are raw HTTP (mcp_ha/ops/check/wire.py over httpx2, keep-alive), not FastMCP's
 Client, so the client's own overhead stays small. `--generation session` speaks
 session-era MCP (initialize, mcp-session-id); `sessionless` speaks 2026-07-28
 (no initialize, `create_session` once, its handle passed as `session_id`). The
@@ -128,10 +128,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from mcp_ha.check.wire import CallFailed, RawSession, SessionlessSession, final_message, tool_result
-from mcp_ha.session_store import DEFAULT_MAX_EVENTS, EVENT_BYTES, Op, StoreUnavailable, key_bytes
-from mcp_ha.settings import Settings, SettingsError
-from mcp_ha.stack import (
+from mcp_ha.ops.check.wire import CallFailed, RawSession, SessionlessSession, final_message, tool_result
+from mcp_ha.ops.stack import (
     HAPROXY_ARGV,
     Stack,
     StackConfig,
@@ -141,6 +139,8 @@ from mcp_ha.stack import (
     read_stats_csv,
     running_stack,
 )
+from mcp_ha.session_store import DEFAULT_MAX_EVENTS, EVENT_BYTES, Op, StoreUnavailable, key_bytes
+from mcp_ha.settings import Settings, SettingsError
 from mcp_ha.stores.redis_store import RedisSessionStore
 from tools import ROOT
 from tools.reference import Checkout, ReferenceKit, ReferenceKitError, ensure_venv
@@ -236,7 +236,7 @@ class Client(Protocol):
 
 
 class SessionClient(RawSession):
-    """Session-era MCP (2025-11-25), mcp_ha/check/wire's RawSession: initialize once, then every call
+    """Session-era MCP (2025-11-25), mcp_ha/ops/check/wire's RawSession: initialize once, then every call
     carries mcp-session-id."""
 
     def __init__(self, http: httpx2.AsyncClient, url: str, **options: Any) -> None:
@@ -244,7 +244,7 @@ class SessionClient(RawSession):
 
 
 class SessionlessClient(SessionlessSession):
-    """2026-07-28 MCP, mcp_ha/check/wire's SessionlessSession: no initialize; `create_session` once, its
+    """2026-07-28 MCP, mcp_ha/ops/check/wire's SessionlessSession: no initialize; `create_session` once, its
     handle passed to the tools that keep state."""
 
     def __init__(self, http: httpx2.AsyncClient, url: str, **options: Any) -> None:
@@ -318,12 +318,12 @@ class StreamedClient(SessionClient):
 
 
 class TaskClient:
-    """mcp_ha.check.clients.TasksClient (FastMCP's Client with fastmcp-tasks, 2026-07-28, a `create_session`
+    """mcp_ha.ops.check.clients.TasksClient (FastMCP's Client with fastmcp-tasks, 2026-07-28, a `create_session`
     handle) as the bench's Client: a task tool's call runs as a durable task, polled with tasks/get to its end."""
 
     def __init__(self, url: str) -> None:
         # Imported here: FastMCP takes seconds to import, which every other run of the bench is spared.
-        from mcp_ha.check.clients import TasksClient
+        from mcp_ha.ops.check.clients import TasksClient
 
         self.inner = TasksClient(url)
 

@@ -36,9 +36,9 @@ python stack.py up` too):
 Each scenario runs, through HAProxy, `--sessions` sessions of each kind of
 client, each calling `increment_counter` in a loop. The clients, and the load's
 plumbing (each call recorded, the final counters read), are the HA check's
-(mcp_ha/check/clients.py and load.py), driving the demo's shape (DEMO):
+(mcp_ha/ops/check/clients.py and load.py), driving the demo's shape (DEMO):
 
-    plain        session-era MCP over raw HTTP (mcp_ha/check/wire.py): initialize
+    plain        session-era MCP over raw HTTP (mcp_ha/ops/check/wire.py): initialize
                  once, keep the session id, never retry, 5 s per call
     resilient    ResilientClient (resilient_client.py)
     sessionless  FastMCP's Client in its default, sessionless (2026-07-28) mode:
@@ -51,7 +51,7 @@ theirs after 6 s and counts it failed):
 
     ts_sdk          the official TypeScript SDK (@modelcontextprotocol/sdk, pinned
                     in tests/clients/ts): Client over StreamableHTTPClientTransport,
-                    driven by the HA check's mcp_ha/check/ts_client.mjs (Node; make node-deps)
+                    driven by the HA check's mcp_ha/ops/check/ts_client.mjs (Node; make node-deps)
     python_sdk      the MCP Python SDK's ClientSession over streamable_http_client
     fastmcp_legacy  FastMCP's Client in mode="legacy" (session-era, 2025-11-25)
 
@@ -96,7 +96,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from mcp_ha.check.clients import (
+from mcp_ha.ops.check.clients import (
     GUARD_SLACK_SECONDS,
     PLAIN_CALL_TIMEOUT,
     RESILIENT_SETTINGS,
@@ -106,7 +106,7 @@ from mcp_ha.check.clients import (
     ClientFactory,
     SessionlessClient,
 )
-from mcp_ha.check.load import (
+from mcp_ha.ops.check.load import (
     TAIL_SECONDS,
     LoadSpan,
     SessionRun,
@@ -116,9 +116,9 @@ from mcp_ha.check.load import (
     open_and_read,
     read_final,
 )
-from mcp_ha.check.node import node_clients_missing
-from mcp_ha.check.shape import Call, Shape
-from mcp_ha.stack import Stack, StackConfig, StackError, running_stack
+from mcp_ha.ops.check.node import node_clients_missing
+from mcp_ha.ops.check.shape import Call, Shape
+from mcp_ha.ops.stack import Stack, StackConfig, StackError, running_stack
 from tools.bench import (
     MarkdownError,
     Section,
@@ -147,7 +147,7 @@ BASELINE = "none"
 
 # The clients' timeouts and bounds (PLAIN_CALL_TIMEOUT, STOCK_CALL_BOUND, RESILIENT_SETTINGS,
 # GUARD_SLACK_SECONDS) and the load's think time and tail (TAIL_SECONDS) are the HA check's:
-# mcp_ha/check/clients.py and load.py.
+# mcp_ha/ops/check/clients.py and load.py.
 
 KILL_DOWN_SECONDS = 3.0
 PAUSE_SECONDS = 4.0
@@ -191,7 +191,7 @@ def scenarios_of(scenario: str, redis_mode: str) -> list[str]:
 log = logging.getLogger("failover_bench")
 
 
-# -- the clients under test: the HA check's (mcp_ha/check/clients.py) ---------------------
+# -- the clients under test: the HA check's (mcp_ha/ops/check/clients.py) ---------------------
 
 # The kinds that always run; the stock SDK clients (the TypeScript SDK's, the Python SDK's, FastMCP's
 # in legacy mode) run too when asked for (run_scenario's `stock`, the command's default).

@@ -40,7 +40,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcp_ha.stack import free_ports, http_status, redis_command
+from mcp_ha.ops.stack import free_ports, http_status, redis_command
 from tools import ROOT
 
 HOST = "127.0.0.1"

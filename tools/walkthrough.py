@@ -26,8 +26,8 @@ from typing import Any
 from fastmcp import Client
 from rich.console import Console
 
+from mcp_ha.ops.stack import Stack
 from mcp_ha.resilient_client import ResilientClient
-from mcp_ha.stack import Stack
 
 console = Console()
 

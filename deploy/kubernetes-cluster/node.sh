@@ -3,7 +3,7 @@
 # its data directory. Its slots and role live in nodes.conf there, beside its
 # AOF, so a node started again rejoins as it was. The users are the single
 # Redis's, with the kit's user's cluster rights (REDIS_KIT_CLUSTER_ACL in
-# mcp_ha/stack.py), written at each start with hashed passwords, except
+# mcp_ha/ops/stack.py), written at each start with hashed passwords, except
 # masterauth, which Redis must send; the file is the redis user's only. It
 # announces its name (redis-N.redis), so the slot map names hosts that still
 # resolve after the pod comes back with another address. Memory is bounded as

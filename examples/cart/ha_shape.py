@@ -4,7 +4,7 @@ python stack.py up -d --server examples.cart.server
 mcp-ha check http://127.0.0.1:8080/mcp --shape examples/cart/ha_shape.py --faults local
 """
 
-from mcp_ha.check import Call, Shape
+from mcp_ha.ops.check import Call, Shape
 
 
 def apples(result: dict) -> int:

@@ -4,7 +4,7 @@ python stack.py up -d --server examples.jobs.server
 mcp-ha check http://127.0.0.1:8080/mcp --shape examples/jobs/ha_shape.py --faults local
 """
 
-from mcp_ha.check import Call, Shape
+from mcp_ha.ops.check import Call, Shape
 
 shape = Shape(
     write=Call("start_job", {"name": "probe", "steps": 1, "step_seconds": 0}),  # one job each

@@ -58,7 +58,7 @@ from mcp.types import CallToolResult, TextContent, TextResourceContents
 from mcp_ha import Settings
 from mcp_ha._sdk import InlineClient
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
-from mcp_ha.stack import Stack
+from mcp_ha.ops.stack import Stack
 from mcp_ha.streams.cut import CUT_KEYED
 
 pytestmark = pytest.mark.timeout(120)

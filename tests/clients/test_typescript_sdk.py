@@ -17,7 +17,7 @@ import pytest
 from conftest import two_replicas
 from fastmcp import Client
 
-from mcp_ha.stack import Stack
+from mcp_ha.ops.stack import Stack
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.node]
 CLIENT = Path(__file__).resolve().parent / "ts" / "client.mjs"

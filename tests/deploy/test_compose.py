@@ -177,7 +177,7 @@ def start_compose_redis(command: list[str], tmp: Path, port: int, env: dict[str,
 
 
 def wait_for_pong(port: int, password: str, log: Path) -> None:
-    from mcp_ha.stack import redis_command
+    from mcp_ha.ops.stack import redis_command
 
     for _ in range(100):
         if redis_command("127.0.0.1", port, "PING", password=password) == "PONG":
@@ -349,7 +349,7 @@ def test_compose_ships_no_stats_password_and_refuses_to_start_without_one(compos
     env = environment(haproxy)
     assert env["HAPROXY_STATS_PASSWORD"] == HOST_ENV["HAPROXY_STATS_PASSWORD"]
     # The other settings have safe defaults: limits on (the local stack's), no Origin allowed.
-    from mcp_ha.stack import DEFAULT_MAX_CONN_PER_SOURCE, DEFAULT_RATE_LIMIT
+    from mcp_ha.ops.stack import DEFAULT_MAX_CONN_PER_SOURCE, DEFAULT_RATE_LIMIT
 
     assert int(env["HAPROXY_MAX_BODY_BYTES"]) > 0
     assert (int(env["HAPROXY_RATE_LIMIT"]), int(env["HAPROXY_MAX_CONN_PER_SOURCE"])) == (
@@ -661,7 +661,7 @@ def test_the_sentinel_config_compose_writes_runs_in_a_real_sentinel(sentinel_fil
     primary (its command, run here on loopback), and asking for a password itself."""
     from conftest import free_ports
 
-    from mcp_ha.stack import redis_command, redis_info
+    from mcp_ha.ops.stack import redis_command, redis_info
 
     port, redis_port = free_ports(2)
     (tmp_path / "redis").mkdir()
@@ -745,7 +745,7 @@ def test_compose_ships_no_redis_password_and_refuses_to_start_without_one(compos
 
 @pytest.mark.quick
 def test_composes_acl_is_the_local_stacks(compose, sentinel_file):
-    from mcp_ha.stack import REDIS_KIT_ACL, REDIS_REPLICATION_ACL, REDIS_SENTINEL_ACL, REDIS_SENTINEL_KIT_ACL
+    from mcp_ha.ops.stack import REDIS_KIT_ACL, REDIS_REPLICATION_ACL, REDIS_SENTINEL_ACL, REDIS_SENTINEL_KIT_ACL
 
     every = {"default": "~* &* +@all", "mcp": REDIS_KIT_ACL}
     assert acl_users(interpolate(service(compose, "redis")["command"][2], HOST_ENV)) == every
@@ -773,7 +773,7 @@ def test_composes_redis_command_runs_with_its_acl(compose, tmp_path: Path) -> No
     """The base file's Redis command, run here: unauthenticated clients refused, the kit's user held to its ACL."""
     from conftest import free_ports
 
-    from mcp_ha.stack import redis_command
+    from mcp_ha.ops.stack import redis_command
     from mcp_ha.stores.redis_store import LIBRARY, functions_library
 
     (port,) = free_ports(1)
@@ -813,7 +813,7 @@ def test_composes_redis_command_runs_with_its_acl(compose, tmp_path: Path) -> No
 def deploy(*args: str):
     from click.testing import CliRunner
 
-    from mcp_ha.cli import main
+    from mcp_ha.ops.cli import main
 
     return CliRunner().invoke(main, ["deploy", *args])
 
@@ -822,7 +822,7 @@ def deploy(*args: str):
 def test_the_deploy_command_writes_the_compose_files_and_all_they_mount(compose, sentinel_file, tmp_path):
     """The repository's own files, byte for byte, in its layout: every bind mount of both compose files
     finds its source in the directory written."""
-    from mcp_ha.deploy_files import FILES
+    from mcp_ha.ops.deploy_files import FILES
 
     result = deploy("compose", str(tmp_path))
     assert result.exit_code == 0, result.output
@@ -864,7 +864,7 @@ def test_the_cluster_file_runs_six_nodes_made_one_cluster_before_the_replicas_st
 ) -> None:
     """The nodes and the one-shot service that makes them a cluster run deploy/kubernetes-cluster's
     scripts, which tests/deploy/test_kubernetes_cluster.py runs live."""
-    from mcp_ha.stack import CLUSTER_NODES as STACK_NODES
+    from mcp_ha.ops.stack import CLUSTER_NODES as STACK_NODES
 
     services = cluster_file["services"]
     assert len(CLUSTER_NODES) == STACK_NODES

@@ -33,9 +33,9 @@ import pytest
 from conftest import starts
 from test_server import *  # noqa: F403 (the contract's tests, collected here again: against the containers)
 
-from mcp_ha.check.wire import RawSession, last_jsonrpc_message
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
-from mcp_ha.stack import redis_command
+from mcp_ha.ops.check.wire import RawSession, last_jsonrpc_message
+from mcp_ha.ops.stack import redis_command
 
 COMPOSE = shlex.split(os.environ.get("MCP_DOCKER_COMPOSE", ""))
 pytestmark = [

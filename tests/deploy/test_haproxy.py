@@ -24,9 +24,9 @@ import pytest
 from conftest import running_stack, starts
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from mcp_ha.check.wire import CallFailed, RawSession, SessionlessSession
 from mcp_ha.drain import BALANCER_CHECK_HEADER
-from mcp_ha.stack import Stack, free_ports, read_stats_csv
+from mcp_ha.ops.check.wire import CallFailed, RawSession, SessionlessSession
+from mcp_ha.ops.stack import Stack, free_ports, read_stats_csv
 
 CONFIG = Path(__file__).resolve().parents[2] / "haproxy" / "haproxy.cfg"
 
@@ -422,7 +422,7 @@ def _ended_or_408(sock: socket.socket) -> bool:
 
 def test_the_default_caps_are_the_stacks(stack: Stack) -> None:
     """The local stack passes its settings; haproxy.cfg's own defaults are the same numbers."""
-    from mcp_ha.stack import DEFAULT_MAX_CONN_PER_SOURCE, DEFAULT_RATE_LIMIT
+    from mcp_ha.ops.stack import DEFAULT_MAX_CONN_PER_SOURCE, DEFAULT_RATE_LIMIT
 
     env = stack.service("haproxy").env
     assert env["HAPROXY_MAX_CONN_PER_SOURCE"] == str(DEFAULT_MAX_CONN_PER_SOURCE)

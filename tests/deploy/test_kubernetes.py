@@ -31,7 +31,7 @@ import yaml
 from test_compose import acl_users, instruction, interpolate, start_compose_redis, wait_for_pong
 
 from mcp_ha.drain import Drain
-from mcp_ha.stack import http_status
+from mcp_ha.ops.stack import http_status
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "deploy" / "kubernetes"
@@ -370,7 +370,7 @@ def write_kit(directory: Path) -> None:
     """`mcp-ha deploy kubernetes directory`, and the secrets.env a user writes there."""
     from click.testing import CliRunner
 
-    from mcp_ha.cli import main
+    from mcp_ha.ops.cli import main
 
     result = CliRunner().invoke(main, ["deploy", "kubernetes", str(directory)])
     assert result.exit_code == 0, result.output
@@ -381,7 +381,7 @@ def write_kit(directory: Path) -> None:
 def test_the_deploy_command_writes_every_file_the_kustomizations_read(tmp_path):
     """What `mcp-ha deploy kubernetes` writes is the repository's files, all of them: each kit builds
     from the written copy alone (build() refuses a file it lacks) into the same objects."""
-    from mcp_ha.deploy_files import FILES
+    from mcp_ha.ops.deploy_files import FILES
 
     shipped = subprocess.run(
         [
@@ -646,7 +646,7 @@ def test_haproxy_listens_where_its_service_points(objects, haproxy_env):
 
 
 def test_haproxys_per_address_limits_are_the_local_stacks(haproxy_env):
-    from mcp_ha.stack import DEFAULT_MAX_CONN_PER_SOURCE, DEFAULT_RATE_LIMIT
+    from mcp_ha.ops.stack import DEFAULT_MAX_CONN_PER_SOURCE, DEFAULT_RATE_LIMIT
 
     assert int(haproxy_env["HAPROXY_RATE_LIMIT"]) == DEFAULT_RATE_LIMIT
     assert int(haproxy_env["HAPROXY_MAX_CONN_PER_SOURCE"]) == DEFAULT_MAX_CONN_PER_SOURCE
@@ -661,7 +661,7 @@ def redis_command(objects: list[dict]) -> list[str]:
 
 @pytest.mark.quick
 def test_redis_has_the_kits_acl(objects):
-    from mcp_ha.stack import REDIS_KIT_ACL
+    from mcp_ha.ops.stack import REDIS_KIT_ACL
 
     script = expand(redis_command(objects)[2], {})
     assert acl_users(script) == {"default": "~* &* +@all", "mcp": REDIS_KIT_ACL}
@@ -690,7 +690,7 @@ def test_the_redis_command_runs_with_its_acl(objects, tmp_path):
     read $$ as $, and this command has no other variable syntax of either)."""
     from conftest import free_ports
 
-    from mcp_ha.stack import redis_command as send
+    from mcp_ha.ops.stack import redis_command as send
 
     command = redis_command(objects)
     assert expand(command[2], {}) == interpolate(command[2], {})
@@ -788,7 +788,7 @@ def can_fake_cluster_dns() -> str | None:
 
 def pod_states(stats_url: str, password: str) -> dict[str, tuple[str, str]]:
     """HAProxy's DNS slots: name -> (status, address)."""
-    from mcp_ha.stack import read_stats_csv
+    from mcp_ha.ops.stack import read_stats_csv
 
     rows = csv.DictReader(read_stats_csv(stats_url, "stats", password).lstrip("# ").splitlines())
     return {row["svname"]: (row["status"], row["addr"]) for row in rows if row["svname"].startswith("mcp-pod-")}

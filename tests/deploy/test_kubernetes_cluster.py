@@ -20,8 +20,8 @@ from test_compose import acl_users
 from test_kubernetes import KUSTOMIZATIONS, ROOT, SECRETS, build_kit, container, find, objects, pod_env, wait_for  # noqa: F401
 from test_kubernetes_sentinel import cannot_run_pods, statefulset_pods, topology
 
-from mcp_ha.check.wire import CallFailed, RawSession
-from mcp_ha.stack import CLUSTER_NODES, REDIS_KIT_CLUSTER_ACL, REDIS_REPLICATION_ACL, http_status, redis_command
+from mcp_ha.ops.check.wire import CallFailed, RawSession
+from mcp_ha.ops.stack import CLUSTER_NODES, REDIS_KIT_CLUSTER_ACL, REDIS_REPLICATION_ACL, http_status, redis_command
 
 OVERLAY = KUSTOMIZATIONS["cluster"]
 SCRIPTS = ("node.sh", "create.sh")

@@ -31,8 +31,8 @@ from test_kubernetes import (
     wait_for,
 )
 
-from mcp_ha.check.wire import RawSession
-from mcp_ha.stack import (
+from mcp_ha.ops.check.wire import RawSession
+from mcp_ha.ops.stack import (
     REDIS_KIT_ACL,
     REDIS_REPLICATION_ACL,
     REDIS_SENTINEL_ACL,

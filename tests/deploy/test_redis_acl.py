@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, running_stack, stack_config
 
-from mcp_ha.stack import (
+from mcp_ha.ops.stack import (
     REDIS_SECRETS,
     REDIS_SECRETS_FILE,
     SENTINEL_MASTER,

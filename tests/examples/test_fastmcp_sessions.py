@@ -14,7 +14,7 @@ from fastmcp import Client
 from fastmcp.exceptions import ToolError
 
 from mcp_ha.handles import UNKNOWN_HANDLE
-from mcp_ha.stack import Stack
+from mcp_ha.ops.stack import Stack
 
 pytestmark = pytest.mark.timeout(120)
 MODULE = "examples.fastmcp_sessions"

@@ -23,9 +23,9 @@ from fastmcp.client.elicitation import ElicitResult
 from fastmcp.exceptions import ToolError
 
 from mcp_ha._sdk import InlineClient
-from mcp_ha.check.wire import RawSession, jsonrpc_messages
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
-from mcp_ha.stack import Stack
+from mcp_ha.ops.check.wire import RawSession, jsonrpc_messages
+from mcp_ha.ops.stack import Stack
 
 pytestmark = pytest.mark.timeout(120)
 

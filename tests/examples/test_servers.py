@@ -4,7 +4,7 @@ Each server runs on a whole stack of its own (redis, three replicas, haproxy), a
 Python API of `mcp-ha check`) drives it with every kind of client through its shape file, with the local
 stack's faults: the demo (`server.py`, counters), the cart (`examples/cart/server.py`, read-then-write
 tools in apply-once blocks) and the job runner (`examples/jobs/server.py`, calls that stream). What the
-check holds is in mcp_ha/check/checks.py; here, only that every promise holds.
+check holds is in mcp_ha/ops/check/checks.py; here, only that every promise holds.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import pytest
 from conftest import ROOT, running_stack, starts
 from rich.console import Console
 
-from mcp_ha.check import faults, run_check
-from mcp_ha.check.checks import NO_STREAMED_CALL
-from mcp_ha.check.faults import ONE_BALANCER
-from mcp_ha.check.report import PASS, summary_table
-from mcp_ha.stack import Stack
+from mcp_ha.ops.check import faults, run_check
+from mcp_ha.ops.check.checks import NO_STREAMED_CALL
+from mcp_ha.ops.check.faults import ONE_BALANCER
+from mcp_ha.ops.check.report import PASS, summary_table
+from mcp_ha.ops.stack import Stack
 
 # The TypeScript SDK client's node_modules, as `make node-deps` installs them.
 NODE_CLIENTS = ROOT / "tests" / "clients" / "ts"
@@ -56,7 +56,7 @@ async def test_every_promise_holds_under_the_ha_check(served: tuple[Path, Stack]
     assert report.ok, "\n".join([table, *report.failures()])
     # Every check ran, with every kind of client: nothing was skipped for want of a fault or of Node, only
     # the streamed call of a shape that has none (the cart's), and the front-door fault of a stack with one
-    # HAProxy (tests/mcp_ha/check/test_cli.py runs it on two).
+    # HAProxy (tests/mcp_ha/ops/check/test_cli.py runs it on two).
     skipped = {r.reasons[0] for r in report.results if r.status != PASS}
     assert skipped <= {NO_STREAMED_CALL, ONE_BALANCER}, table
     assert {r.client for r in report.results} >= {

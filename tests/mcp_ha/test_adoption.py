@@ -17,8 +17,8 @@ import pytest
 from conftest import replica_on
 
 from mcp_ha.adoption import Ownership, Stalls
-from mcp_ha.check.wire import RawSession, final_message, last_jsonrpc_message
-from mcp_ha.stack import Stack
+from mcp_ha.ops.check.wire import RawSession, final_message, last_jsonrpc_message
+from mcp_ha.ops.stack import Stack
 
 
 def direct(stack: Stack, http: httpx2.AsyncClient, replica: str, session_id: str) -> RawSession:

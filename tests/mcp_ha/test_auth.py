@@ -30,11 +30,11 @@ from joserfc import jwt as joserfc_jwt
 from test_server import *  # noqa: F403 (the contract's tests, collected here again: with alice's token)
 
 from mcp_ha import auth
-from mcp_ha.check.wire import RawSession
 from mcp_ha.handles import UNKNOWN_HANDLE
+from mcp_ha.ops.check.wire import RawSession
+from mcp_ha.ops.stack import Stack
 from mcp_ha.resilient_client import ResilientClient
 from mcp_ha.settings import Settings, SettingsError
-from mcp_ha.stack import Stack
 
 GET_COUNTER = {"name": "get_counter", "arguments": {}}
 # A call with something to stream (a call with nothing to stream is answered as JSON, and kept nowhere).

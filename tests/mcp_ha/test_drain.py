@@ -9,9 +9,9 @@ import time
 import httpx2
 import pytest
 
-from mcp_ha.check.wire import PROTOCOL, RawSession, last_jsonrpc_message
 from mcp_ha.drain import MAX_BALANCERS, Drain
-from mcp_ha.stack import Stack
+from mcp_ha.ops.check.wire import PROTOCOL, RawSession, last_jsonrpc_message
+from mcp_ha.ops.stack import Stack
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,10 +13,10 @@ import pytest
 from fastmcp import Client
 from fastmcp.exceptions import ToolError
 
-from mcp_ha.check.wire import ACCEPT, RawSession, last_jsonrpc_message
 from mcp_ha.handles import NO_SESSION, UNKNOWN_HANDLE
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
-from mcp_ha.stack import Stack
+from mcp_ha.ops.check.wire import ACCEPT, RawSession, last_jsonrpc_message
+from mcp_ha.ops.stack import Stack
 
 MODERN = "2026-07-28"
 # Well formed and minted by nobody; fixed, so parallel workers collect the same test ids.

@@ -10,7 +10,7 @@ import httpx2
 import pytest
 from conftest import running_stack
 
-from mcp_ha.stack import Stack
+from mcp_ha.ops.stack import Stack
 
 
 @pytest.mark.timeout(60)

@@ -8,9 +8,9 @@ import uuid
 
 import httpx2
 
-from mcp_ha.check.wire import RawSession, last_jsonrpc_message
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
-from mcp_ha.stack import Stack
+from mcp_ha.ops.check.wire import RawSession, last_jsonrpc_message
+from mcp_ha.ops.stack import Stack
 
 
 async def keyed(session: RawSession, tool: str, key: str, arguments: dict | None = None) -> dict:

@@ -23,9 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcp_ha import limits
-from mcp_ha.check.wire import ACCEPT, PROTOCOL, RawSession, SessionlessSession, final_message
 from mcp_ha.limits import Call, InFlight, structure, structure_bound, unescaped
-from mcp_ha.stack import Stack
+from mcp_ha.ops.check.wire import ACCEPT, PROTOCOL, RawSession, SessionlessSession, final_message
+from mcp_ha.ops.stack import Stack
 
 pytestmark = pytest.mark.timeout(60)
 MAX_BODY_BYTES = 1_048_576

@@ -14,9 +14,9 @@ import httpx2
 import pytest
 from conftest import replica_on
 
-from mcp_ha.check.wire import RawSession, SessionlessSession
 from mcp_ha.logs import MAX_REQUEST_ID, RequestFields, RequestIds, configure, json_formatter
-from mcp_ha.stack import Stack
+from mcp_ha.ops.check.wire import RawSession, SessionlessSession
+from mcp_ha.ops.stack import Stack
 
 
 def log_lines(stack: Stack, replica: str) -> list[dict]:

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from mcp_ha.check.wire import RawSession, last_jsonrpc_message
-from mcp_ha.stack import Stack
+from mcp_ha.ops.check.wire import RawSession, last_jsonrpc_message
+from mcp_ha.ops.stack import Stack
 
 Samples = dict[tuple[str, frozenset], float]
 # The dashboard and the alert rules the kit ships (mcp-ha deploy writes them out too).

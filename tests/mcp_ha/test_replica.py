@@ -20,8 +20,8 @@ from fastmcp import FastMCP
 from fastmcp.server.server import StateValue
 
 from mcp_ha import HighAvailability, Session, Settings
-from mcp_ha.check.wire import PROTOCOL, RawSession
-from mcp_ha.stack import free_ports
+from mcp_ha.ops.check.wire import PROTOCOL, RawSession
+from mcp_ha.ops.stack import free_ports
 from mcp_ha.stores.memory_store import InMemorySessionStore
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,10 +21,10 @@ import pytest
 from conftest import replica_on, two_replicas
 from fastmcp import Client
 
-from mcp_ha.check.wire import SessionlessSession, final_message
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
+from mcp_ha.ops.check.wire import SessionlessSession, final_message
+from mcp_ha.ops.stack import Stack
 from mcp_ha.request_state import REPLAYED
-from mcp_ha.stack import Stack
 
 pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[2]

@@ -33,7 +33,7 @@ from mcp_types import SubscribeRequestParams, SubscriptionsListenRequestParams
 from pydantic import Field
 
 from mcp_ha import _sdk as sdk_sessions
-from mcp_ha.check.wire import ACCEPT, PROTOCOL, jsonrpc_messages, last_jsonrpc_message
+from mcp_ha.ops.check.wire import ACCEPT, PROTOCOL, jsonrpc_messages, last_jsonrpc_message
 from mcp_ha.session_store import SessionStore
 from mcp_ha.settings import Settings
 from mcp_ha.stores.memory_store import InMemorySessionStore

@@ -26,10 +26,10 @@ from redis.crc import key_slot
 from starlette.responses import PlainTextResponse
 
 from mcp_ha._sdk import InlineClient
-from mcp_ha.check.wire import Event, RawSession, SessionlessSession, final_message
 from mcp_ha.idempotency import IDEMPOTENCY_KEY
+from mcp_ha.ops.check.wire import Event, RawSession, SessionlessSession, final_message
+from mcp_ha.ops.stack import REDIS_KIT_ACL, Stack
 from mcp_ha.session_store import SessionStore, mint_event_id
-from mcp_ha.stack import REDIS_KIT_ACL, Stack
 from mcp_ha.stores.memory_store import InMemorySessionStore
 from mcp_ha.stores.redis_store import RedisSessionStore
 from mcp_ha.streams.cut import CUT, CUT_KEYED, CUT_MARK, CUT_RETRY_MS, cut_call_named, cut_error, cut_event_id

@@ -28,8 +28,8 @@ from mcp.server.subscriptions import ResourceUpdated, ToolsListChanged
 from mcp_types import SubscriptionFilter
 
 from mcp_ha import HighAvailability, Settings
-from mcp_ha.check.wire import SESSIONLESS_PROTOCOL, RawSession, SessionlessSession, final_message
-from mcp_ha.stack import Stack
+from mcp_ha.ops.check.wire import SESSIONLESS_PROTOCOL, RawSession, SessionlessSession, final_message
+from mcp_ha.ops.stack import Stack
 from mcp_ha.stores.memory_store import MAX_UNREAD, InMemorySessionStore
 from mcp_ha.stores.redis_store import RedisSessionStore
 from mcp_ha.subscriptions import MAX_URIS, StoreBus

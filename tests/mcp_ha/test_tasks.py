@@ -25,9 +25,9 @@ from fastmcp.exceptions import ToolError
 from fastmcp_tasks import ToolTask, call_tool_task
 from mcp.shared.exceptions import MCPError
 
+from mcp_ha.ops.stack import Stack
 from mcp_ha.session_store import SessionStore
 from mcp_ha.settings import Settings, SettingsError
-from mcp_ha.stack import Stack
 from mcp_ha.stores.memory_store import InMemorySessionStore
 from mcp_ha.streams.lease import Runs
 from mcp_ha.tasks import DOCKET_NAME, RUNNER_META, TaskRuns, docket_url

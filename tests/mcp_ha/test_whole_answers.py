@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from mcp_ha.stack import free_ports
+from mcp_ha.ops.stack import free_ports
 from mcp_ha.whole_answers import WholeAnswers
 
 BODY = b'{"jsonrpc":"2.0","id":1,"result":{}}'

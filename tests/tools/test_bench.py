@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import ROOT, starts
 
-from mcp_ha.stack import free_ports
+from mcp_ha.ops.stack import free_ports
 
 
 def refused(*args: str) -> subprocess.CompletedProcess:
@@ -625,7 +625,7 @@ def test_against_the_real_reference_kit(tmp_path: Path) -> None:
 @pytest.mark.redis
 @pytest.mark.slow
 def test_a_replica_that_does_not_start_is_named_with_its_log_and_everything_started_is_stopped(tmp_path: Path) -> None:
-    from mcp_ha.stack import redis_command
+    from mcp_ha.ops.stack import redis_command
     from tools.reference import Checkout, ReferenceKit, ReferenceKitError
 
     checkout = made_up_checkout(tmp_path / "reference")

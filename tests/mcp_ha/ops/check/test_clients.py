@@ -1,4 +1,4 @@
-"""mcp_ha/check/clients.py: the replica behind each answer, read from the header the layer adds
+"""mcp_ha/ops/check/clients.py: the replica behind each answer, read from the header the layer adds
 (mcp_ha/replica.py's NameReplica), as the clients' HTTP hook reads it."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from starlette.responses import PlainTextResponse
 from starlette.types import Receive, Scope, Send
 
-from mcp_ha.check.clients import REPLICA_HEADER, RUNNER_META, STOCK_KINDS, ClientFactory, ReplicaSeen, TaskSeen
-from mcp_ha.check.options import KINDS
+from mcp_ha.ops.check.clients import REPLICA_HEADER, RUNNER_META, STOCK_KINDS, ClientFactory, ReplicaSeen, TaskSeen
+from mcp_ha.ops.check.options import KINDS
 from mcp_ha.replica import REPLICA_HEADER as LAYER_HEADER
 from mcp_ha.replica import NameReplica
 

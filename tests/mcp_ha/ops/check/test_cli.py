@@ -1,4 +1,4 @@
-"""mcp_ha/check/cli.py: `mcp-ha check`, run as a user runs it: exit 0 when every promise holds, 1 when
+"""mcp_ha/ops/check/cli.py: `mcp-ha check`, run as a user runs it: exit 0 when every promise holds, 1 when
 one does not, 2 when the check cannot run (bad options, a shape file that does not load, a URL that
 does not answer)."""
 
@@ -18,13 +18,13 @@ import pytest
 from click.testing import CliRunner
 from conftest import ROOT, running_stack, starts
 
-from mcp_ha.check.cli import check
-from mcp_ha.cli import main
-from mcp_ha.stack import Stack
+from mcp_ha.ops.check.cli import check
+from mcp_ha.ops.cli import main
+from mcp_ha.ops.stack import Stack
 
 MCP_HA = Path(sys.executable).parent / "mcp-ha"
 LYING_SHAPE = """
-from mcp_ha.check import Call, Shape
+from mcp_ha.ops.check import Call, Shape
 
 # Claims one write more than the server holds: every session looks as if a write was applied twice.
 shape = Shape(write=Call("increment_counter"), read=Call("get_counter"), count=lambda r: r["counter"] + 1)
@@ -113,8 +113,8 @@ def test_ctrl_c_exits_130_not_1_like_a_broken_promise() -> None:
 @pytest.mark.parametrize(
     "code",
     [
-        "from mcp_ha.cli import main\ntry:\n    main(['check', '--help'])\nexcept SystemExit:\n    pass",
-        "from mcp_ha.check import Call, Shape",  # what a shape file imports
+        "from mcp_ha.ops.cli import main\ntry:\n    main(['check', '--help'])\nexcept SystemExit:\n    pass",
+        "from mcp_ha.ops.check import Call, Shape",  # what a shape file imports
     ],
 )
 def test_help_and_a_shape_file_load_nothing_that_drives_a_client(code: str) -> None:
@@ -129,7 +129,7 @@ def test_help_and_a_shape_file_load_nothing_that_drives_a_client(code: str) -> N
 
 @pytest.mark.quick
 def test_list_names_the_checks_k_selects_and_neither_needs_a_deployment() -> None:
-    from mcp_ha.check.checks import SUITES
+    from mcp_ha.ops.check.checks import SUITES
 
     every = CliRunner().invoke(check, ["--list"])
     assert every.exit_code == 0 and every.output.splitlines() == [
@@ -151,8 +151,8 @@ def test_a_selection_that_names_no_check_exits_2_before_touching_the_deployment(
 
 
 def test_the_suites_the_command_offers_are_the_suites_there_are() -> None:
-    from mcp_ha.check.checks import SUITES
-    from mcp_ha.check.options import SUITE_NAMES
+    from mcp_ha.ops.check.checks import SUITES
+    from mcp_ha.ops.check.options import SUITE_NAMES
 
     assert tuple(SUITES) == SUITE_NAMES
 

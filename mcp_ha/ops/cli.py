@@ -1,11 +1,11 @@
 """`mcp-ha`: the kit's one command.
 
-    mcp-ha stack up -d --server my_project.server    the local stack (needs the `stack` extra)
+    mcp-ha stack up -d --server my_project.server    the local stack
     mcp-ha check URL --shape ha_shape.py ...          the HA check against any deployment
     mcp-ha deploy compose|kubernetes DIR              the kit's compose files or manifests, written out
 
-Each subcommand is imported when it is named, so `mcp-ha check` never needs
-what only the local stack uses.
+Each subcommand is imported when it is named, so `mcp-ha check --help` answers
+at once. All of them need the `ops` extra (`mcp_ha.ops.main` says so if it is missing).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any, NoReturn
 import click
 
 SUBCOMMANDS = {
-    "stack": ("mcp_ha.stack", "cli", "the local stack: redis, replicas and haproxy as processes"),
-    "check": ("mcp_ha.check.cli", "check", "the HA check: a deployment's guarantees, under faults"),
-    "deploy": ("mcp_ha.deploy_files", "cli", "the compose files or Kubernetes manifests, written into a directory"),
+    "stack": ("mcp_ha.ops.stack", "cli", "the local stack: redis, replicas and haproxy as processes"),
+    "check": ("mcp_ha.ops.check.cli", "check", "the HA check: a deployment's guarantees, under faults"),
+    "deploy": ("mcp_ha.ops.deploy_files", "cli", "the compose files or Kubernetes manifests, written into a directory"),
 }
 
 
@@ -35,9 +35,7 @@ class _Lazy(click.Group):
         try:
             command = getattr(importlib.import_module(module), attr)
         except ModuleNotFoundError as exc:
-            raise click.ClickException(
-                f"`mcp-ha {cmd_name}` needs {exc.name}: pip install 'mcp-ha-kit[{cmd_name}]'"
-            ) from exc
+            raise click.ClickException(f"`mcp-ha {cmd_name}` needs {exc.name}: pip install 'mcp-ha-kit[ops]'") from exc
         assert isinstance(command, click.Command)
         return command
 

@@ -3,7 +3,7 @@
     mcp-ha check URL --shape ha_shape.py [--faults local|compose|kubectl|'kill=...,pause=...']
                      [--suite lb|resilience|all] [--clients plain,sessionless,...] [--junit FILE]
 
-    from mcp_ha.check import Call, Shape, run_check, faults
+    from mcp_ha.ops.check import Call, Shape, run_check, faults
     report = await run_check(url, shape, faults=faults.local())
 
 Modules: shape (what the user writes), faults (their commands), clients and node (the kinds of client
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .runner import run_check
     from .shape import Call, Shape, ShapeError, load_shape
 
-# Imported when first used: a shape file (`from mcp_ha.check import Call, Shape`) and `mcp-ha check --help`
+# Imported when first used: a shape file (`from mcp_ha.ops.check import Call, Shape`) and `mcp-ha check --help`
 # load none of what drives the clients.
 _WHERE = {
     "Call": ".shape",
@@ -60,5 +60,5 @@ def __getattr__(name: str) -> Any:
     if name == "faults":
         return importlib.import_module(".faults", __name__)
     if name not in _WHERE:
-        raise AttributeError(f"module 'mcp_ha.check' has no attribute {name!r}")
+        raise AttributeError(f"module 'mcp_ha.ops.check' has no attribute {name!r}")
     return getattr(importlib.import_module(_WHERE[name], __name__), name)

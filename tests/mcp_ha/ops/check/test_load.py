@@ -1,11 +1,11 @@
-"""mcp_ha/check/load.py: effects lost or doubled, per session, from the writes acknowledged and the count."""
+"""mcp_ha/ops/check/load.py: effects lost or doubled, per session, from the writes acknowledged and the count."""
 
 from __future__ import annotations
 
 import pytest
 
-from mcp_ha.check.load import CallRecord, SessionRun, figures, load_with_fault
-from mcp_ha.check.shape import Call, Shape
+from mcp_ha.ops.check.load import CallRecord, SessionRun, figures, load_with_fault
+from mcp_ha.ops.check.shape import Call, Shape
 
 pytestmark = pytest.mark.quick
 

@@ -1,4 +1,4 @@
-"""mcp_ha/check/faults.py: the ready-made fault sets, the user's own templates, and a command's failure."""
+"""mcp_ha/ops/check/faults.py: the ready-made fault sets, the user's own templates, and a command's failure."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mcp_ha.check.faults import BALANCER_VERBS, VERBS, FaultError, Faults, local, parse_faults
-from mcp_ha.stack import StackConfig
+from mcp_ha.ops.check.faults import BALANCER_VERBS, VERBS, FaultError, Faults, local, parse_faults
+from mcp_ha.ops.stack import StackConfig
 
 
 def recorded_stack(tmp_path: Path, balancers: int) -> str:
@@ -26,7 +26,7 @@ def test_the_local_set_runs_the_stack_command_of_this_python_in_its_stack_dir(tm
     assert faults.command("kill", "mcp-server-2") == [
         sys.executable,
         "-m",
-        "mcp_ha.stack",
+        "mcp_ha.ops.stack",
         "kill",
         "-s",
         "SIGKILL",

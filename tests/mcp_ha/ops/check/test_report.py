@@ -1,4 +1,4 @@
-"""mcp_ha/check/report.py: the verdict, the summary table and the JUnit XML."""
+"""mcp_ha/ops/check/report.py: the verdict, the summary table and the JUnit XML."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from mcp_ha.check.load import Figures
-from mcp_ha.check.report import FAIL, PASS, SKIP, CheckResult, Report, summary_table, write_junit
+from mcp_ha.ops.check.load import Figures
+from mcp_ha.ops.check.report import FAIL, PASS, SKIP, CheckResult, Report, summary_table, write_junit
 
 pytestmark = pytest.mark.quick
 

@@ -1,4 +1,4 @@
-"""mcp_ha/check/node.py: where the TypeScript SDK client runs from, and why it cannot."""
+"""mcp_ha/ops/check/node.py: where the TypeScript SDK client runs from, and why it cannot."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from mcp_ha.check.node import PINS, SCRIPT, node_clients_missing, prepare
+from mcp_ha.ops.check.node import PINS, SCRIPT, node_clients_missing, prepare
 
 pytestmark = pytest.mark.quick
 

@@ -1,7 +1,7 @@
 """How the HA check drives a server: a `Shape` of a few `Call`s, written once in the user's project.
 
     # ha_shape.py
-    from mcp_ha.check import Call, Shape
+    from mcp_ha.ops.check import Call, Shape
 
     shape = Shape(
         write=Call("start_job", {"name": "probe", "steps": 1, "step_seconds": 0}),
@@ -94,6 +94,10 @@ class Shape:
         return self.state(result) if self.state is not None else self.count_of(result)
 
 
+# Where a shape written before the ops wing (mcp_ha/ops/) imports from, and where that is now.
+MOVED = {"mcp_ha.check": "mcp_ha.ops.check"}
+
+
 def load_shape(path: str | Path) -> Shape:
     """The `shape` a Python file defines; ShapeError, saying why, for any file that does not."""
     path = Path(path)
@@ -108,6 +112,9 @@ def load_shape(path: str | Path) -> Shape:
     sys.path.insert(0, str(path.resolve().parent))
     try:
         spec.loader.exec_module(module)
+    except ModuleNotFoundError as exc:
+        moved = f" (the HA check moved: import from {MOVED[exc.name]})" if exc.name in MOVED else ""
+        raise ShapeError(f"{path}: {type(exc).__name__}: {exc}{moved}") from exc
     except Exception as exc:
         raise ShapeError(f"{path}: {type(exc).__name__}: {exc}") from exc
     finally:

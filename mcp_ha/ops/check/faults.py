@@ -100,9 +100,9 @@ class Faults:
 
 def local(stack_dir: str | None = None) -> Faults:
     """The local stack's faults: `mcp-ha stack` (its module, run by this Python), in STACK_DIR or `stack_dir`."""
-    from mcp_ha.stack import Stack  # the stack's, only for this preset
+    from mcp_ha.ops.stack import Stack  # the stack's, only for this preset
 
-    stack = f"{shlex.quote(sys.executable)} -m mcp_ha.stack"
+    stack = f"{shlex.quote(sys.executable)} -m mcp_ha.ops.stack"
     commands = {
         "kill": f"{stack} kill -s SIGKILL {{replica}}",
         "pause": f"{stack} kill -s SIGSTOP {{replica}}",

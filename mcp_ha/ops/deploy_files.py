@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parents[1]  # mcp_ha/, above this wing
 # Installed, the wheel carries these files inside the package (mcp_ha/haproxy/, mcp_ha/deploy/); in
 # a checkout they are the repository's own.
 _INSTALLED = (_PACKAGE / "deploy").is_dir()

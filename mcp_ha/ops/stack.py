@@ -69,11 +69,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from rich.console import Console
 from rich.table import Table
 
-from .settings import Settings, SettingsError
+from ..settings import Settings, SettingsError
 
 # HAProxy's config and Lua: the checkout's haproxy/ (one file for the stack, compose and Kubernetes),
 # which the wheel carries as mcp_ha/haproxy/.
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parents[1]  # mcp_ha/, above this wing
 HAPROXY_DIR = _PACKAGE / "haproxy" if (_PACKAGE / "haproxy").is_dir() else _PACKAGE.parent / "haproxy"
 # How HAProxy runs, in the foreground, with that config (its settings in its environment: haproxy_env).
 HAPROXY_ARGV = ("haproxy", "-db", "-f", str(HAPROXY_DIR / "haproxy.cfg"))
@@ -1306,7 +1306,7 @@ class Stack:
     def load_functions(self, name: str) -> None:
         """Load the kit's Redis functions into `name` as its admin, if it is a primary (replicas get them
         from it): the kit's own user may only call them (REDIS_KIT_ACL)."""
-        from .stores.redis_store import functions_library
+        from ..stores.redis_store import functions_library
 
         if self.redis_info(name, "replication").get("role") != "master":
             return
@@ -1754,7 +1754,7 @@ def _follow(stack: Stack, names: list[str], *, until_interrupted: bool) -> None:
 
 
 def main() -> None:
-    """`python stack.py` and `python -m mcp_ha.stack`: the same commands as `mcp-ha stack`."""
+    """`python stack.py` and `python -m mcp_ha.ops.stack`: the same commands as `mcp-ha stack`."""
     cli()
 
 

@@ -1,5 +1,5 @@
 // The official MCP TypeScript SDK v1 (@modelcontextprotocol/sdk, pinned in node/package.json) as a stock
-// client for the HA check (mcp_ha/check/node.py): `Client` over `StreamableHTTPClientTransport`, both at
+// client for the HA check (mcp_ha/ops/check/node.py): `Client` over `StreamableHTTPClientTransport`, both at
 // their defaults (session-era `initialize`, the SDK's own request timeout and SSE reconnection, no
 // retries of ours). The only addition is a `fetch` that reads the Mcp-Ha-Replica header of each answer.
 //

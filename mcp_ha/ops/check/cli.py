@@ -41,7 +41,7 @@ def _fail(message: str) -> None:
     "--shape",
     "shape_path",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="A Python file defining `shape = Shape(...)`: how to drive this server (mcp_ha.check.Shape).",
+    help="A Python file defining `shape = Shape(...)`: how to drive this server (mcp_ha.ops.check.Shape).",
 )
 @click.option(
     "--faults",

@@ -1,4 +1,4 @@
-"""mcp_ha/check/shape.py: a shape file loads into a Shape, or fails with a message naming the file and why."""
+"""mcp_ha/ops/check/shape.py: a shape file loads into a Shape, or fails with a message naming the file and why."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from mcp_ha.check import Call, Shape, ShapeError, load_shape
+from mcp_ha.ops.check import Call, Shape, ShapeError, load_shape
 
 pytestmark = pytest.mark.quick
 
@@ -29,7 +29,7 @@ def test_a_shape_file_next_to_its_server_imports_from_its_folder(tmp_path: Path)
     (tmp_path / "tools_of_mine.py").write_text("WRITE = 'add'\n")
     path = write(
         tmp_path,
-        "from mcp_ha.check import Call, Shape\nfrom tools_of_mine import WRITE\n"
+        "from mcp_ha.ops.check import Call, Shape\nfrom tools_of_mine import WRITE\n"
         "shape = Shape(write=Call(WRITE), read=Call('get'), count=lambda r: r['n'])\n",
     )
     assert load_shape(path).write.tool == "add"
@@ -43,14 +43,14 @@ def test_a_shape_file_next_to_its_server_imports_from_its_folder(tmp_path: Path)
         ("shape = 3", "defines no `shape = Shape(...)` (found a int named shape)"),
         ("x = 1", "defines no `shape = Shape(...)` (found nothing named shape)"),
         (
-            "from mcp_ha.check import Shape\nshape = Shape(write='inc', read='get', count=len)",
+            "from mcp_ha.ops.check import Shape\nshape = Shape(write='inc', read='get', count=len)",
             "Shape.write must be a Call, not str",
         ),
         (
-            "from mcp_ha.check import Call, Shape\nshape = Shape(write=Call('a'), read=Call('b'), count=3)",
+            "from mcp_ha.ops.check import Call, Shape\nshape = Shape(write=Call('a'), read=Call('b'), count=3)",
             "Shape.count must be a function",
         ),
-        ("from mcp_ha.check import Call, Shape\nshape = Shape(Call('a'), Call('b'), len)", "TypeError"),
+        ("from mcp_ha.ops.check import Call, Shape\nshape = Shape(Call('a'), Call('b'), len)", "TypeError"),
     ],
 )
 def test_a_bad_shape_file_is_refused_by_name_and_reason(tmp_path: Path, text: str, says: str) -> None:
@@ -58,6 +58,12 @@ def test_a_bad_shape_file_is_refused_by_name_and_reason(tmp_path: Path, text: st
     with pytest.raises(ShapeError) as raised:
         load_shape(path)
     assert str(raised.value).startswith(f"{path}:") and says in str(raised.value)
+
+
+def test_a_shape_importing_the_checks_old_place_is_told_the_new_one(tmp_path: Path) -> None:
+    path = write(tmp_path, "from mcp_ha.check import Call, Shape\n")
+    with pytest.raises(ShapeError, match=r"import from mcp_ha\.ops\.check"):
+        load_shape(path)
 
 
 def test_a_missing_shape_file_is_refused(tmp_path: Path) -> None:
