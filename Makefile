@@ -47,9 +47,11 @@ test: deps node-deps
 test-long: deps node-deps
 	$(PY) -m pytest -m "long$(if $(MARK), and ($(MARK)))" $(if $(JUNIT),--junitxml=$(JUNIT)/test-long.xml) $(PYTEST_ARGS)
 
-# The tests that start no process (redis, haproxy, replicas): seconds, for every edit.
+# The tests that start no process (redis, haproxy, replicas): seconds, for every edit. On WORKERS processes,
+# SERIAL's files included: what those time is their stacks, and a quick test holds no time to an upper bound
+# (on one process they took 30 s, on two 23 s).
 test-quick: python-deps
-	$(PY) -m pytest -m quick $(PYTEST_ARGS)
+	$(PY) -m pytest -m quick -n $(WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The quick tests and the SDK fence against the newest FastMCP and MCP SDK the index serves,
 # resolved afresh within pyproject's ranges into .venv-newest: a release that breaks the kit
