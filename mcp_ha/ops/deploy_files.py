@@ -46,7 +46,7 @@ FILES = {
     "kubernetes": (
         *(
             f"deploy/kubernetes/{name}"
-            for name in ("kustomization.yaml", "redis.yaml", "mcp-server.yaml", "haproxy.yaml")
+            for name in ("kustomization.yaml", "redis.yaml", "mcp-server.yaml", "haproxy.yaml", "networkpolicy.yaml")
         ),
         *(
             f"deploy/kubernetes-sentinel/{name}"

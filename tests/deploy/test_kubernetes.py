@@ -265,6 +265,7 @@ def test_the_kustomization_builds_the_whole_kit(objects):
         ("ConfigMap", "redis-functions"),
         ("ConfigMap", "mcp-settings"),
         ("Secret", "mcp-ha-kit-secrets"),
+        *(("NetworkPolicy", name) for name in ("haproxy", "mcp-server", "redis", "sentinel")),
     }
 
 
@@ -894,3 +895,111 @@ def test_haproxy_follows_the_pods_the_headless_service_resolves_to(haproxy_env, 
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 proc.wait(timeout=20)
+
+
+# -- NetworkPolicies (deploy/kubernetes/networkpolicy.yaml) -----------------------------------------
+# Evaluated here as the NetworkPolicy API defines them, for the selectors the kit's use; never enforced on a
+# cluster (none runs here).
+
+# Who connects to what, by the destination pod's name label and port name, in every kit and in each one.
+# "outside" is a client in another namespace; "prometheus" the Prometheus Operator's pods, in theirs.
+# HAProxy's front door and stats page are open to every source.
+OPEN_TO_ALL = {("haproxy", "mcp"), ("haproxy", "stats")}
+EVERY_KIT_CONNECTS = {
+    ("haproxy", "haproxy", "peers"),
+    ("haproxy", "mcp-server", "http"),
+    ("prometheus", "mcp-server", "http"),
+    ("mcp-server", "redis", "redis"),
+    # One policy serves the three kits: the rule that lets Sentinel's and Cluster's servers reach each other
+    # admits this in the single kit too, where nothing uses it.
+    ("redis", "redis", "redis"),
+}
+CONNECTS = {
+    "single": EVERY_KIT_CONNECTS,
+    "sentinel": EVERY_KIT_CONNECTS
+    | {
+        ("sentinel", "redis", "redis"),
+        ("mcp-server", "sentinel", "sentinel"),
+        ("redis", "sentinel", "sentinel"),  # primary.sh asks them for the primary at start
+        ("sentinel", "sentinel", "sentinel"),
+    },
+    "cluster": EVERY_KIT_CONNECTS
+    | {
+        ("redis", "redis", "cluster-bus"),
+        ("redis-cluster-create", "redis", "redis"),
+    },
+}
+ELSEWHERE = {
+    "outside": ("elsewhere", {"app": "a-client"}),
+    "prometheus": ("monitoring", {"app.kubernetes.io/name": "prometheus"}),
+}
+
+
+def _selected(selector: dict, labels: dict[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels", "matchExpressions"}, selector
+    expressions = selector.get("matchExpressions", [])
+    assert all(e["operator"] == "In" for e in expressions), expressions
+    return selector.get("matchLabels", {}).items() <= labels.items() and all(
+        labels.get(e["key"]) in e["values"] for e in expressions
+    )
+
+
+def _peer_admits(peer: dict, namespace: str, labels: dict[str, str]) -> bool:
+    assert set(peer) <= {"podSelector", "namespaceSelector"}, peer
+    if "namespaceSelector" in peer:
+        assert peer["namespaceSelector"] == {}, peer  # any namespace: the only kind the kit's policies use
+    elif namespace != NAMESPACE:
+        return False  # a podSelector alone: pods of the policy's own namespace
+    return _selected(peer.get("podSelector", {}), labels)
+
+
+def admits(
+    policies: list[dict], source: tuple[str, dict[str, str]], pod: dict[str, str], port: tuple[str, int]
+) -> bool:
+    """Whether a connection from `source` (namespace, labels) reaches `port` (name, number) of a pod labelled
+    `pod`: open unless a policy selects the pod, then only as one of their ingress rules allows."""
+    selecting = [p for p in policies if _selected(p["spec"]["podSelector"], pod)]
+    assert all("Ingress" in p["spec"]["policyTypes"] for p in selecting)
+    return not selecting or any(
+        (not rule.get("ports") or any(p["port"] in port for p in rule["ports"]))
+        and (not rule.get("from") or any(_peer_admits(peer, *source) for peer in rule["from"]))
+        for policy in selecting
+        for rule in policy["spec"].get("ingress", [])
+    )
+
+
+def pods(objects: list[dict]) -> dict[str, tuple[dict[str, str], set[tuple[str, int]]]]:
+    """Each workload's pods, by their name label: their labels and their containers' (port name, number)."""
+    found = {}
+    for workload in (o for o in objects if o["kind"] in ("Deployment", "StatefulSet", "Job")):
+        template = workload["spec"]["template"]
+        labels = template["metadata"]["labels"]
+        ports = {(p["name"], p["containerPort"]) for c in template["spec"]["containers"] for p in c.get("ports", [])}
+        found[labels["app.kubernetes.io/name"]] = (labels, ports)
+    return found
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("kit", list(KUSTOMIZATIONS))
+def test_network_policies_admit_each_kits_connections_and_nothing_else(kit):
+    """Every source (each pod of the kit, a client elsewhere, Prometheus) against every port of every pod:
+    admitted exactly when the kit makes that connection."""
+    objects = build_kit(KUSTOMIZATIONS[kit])
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    kit_pods = pods(objects)
+    sources = {name: (NAMESPACE, labels) for name, (labels, _) in kit_pods.items()} | ELSEWHERE
+    admitted = {
+        (source, name, port[0])
+        for source, where in sources.items()
+        for name, (labels, ports) in kit_pods.items()
+        for port in ports
+        if admits(policies, where, labels, port)
+    }
+    assert admitted == CONNECTS[kit] | {(source, *port) for source in sources for port in OPEN_TO_ALL}
+    # And every pod serving a port is behind a policy: a workload added without one would be open to all.
+    unguarded = [
+        name
+        for name, (labels, ports) in kit_pods.items()
+        if ports and not any(_selected(p["spec"]["podSelector"], labels) for p in policies)
+    ]
+    assert unguarded == []
